@@ -1,0 +1,15 @@
+"""bitsandbytes_ms: bitsandbytes' quantization (blockwise 8-bit, LLM.int8(), NF4/FP4, 8-bit
+optimizers) for MindSpore and MindSpore NLP. ``import bitsandbytes_ms as bnb`` gives the names
+bitsandbytes users know."""
+
+from . import cextension, functional, utils  # noqa: F401  (cextension raises one clear error if the library is missing)
+
+__version__ = "0.1.0"
+#: The upstream bitsandbytes release whose API and numerics this package follows.
+__upstream_version__ = "0.50.2"
+
+#: transformers checks this to accept a non-CUDA bitsandbytes.
+features = {"multi_backend"}
+#: Devices whose tensors our kernels accept (MindSpore's CPU; the CUDA library on GPU).
+supported_devices = {"cpu", "cuda"}
+supported_torch_devices = supported_devices

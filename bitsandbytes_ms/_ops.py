@@ -1,0 +1,100 @@
+"""The op table: every native entry point, declared once.
+
+Each :class:`NativeOp` row names one C entry point of the native libraries (bitsandbytes' C names,
+e.g. ``cquantize_blockwise_fp32``), lists its inputs and outputs in the order of the AOT ``params``
+array, and gives the rule that derives the outputs' shapes and dtypes from the inputs. From this
+table :mod:`bitsandbytes_ms.cextension` builds ``lib.<name>`` callables that run
+``mindspore.ops.Custom("<lib>.so:<name>", ..., func_type="aot")``; nothing else declares an op.
+
+Inputs that are Python scalars reach the kernel as 0-d tensors. A scalar listed in ``static`` also
+decides output shapes (e.g. ``blocksize`` decides how many absmax values there are), so its value is
+part of the cache key of the ``ops.Custom`` object (one object per distinct value, created once).
+
+``bnb_args`` is upstream's positional argument order for the same symbol, so code written against
+bitsandbytes (``lib.cquantize_blockwise_fp32(get_ptr(code), get_ptr(A), get_ptr(absmax),
+get_ptr(out), ct.c_int32(blocksize), ct.c_int(n))``) runs unchanged: names that are not inputs or
+outputs of ours (such as ``n``) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+import mindspore as ms
+
+Shape = Tuple[int, ...]
+
+#: bitsandbytes' dtype suffixes in C names -> MindSpore dtypes.
+DTYPE_SUFFIX = {"fp32": ms.float32, "fp16": ms.float16, "bf16": ms.bfloat16}
+SUFFIX_OF_DTYPE = {v: k for k, v in DTYPE_SUFFIX.items()}
+
+
+@dataclass(frozen=True)
+class NativeOp:
+    """One native entry point.
+
+    Attributes:
+        name: the exported C symbol (same in the CPU and the CUDA library).
+        inputs: input names, in ``params`` order.
+        outputs: output names, in ``params`` order after the inputs.
+        infer: ``infer(shapes: dict[name, Shape], dtypes: dict[name, ms.dtype], static: dict) ->
+            tuple[(shape, dtype), ...]`` for the outputs. MindSpore asks for output shapes and
+            output dtypes separately, so the bridge calls the rule twice: once with real shapes
+            (dtypes empty) and once with real dtypes (shapes all ``(1,)``); the shape part of a
+            rule may only read shapes, and the dtype part only dtypes.
+        static: scalar inputs whose values ``infer`` needs (part of the op cache key).
+        bnb_args: upstream bitsandbytes' positional argument order for this symbol.
+        has_error: the last output is an int32[1] status written by the kernel (see cextension).
+        doc: one line on what the op computes and its source.
+    """
+
+    name: str
+    inputs: Tuple[str, ...]
+    outputs: Tuple[str, ...]
+    infer: Callable[[Dict[str, Shape], Dict[str, object], Dict[str, object]], Sequence[Tuple[Shape, object]]]
+    static: Tuple[str, ...] = ()
+    bnb_args: Optional[Tuple[str, ...]] = None
+    has_error: bool = False
+    doc: str = ""
+
+
+OPS: Dict[str, NativeOp] = {}
+
+
+def define(op: NativeOp) -> NativeOp:
+    if op.name in OPS:
+        raise ValueError(f"native op {op.name!r} is declared twice")
+    OPS[op.name] = op
+    return op
+
+
+def _numel(shape: Shape) -> int:
+    return int(math.prod(shape))
+
+
+# ---------------------------------------------------------------------------------------------
+# Blockwise 8-bit quantization (functional.quantize_blockwise / dequantize_blockwise)
+# ---------------------------------------------------------------------------------------------
+for _sfx, _dt in DTYPE_SUFFIX.items():
+    define(NativeOp(
+        name=f"cquantize_blockwise_{_sfx}",
+        inputs=("code", "A", "blocksize"),
+        outputs=("out", "absmax"),
+        static=("blocksize",),
+        infer=lambda s, d, st: (
+            (s["A"], ms.uint8),
+            ((-(-_numel(s["A"]) // max(1, int(st["blocksize"]))),), ms.float32),  # bad sizes: the kernel rejects them
+        ),
+        bnb_args=("code", "A", "absmax", "out", "blocksize", "n"),
+        doc="blockwise absmax quantization of A onto a 256-entry code (uint8 indices + fp32 absmax per block)",
+    ))
+    define(NativeOp(
+        name=f"cdequantize_blockwise_{_sfx}",
+        inputs=("code", "A", "absmax", "blocksize"),
+        outputs=("out",),
+        infer=(lambda dt: lambda s, d, st: ((s["A"], dt),))(_dt),
+        bnb_args=("code", "A", "absmax", "out", "blocksize", "n"),
+        doc="out = code[A] * absmax[block], in the suffix's dtype",
+    ))

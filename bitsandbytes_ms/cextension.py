@@ -1,0 +1,280 @@
+"""Loading the native library and exposing its entry points (bitsandbytes' ``cextension``).
+
+``lib`` is built from the op table in :mod:`bitsandbytes_ms._ops`: ``lib.<name>`` is a callable that
+runs ``mindspore.ops.Custom("<library>.so:<name>", out_shape, out_dtype, func_type="aot")``. The
+``ops.Custom`` objects are created on first use and cached (one per op and value of its ``static``
+scalars), never per call.
+
+Two calling styles are accepted:
+
+* MindSpore style: ``out, absmax = lib.cquantize_blockwise_fp32(code, A, blocksize)`` with the
+  table's inputs, returning the table's outputs.
+* bitsandbytes style, for ported code: ``lib.cquantize_blockwise_fp32(get_ptr(code), get_ptr(A),
+  get_ptr(absmax), get_ptr(out), ct.c_int32(blocksize), ct.c_int(n))``. Arguments follow upstream's
+  order (``NativeOp.bnb_args``); results are copied into the tensors behind the ``get_ptr`` handles
+  of the output arguments, and the call returns 0.
+
+Errors: a native entry point returns a nonzero status for a malformed call and MindSpore raises
+``RuntimeError``; :mod:`bitsandbytes_ms.functional` validates arguments before that can happen.
+Kernels that can fail on valid input (declared ``has_error=True``) write an int32 status as their
+last output; :func:`check_status` reads it, and is called only where a result must be trusted, so
+hot paths never force a host synchronisation.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import mindspore as ms
+from mindspore import Tensor, ops
+
+from . import _ops
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+CPU_LIBRARY_NAME = "libbitsandbytes_ms_cpu.so"
+CUDA_LIBRARY_NAME = "libbitsandbytes_ms_cuda.so"
+BUILD_COMMAND = "bash tools/setup.sh   (or: pip install --no-build-isolation -e .)"
+
+
+class NativeLibraryError(ImportError):
+    """The native library is missing or cannot be loaded."""
+
+
+def _device_target() -> str:
+    try:
+        return ms.get_context("device_target")
+    except Exception:  # pragma: no cover - very old MindSpore
+        return "CPU"
+
+
+def _library_path() -> Tuple[Path, str]:
+    """Returns (path, backend). ``BNB_MS_LIBRARY`` overrides the search."""
+    override = os.environ.get("BNB_MS_LIBRARY")
+    if override:
+        p = Path(override)
+        return p, ("CUDA" if "cuda" in p.name else "CPU")
+    if _device_target() == "GPU" and (PACKAGE_DIR / CUDA_LIBRARY_NAME).exists():
+        return PACKAGE_DIR / CUDA_LIBRARY_NAME, "CUDA"
+    return PACKAGE_DIR / CPU_LIBRARY_NAME, "CPU"
+
+
+def _load() -> Tuple[Path, str, ct.CDLL]:
+    path, backend = _library_path()
+    if not path.exists():
+        raise NativeLibraryError(
+            f"bitsandbytes_ms: the native library {path} does not exist. Build it from the repository "
+            f"root with: {BUILD_COMMAND}"
+        )
+    try:
+        dll = ct.CDLL(str(path))
+    except OSError as e:
+        raise NativeLibraryError(
+            f"bitsandbytes_ms: the native library {path} failed to load ({e}). Rebuild it from the "
+            f"repository root with: {BUILD_COMMAND}"
+        ) from e
+    missing = [name for name in _ops.OPS if not hasattr(dll, name)]
+    if missing:
+        raise NativeLibraryError(
+            f"bitsandbytes_ms: the native library {path} lacks entry points {missing[:5]}"
+            f"{' ...' if len(missing) > 5 else ''}; it is older than the Python package. Rebuild it with: "
+            f"{BUILD_COMMAND}"
+        )
+    return path, backend, dll
+
+
+LIBRARY_PATH, BNB_BACKEND, _dll = _load()
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU feature diagnostics (plain C helpers, not MindSpore ops)
+# ---------------------------------------------------------------------------------------------
+_CPU_FEATURE_BITS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
+                     "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+_SIMD_LEVELS = ("scalar", "avx2", "avx512")
+
+
+def cpu_features() -> Tuple[str, ...]:
+    """CPU features the native library detected at run time (CPUID + OS support)."""
+    if not hasattr(_dll, "bnb_ms_cpu_features"):
+        return ()
+    _dll.bnb_ms_cpu_features.restype = ct.c_uint32
+    bits = _dll.bnb_ms_cpu_features()
+    return tuple(name for i, name in enumerate(_CPU_FEATURE_BITS) if bits & (1 << i))
+
+
+def simd_level() -> str:
+    """The SIMD kernel variant the CPU library dispatches to (``BNB_MS_SIMD`` can lower it)."""
+    if not hasattr(_dll, "bnb_ms_simd_level"):
+        return "n/a"
+    return _SIMD_LEVELS[_dll.bnb_ms_simd_level()]
+
+
+# ---------------------------------------------------------------------------------------------
+# get_ptr: handles for bitsandbytes-style calls
+# ---------------------------------------------------------------------------------------------
+class TensorPointer(ct.c_void_p):
+    """What :func:`get_ptr` returns: a ``c_void_p`` (the data address, as upstream) that also keeps
+    the tensor, so ``lib.<name>(get_ptr(A), ...)`` can run the MindSpore op on it and write results
+    back into output tensors."""
+
+    tensor: Tensor
+
+    def __init__(self, tensor: Tensor):
+        super().__init__(None)
+        self.tensor = tensor
+
+    @property
+    def value(self):  # the address, computed lazily (reading it synchronises the tensor)
+        return int(self.tensor.data_ptr())
+
+
+def get_ptr(A: Optional[Tensor]) -> Optional[TensorPointer]:
+    """Returns a pointer handle for ``A`` (``None`` for ``None``), as ``bitsandbytes.functional.get_ptr``."""
+    if A is None:
+        return None
+    return TensorPointer(A)
+
+
+# ---------------------------------------------------------------------------------------------
+# lib: one callable per table row
+# ---------------------------------------------------------------------------------------------
+def _shape_of(s) -> Tuple[int, ...]:
+    return tuple(int(x) for x in s) if s is not None else ()
+
+
+class NativeFunction:
+    """Callable for one :class:`~bitsandbytes_ms._ops.NativeOp`."""
+
+    def __init__(self, op: _ops.NativeOp, path: Path):
+        self.op = op
+        self._path = path
+        self._cache: Dict[Tuple[Any, ...], ops.Custom] = {}
+        self.__doc__ = op.doc
+
+    def _custom(self, static: Dict[str, Any]) -> ops.Custom:
+        key = tuple(static[k] for k in self.op.static)
+        prim = self._cache.get(key)
+        if prim is None:
+            op = self.op
+            names = op.inputs
+
+            def out_shape(*args):
+                shapes = {n: _shape_of(a) for n, a in zip(names, args)}
+                res = [r[0] for r in op.infer(shapes, {}, static)]
+                return res[0] if len(res) == 1 else tuple(res)
+
+            def out_dtype(*args):
+                res = [r[1] for r in op.infer(_DummyShapes(), dict(zip(names, args)), static)]
+                return res[0] if len(res) == 1 else tuple(res)
+
+            prim = ops.Custom(f"{self._path}:{op.name}", out_shape=out_shape, out_dtype=out_dtype,
+                              func_type="aot")
+            self._cache[key] = prim
+        return prim
+
+    def __call__(self, *args, **kwargs):
+        if any(isinstance(a, (TensorPointer, ct._SimpleCData)) for a in args):
+            return self._call_bnb(*args)
+        op = self.op
+        if len(args) + len(kwargs) != len(op.inputs):
+            raise TypeError(f"lib.{op.name} takes inputs {op.inputs}, got {len(args) + len(kwargs)} arguments")
+        values = dict(zip(op.inputs, args))
+        values.update(kwargs)
+        static = {k: values[k] for k in op.static}
+        inputs = [values[n] for n in op.inputs]
+        out = self._custom(static)(*inputs)
+        tag_device(out, like=inputs)
+        return out
+
+    def _call_bnb(self, *args):
+        op = self.op
+        if op.bnb_args is None:
+            raise TypeError(f"lib.{op.name} has no bitsandbytes-style signature")
+        if len(args) != len(op.bnb_args):
+            raise TypeError(f"lib.{op.name} takes {len(op.bnb_args)} arguments {op.bnb_args}, got {len(args)}")
+        named = dict(zip(op.bnb_args, args))
+
+        def value(a):
+            if isinstance(a, TensorPointer):
+                return a.tensor
+            if isinstance(a, ct._SimpleCData):
+                return a.value
+            return a
+
+        inputs = [value(named[n]) for n in op.inputs]
+        results = self(*inputs)
+        if not isinstance(results, (tuple, list)):
+            results = (results,)
+        for name, res in zip(op.outputs, results):
+            target = named.get(name)
+            if isinstance(target, TensorPointer):
+                target.tensor.copy_(res.reshape(target.tensor.shape))
+        return 0
+
+
+def tag_device(out, like=()) -> None:
+    """Gives op outputs the ``_device`` attribute that mindtorch (MindSpore NLP's torch API) keeps on
+    every tensor it creates, taken from the first input that has one (or mindtorch's default device
+    once mindtorch is imported), so results can flow into torch-style code. Plain MindSpore tensors
+    are left untouched when mindtorch is not in use."""
+    device = next((t._device for t in like if isinstance(t, Tensor) and hasattr(t, "_device")), None)
+    if device is None:
+        mt = sys.modules.get("mindtorch")
+        if mt is None:
+            return
+        device = mt.device("cpu")
+    for t in (out if isinstance(out, (tuple, list)) else (out,)):
+        if isinstance(t, Tensor) and not hasattr(t, "_device"):
+            t._device = device
+
+
+class _DummyShapes(dict):
+    """Shape lookup used when only output dtypes are wanted."""
+
+    def __missing__(self, key):
+        return (1,)
+
+
+class NativeLibrary:
+    """``lib``: attribute access gives the entry point callables of the loaded library."""
+
+    def __init__(self, path: Path, backend: str):
+        self.path = path
+        self.backend = backend
+        self._fns: Dict[str, NativeFunction] = {}
+
+    def __getattr__(self, name: str) -> NativeFunction:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        fn = self._fns.get(name)
+        if fn is None:
+            op = _ops.OPS.get(name)
+            if op is None:
+                raise AttributeError(f"bitsandbytes_ms native library has no entry point {name!r}")
+            fn = self._fns[name] = NativeFunction(op, self.path)
+        return fn
+
+    def __dir__(self):
+        return sorted(_ops.OPS)
+
+
+lib = NativeLibrary(LIBRARY_PATH, BNB_BACKEND)
+
+
+def check_status(status: Tensor, what: str) -> None:
+    """Raises ``RuntimeError`` if a kernel's ``has_error`` output is nonzero. This reads the tensor
+    (a host sync), so call it only where a result must be trusted."""
+    code = int(status.asnumpy().reshape(-1)[0])
+    if code == 100:
+        raise NotImplementedError(f"{what}: not implemented for these arguments on {BNB_BACKEND}")
+    if code != 0:
+        raise RuntimeError(f"{what}: native kernel reported status {code}")
+
+
+#: Upstream names that ported code reads (no ROCm build exists for MindSpore).
+HIP_ENVIRONMENT = False
+ROCM_GPU_ARCH = None

@@ -1,0 +1,512 @@
+"""bitsandbytes' ``functional`` API on MindSpore.
+
+Every public function validates its arguments (raising ``ValueError``/``TypeError`` that names the
+argument, before any native code runs), makes inputs contiguous, and calls a native entry point of
+the op table (:mod:`bitsandbytes_ms._ops`) through :data:`bitsandbytes_ms.cextension.lib`. The
+numpy twin of every kernel lives in :mod:`bitsandbytes_ms._reference`.
+
+Tensors are ``mindspore.Tensor`` (after ``import mindnlp``, ``torch.Tensor`` is the same class), so
+these functions serve plain MindSpore code and mindnlp models alike.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor
+
+from . import _reference
+from .cextension import BNB_BACKEND, get_ptr, lib, tag_device  # noqa: F401  (get_ptr re-exported as upstream)
+from .utils import dtype_from_name, dtype_name, pack_dict_to_tensor, unpack_tensor_to_dict
+
+FLOAT_DTYPES = (ms.float32, ms.float16, ms.bfloat16)
+_SUFFIX = {ms.float32: "fp32", ms.float16: "fp16", ms.bfloat16: "bf16"}
+
+#: Blocksizes accepted by blockwise 8-bit quantization: powers of two from 32 to 16384 (upstream's
+#: CUDA kernels take 64..4096; its CPU kernel any size, and its CPU tests use 16384).
+BLOCKWISE_BLOCKSIZES = tuple(2**k for k in range(5, 15))
+
+name2qmap: Dict[str, Tensor] = {}
+
+
+# ---------------------------------------------------------------------------------------------
+# argument checks (shared by every op in this module)
+# ---------------------------------------------------------------------------------------------
+def _fn_name(fn: str, arg: str) -> str:
+    return f"{fn}: `{arg}`"
+
+
+def _check_tensor(t, fn: str, arg: str) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{_fn_name(fn, arg)} must be a mindspore.Tensor, got {type(t).__name__}")
+
+
+def _check_dtype(t: Tensor, allowed: Sequence, fn: str, arg: str) -> None:
+    _check_tensor(t, fn, arg)
+    if t.dtype not in allowed:
+        names = ", ".join(dtype_name(d) for d in allowed)
+        raise ValueError(f"{_fn_name(fn, arg)} must have dtype {names}; got {dtype_name(t.dtype)}")
+
+
+def _check_blocksize(blocksize, allowed: Sequence[int], fn: str) -> int:
+    if isinstance(blocksize, bool) or not isinstance(blocksize, (int, np.integer)):
+        raise TypeError(f"{_fn_name(fn, 'blocksize')} must be an int, got {type(blocksize).__name__}")
+    if int(blocksize) not in allowed:
+        raise ValueError(f"{_fn_name(fn, 'blocksize')} must be one of {tuple(allowed)}; got {blocksize}")
+    return int(blocksize)
+
+
+def _check_out(out: Optional[Tensor], shape, dtype, fn: str, arg: str = "out") -> None:
+    if out is None:
+        return
+    _check_tensor(out, fn, arg)
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{_fn_name(fn, arg)} must have shape {tuple(shape)}; got {tuple(out.shape)}")
+    if out.dtype != dtype:
+        raise ValueError(f"{_fn_name(fn, arg)} must have dtype {dtype_name(dtype)}; got {dtype_name(out.dtype)}")
+
+
+def _contiguous(t: Tensor) -> Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _numel(t: Tensor) -> int:
+    return int(math.prod(t.shape))
+
+
+def _empty_np(shape, dtype) -> Tensor:
+    """A zero-filled tensor (used for zero-size results, where there is nothing to compute)."""
+    if dtype == ms.bfloat16:
+        t = Tensor(np.zeros(tuple(shape), dtype=np.float32)).astype(dtype)
+    else:
+        t = Tensor(np.zeros(tuple(shape), dtype=ms.dtype_to_nptype(dtype)))
+    tag_device(t)
+    return t
+
+
+def _mean_f32(t: Tensor) -> Tensor:
+    """float32 mean as upstream gets it from ``torch.mean`` to within its summation order: the sum
+    is taken in float64 and rounded once, then divided in float32 (matches torch's cascaded float32
+    sum in most cases; the two can differ by a few ulps)."""
+    a = t.asnumpy().astype(np.float64).reshape(-1)
+    n = max(a.size, 1)
+    out = Tensor(np.float32(np.float32(a.sum()) / np.float32(n)))
+    tag_device(out, like=(t,))
+    return out
+
+
+def _write(out: Optional[Tensor], result: Tensor) -> Tensor:
+    """Honours an ``out=`` argument: copies ``result`` into ``out`` and returns ``out``."""
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# allocation
+# ---------------------------------------------------------------------------------------------
+def empty(shape, dtype=ms.float32) -> Tensor:
+    """An uninitialised tensor of ``shape`` and ``dtype``: no zero fill and no numpy round trip.
+
+    Uses MindSpore's C++ tensor constructor directly (``mint.empty`` is Ascend-only in MindSpore 2.7).
+    Zero-size shapes are allowed. See ``tools/bench_cpu.py`` for its cost against ``ops.zeros``.
+    """
+    if isinstance(shape, int):
+        shape = (shape,)
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"empty: `shape` must be non-negative, got {shape}")
+    return Tensor(shape=shape, dtype=dtype)
+
+
+def empty_like(A: Tensor, dtype=None) -> Tensor:
+    """``empty(A.shape, dtype or A.dtype)``."""
+    _check_tensor(A, "empty_like", "A")
+    return empty(A.shape, A.dtype if dtype is None else dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# code maps (upstream values, bit for bit)
+# ---------------------------------------------------------------------------------------------
+def create_linear_map(signed: bool = True, total_bits: int = 8, add_zero: bool = True) -> Tensor:
+    """A linear code of ``2**total_bits`` values on [-1, 1] (signed) or [0, 1], padded with zeros
+    in the middle to 256 entries. Same values as ``bitsandbytes.functional.create_linear_map``."""
+    sign = -1.0 if signed else 0.0
+    total = 2**total_bits
+    if add_zero or total_bits < 8:
+        total = 2**total_bits if not signed else 2**total_bits - 1
+    values = _reference.torch_linspace_f32(sign, 1.0, total)
+    gap = 256 - values.size
+    if gap:
+        half = values.size // 2
+        values = np.concatenate([values[:half], np.zeros(gap, np.float32), values[half:]])
+    return Tensor(values.astype(np.float32))
+
+
+def create_normal_map(offset: float = 0.9677083, use_extra_value: bool = True) -> Tensor:
+    """The NormalFloat code (QLoRA, arXiv 2305.14314): quantiles of N(0, 1) between ``offset`` and
+    0.5, normalised to [-1, 1]; 16 (or 15) non-zero values placed in a 256-entry table (float32).
+    ``use_extra_value=True`` gives the asymmetric NF4 (8 negative, 7 positive values and 0).
+    Needs scipy. Same values as upstream's ``create_normal_map``."""
+    from scipy.stats import norm
+
+    pos = norm.ppf(_reference.torch_linspace_f32(offset, 0.5, 9 if use_extra_value else 8)[:-1])
+    neg = -norm.ppf(_reference.torch_linspace_f32(offset, 0.5, 8)[:-1])
+    zeros = np.zeros(256 - (15 if use_extra_value else 14))
+    values = np.sort(np.concatenate([pos, zeros, neg]).astype(np.float32))
+    values = values / values.max()
+    return Tensor(values.astype(np.float32))
+
+
+def create_fp8_map(signed: bool = True, exponent_bits: int = 5, precision_bits: int = 2, total_bits: int = 8) -> Tensor:
+    """A minifloat code with ``exponent_bits`` exponent bits (bias ``2**(e-1)``) and
+    ``precision_bits`` mantissa bits, normalised to [-1, 1] and zero-padded to 256 entries
+    (float32). Same values as upstream's ``create_fp8_map``.
+
+    Raises:
+        ValueError: if ``exponent_bits + precision_bits + signed != total_bits``.
+    """
+    has_sign = 1 if signed else 0
+    if exponent_bits + precision_bits != total_bits - has_sign:
+        raise ValueError("create_fp8_map: exponent_bits + precision_bits + sign bit must equal total_bits")
+    bias = 2 ** (exponent_bits - 1)
+    values = []
+    for evalue in range(2**exponent_bits):
+        for bits in itertools.product([0, 1], repeat=precision_bits):
+            v = 1.0 if evalue != 0 else 0.0
+            for i, b in enumerate(bits):
+                v += b * 2 ** -(i + 1)
+            v = v * 2**-bias if evalue == 0 else v * 2 ** -(evalue - bias - 1)
+            values.append(v)
+            if signed:
+                values.append(-v)
+    values += [0.0] * (256 - len(values)) if total_bits < 8 else []
+    code = np.array(sorted(values), dtype=np.float32)
+    code = code / code.max()
+    return Tensor(code.astype(np.float32))
+
+
+def create_dynamic_map(signed: bool = True, max_exponent_bits: int = 7, total_bits: int = 8) -> Tensor:
+    """The dynamic (tree) quantization code (Dettmers, "8-Bit Approximations for Parallelism in Deep
+    Learning", arXiv 1511.04561): for exponent ``i`` a run of ``10**(i - max_exponent_bits + 1)``
+    scaled bucket means, plus 0 and 1, sorted; 256 float32 entries. Same values as upstream."""
+    data = []
+    non_sign_bits = total_bits - 1
+    additional_items = 2 ** (non_sign_bits - max_exponent_bits) - 1
+    i = 0
+    for i in range(max_exponent_bits):
+        items = int(2 ** (i + non_sign_bits - max_exponent_bits) + 1 if signed
+                    else 2 ** (i + non_sign_bits - max_exponent_bits + 1) + 1)
+        b = _reference.torch_linspace_f32(0.1, 1, items)
+        means = ((b[:-1] + b[1:]) / np.float32(2.0)).astype(np.float32)
+        scale = np.float32(10 ** (-(max_exponent_bits - 1) + i))
+        data += (scale * means).astype(np.float32).tolist()
+        if signed:
+            data += (-scale * means).astype(np.float32).tolist()
+    if additional_items > 0:
+        b = _reference.torch_linspace_f32(0.1, 1, additional_items + 1)
+        means = ((b[:-1] + b[1:]) / np.float32(2.0)).astype(np.float32)
+        scale = np.float32(10 ** (-(max_exponent_bits - 1) + i))
+        data += (scale * means).astype(np.float32).tolist()
+        if signed:
+            data += (-scale * means).astype(np.float32).tolist()
+    data += [0.0, 1.0]
+    if len(data) != 2**total_bits:
+        raise ValueError("create_dynamic_map: inconsistent max_exponent_bits/total_bits")
+    data += [0.0] * (256 - len(data))
+    return Tensor(np.array(sorted(data), dtype=np.float32))
+
+
+_FOUR_BIT_TYPES = {
+    # NF4: create_normal_map(0.9677083, True) restricted to its 16 values (upstream's canonical table)
+    "nf4": [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+            -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+            0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+            0.7229568362236023, 1.0],
+    # FP4 (1 sign, 2 exponent, 1 mantissa bit, bias 2) in bit-pattern order; normalised by 12
+    # (upstream writes `-0`, a Python int, so index 8 is +0.0)
+    "fp4": [0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, 0, -0.0625, -8.0, -12.0, -4.0, -6.0, -2.0, -3.0],
+    "int4": [7, 6, 5, 4, 3, 2, 1, 0, 0, -1, -2, -3, -4, -5, -6, -7],
+}
+# AbnormalFloat 4 (arXiv 2306.06965), defined for blocksize 64 only
+_AF4_64 = [-1.0, -0.69441008, -0.51243739, -0.3736951, -0.25607552, -0.14982478, -0.04934812, 0.0,
+           0.04273164, 0.12934483, 0.21961274, 0.31675666, 0.42563882, 0.55496234, 0.72424863, 1.0][::-1]
+
+
+def get_4bit_type(typename: str, device=None, blocksize: int = 64) -> Tensor:
+    """The 16-entry float32 code of a 4-bit type, indexed by the 4-bit value: ``"nf4"``, ``"fp4"``,
+    ``"int4"``, or ``"af4"`` (blocksize 64 only), normalised by its largest magnitude.
+    ``device`` is accepted for upstream compatibility and ignored.
+
+    Raises:
+        NotImplementedError: unknown ``typename``, or af4 with a blocksize other than 64.
+    """
+    if typename == "af4":
+        if blocksize != 64:
+            raise NotImplementedError("4-bit AbnormalFloats currently only support blocksize 64.")
+        data = _AF4_64
+    elif typename in _FOUR_BIT_TYPES:
+        data = _FOUR_BIT_TYPES[typename]
+    else:
+        raise NotImplementedError(f"Typename {typename} not supported")
+    arr = np.array(data, dtype=np.float32)
+    return Tensor((arr / np.abs(arr).max()).astype(np.float32))
+
+
+def _dynamic_code() -> Tensor:
+    if "dynamic" not in name2qmap:
+        name2qmap["dynamic"] = create_dynamic_map()
+    return name2qmap["dynamic"]
+
+
+# ---------------------------------------------------------------------------------------------
+# QuantState
+# ---------------------------------------------------------------------------------------------
+class QuantState:
+    """Everything needed to undo a blockwise quantization (upstream's ``QuantState``).
+
+    Attributes:
+        absmax: fp32 [n_blocks] scales (uint8 codes of them when ``nested``).
+        shape: shape of the original tensor.
+        code: the code (quant_map), fp32 [256] for 8-bit or [16] for 4-bit.
+        blocksize: elements per absmax block.
+        quant_type: ``"nf4"``/``"fp4"`` for 4-bit, ``None`` for 8-bit.
+        dtype: dtype of the original tensor.
+        offset: fp32 scalar subtracted from absmax before the second quantization (nested only).
+        state2: QuantState of the quantized absmax (nested only).
+    """
+
+    valid_quant_types = ("fp4", "nf4")
+    valid_qs_type_keys = [f"bitsandbytes__{x}" for x in valid_quant_types]
+    valid_qs_keys = ["absmax", "quant_map", "nested_absmax", "nested_quant_map", "quant_state", "quant_type",
+                     "blocksize", "dtype", "shape", "nested_blocksize", "nested_dtype", "nested_offset"]
+
+    def __init__(self, absmax, shape=None, code=None, blocksize=None, quant_type=None, dtype=None, offset=None,
+                 state2=None):
+        self.absmax = absmax
+        self.shape = tuple(shape) if shape is not None else None
+        self.code = code
+        self.dtype = dtype
+        self.blocksize = blocksize
+        self.quant_type = quant_type
+        self.offset = offset
+        self.state2 = state2
+        self.nested = state2 is not None
+
+    def __getattr__(self, name):
+        if name.startswith("bitsandbytes__"):
+            packed = self.as_dict(packed=True)
+            key = "quant_state." + name
+            if key in packed:
+                return packed[key]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __getitem__(self, idx):
+        """Upstream's legacy list layout: [absmax, shape, dtype, blocksize, [offset, state2] | None, quant_type]."""
+        nested = [self.offset, self.state2] if self.nested else None
+        return [self.absmax, self.shape, self.dtype, self.blocksize, nested, self.quant_type][idx]
+
+    @classmethod
+    def from_dict(cls, qs_dict: Dict[str, Any], device=None) -> "QuantState":
+        """Rebuilds a QuantState from ``as_dict()`` output (packed or not), prefixes allowed
+        (e.g. ``weight.absmax``). ``device`` is accepted for upstream compatibility.
+
+        Raises:
+            ValueError: no or several ``quant_state.bitsandbytes__*`` entries, or unknown keys.
+        """
+        qs_dict = dict(qs_dict)
+        qs_keys = [k for k, v in qs_dict.items() if "quant_state" in k and isinstance(v, (Tensor, np.ndarray))]
+        if "quant_type" not in qs_dict:
+            if not qs_keys:
+                raise ValueError("Expected packed or unpacked quant_state items, found neither")
+            if len(qs_keys) != 1 or qs_keys[0].split(".")[-1] not in cls.valid_qs_type_keys:
+                raise ValueError(f"There should be exactly one `quant_state` item with ending from "
+                                 f"{cls.valid_qs_type_keys}. Detected {qs_keys}.")
+        if len(qs_keys) == 1:
+            qs_dict.update(unpack_tensor_to_dict(qs_dict.pop(qs_keys[0])))
+        qs_dict = {k.split(".")[-1]: v for k, v in qs_dict.items()}
+        unknown = set(qs_dict) - set(cls.valid_qs_keys)
+        if unknown:
+            raise ValueError(f"QuantState.from_dict: unexpected keys {sorted(unknown)}")
+
+        def tensor(v):
+            return v if isinstance(v, Tensor) else Tensor(np.asarray(v))
+
+        if "nested_absmax" in qs_dict:
+            offset = Tensor(np.float32(qs_dict["nested_offset"]))
+            state2 = cls(absmax=tensor(qs_dict["nested_absmax"]), blocksize=qs_dict["nested_blocksize"],
+                         code=tensor(qs_dict["nested_quant_map"]), dtype=dtype_from_name(qs_dict["nested_dtype"]))
+        else:
+            offset, state2 = None, None
+        return cls(quant_type=qs_dict["quant_type"], absmax=tensor(qs_dict["absmax"]), blocksize=qs_dict["blocksize"],
+                   code=tensor(qs_dict["quant_map"]), dtype=dtype_from_name(qs_dict["dtype"]),
+                   shape=tuple(qs_dict["shape"]) if qs_dict["shape"] is not None else None,
+                   offset=offset, state2=state2)
+
+    def as_dict(self, packed: bool = False) -> Dict[str, Any]:
+        """The state as a dict with upstream's keys; ``packed=True`` gives only tensors (the
+        non-tensor items JSON-packed under ``quant_state.bitsandbytes__<quant_type>``), ready for
+        safetensors."""
+        qs = {
+            "quant_type": self.quant_type,
+            "absmax": self.absmax,
+            "blocksize": self.blocksize,
+            "quant_map": self.code,
+            "dtype": dtype_name(self.dtype),
+            "shape": tuple(self.shape) if self.shape is not None else None,
+        }
+        if self.nested:
+            qs.update({
+                "nested_absmax": self.state2.absmax,
+                "nested_blocksize": self.state2.blocksize,
+                "nested_quant_map": self.state2.code.copy(),
+                "nested_dtype": dtype_name(self.state2.dtype),
+                "nested_offset": float(self.offset.asnumpy()) if isinstance(self.offset, Tensor) else float(self.offset),
+            })
+        if not packed or self.quant_type is None:
+            return qs
+        out = {k: v for k, v in qs.items() if isinstance(v, Tensor)}
+        out["quant_state.bitsandbytes__" + self.quant_type] = pack_dict_to_tensor(
+            {k: v for k, v in qs.items() if not isinstance(v, Tensor)})
+        return out
+
+    def to(self, device):
+        """Upstream moves the tensors to ``device``; MindSpore places tensors by context, so this
+        only exists for compatibility. Returns ``self``."""
+        return self
+
+    def __eq__(self, other):
+        if not isinstance(other, QuantState):
+            return False
+
+        def close(a, b):
+            if a is None or b is None:
+                return a is b
+            return np.allclose(np.asarray(a.asnumpy(), np.float32), np.asarray(b.asnumpy(), np.float32), atol=1e-6)
+
+        def same_offset(a, b):
+            if a is None or b is None:
+                return a is b
+            fa = float(a.asnumpy()) if isinstance(a, Tensor) else float(a)
+            fb = float(b.asnumpy()) if isinstance(b, Tensor) else float(b)
+            return fa == fb
+
+        return (close(self.absmax, other.absmax) and self.shape == other.shape and close(self.code, other.code)
+                and self.dtype == other.dtype and self.blocksize == other.blocksize
+                and self.quant_type == other.quant_type and same_offset(self.offset, other.offset)
+                and (self.state2 == other.state2 if self.state2 is not None and other.state2 is not None
+                     else self.state2 is other.state2))
+
+
+# ---------------------------------------------------------------------------------------------
+# blockwise 8-bit quantization
+# ---------------------------------------------------------------------------------------------
+def quantize_blockwise(A: Tensor, code: Optional[Tensor] = None, absmax: Optional[Tensor] = None,
+                       out: Optional[Tensor] = None, blocksize: int = 4096, nested: bool = False
+                       ) -> Tuple[Tensor, QuantState]:
+    """Blockwise 8-bit quantization (upstream ``bitsandbytes.functional.quantize_blockwise``;
+    Dettmers et al., arXiv 2110.02861).
+
+    ``A`` is split into consecutive blocks of ``blocksize`` elements (the last may be partial); each
+    block is scaled by its absolute maximum to [-1, 1] and every value is replaced by the index of
+    the nearest entry of ``code``.
+
+    Args:
+        A: float32/float16/bfloat16 tensor of any shape (non-contiguous input is copied first).
+        code: fp32 [256] code; default the signed dynamic map (:func:`create_dynamic_map`).
+        absmax: optional fp32 [ceil(n/blocksize)] tensor that receives the absmax values.
+        out: optional uint8 tensor shaped like ``A`` that receives the codes.
+        blocksize: one of :data:`BLOCKWISE_BLOCKSIZES` (default 4096).
+        nested: also quantize the absmax values (minus their mean) with the same blocksize.
+
+    Returns:
+        (uint8 tensor shaped like ``A``, :class:`QuantState`).
+
+    Raises:
+        ValueError: ``A`` not a 16/32-bit float tensor, blocksize not allowed, ``code`` not fp32
+            [256], ``out``/``absmax`` of the wrong shape or dtype.
+        TypeError: an argument is not a tensor / int.
+    """
+    fn = "quantize_blockwise"
+    _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    blocksize = _check_blocksize(blocksize, BLOCKWISE_BLOCKSIZES, fn)
+    if code is None:
+        code = _dynamic_code()
+    _check_dtype(code, (ms.float32,), fn, "code")
+    if _numel(code) != 256:
+        raise ValueError(f"{fn}: `code` must have 256 entries; got {_numel(code)}")
+    n = _numel(A)
+    nblocks = -(-n // blocksize)
+    _check_out(out, A.shape, ms.uint8, fn, "out")
+    _check_out(absmax, (nblocks,), ms.float32, fn, "absmax")
+
+    if n == 0:
+        q, amax = _empty_np(A.shape, ms.uint8), _empty_np((0,), ms.float32)
+    else:
+        q, amax = getattr(lib, f"cquantize_blockwise_{_SUFFIX[A.dtype]}")(code, _contiguous(A), blocksize)
+
+    if nested:
+        offset = _mean_f32(amax)
+        qabsmax, state2 = quantize_blockwise(amax - offset, blocksize=blocksize, nested=False)
+        state = QuantState(absmax=qabsmax, code=code.copy(), blocksize=blocksize, dtype=A.dtype, offset=offset,
+                           state2=state2, shape=A.shape)
+    else:
+        state = QuantState(absmax=amax, code=code.copy(), blocksize=blocksize, dtype=A.dtype, shape=A.shape)
+    q = _write(out, q)
+    if absmax is not None:
+        state.absmax = _write(absmax, state.absmax)
+    return q, state
+
+
+def dequantize_blockwise(A: Tensor, quant_state: Optional[QuantState] = None, absmax: Optional[Tensor] = None,
+                         code: Optional[Tensor] = None, out: Optional[Tensor] = None, blocksize: int = 4096,
+                         nested: bool = False) -> Tensor:
+    """Inverse of :func:`quantize_blockwise` (upstream ``dequantize_blockwise``):
+    ``out = code[A] * absmax[block]`` in ``quant_state.dtype`` (float32 when only ``absmax`` is given).
+
+    Args:
+        A: uint8 codes of any shape.
+        quant_state: from :func:`quantize_blockwise`; if given, ``absmax``/``code``/``blocksize`` are ignored.
+        absmax: fp32 [ceil(n/blocksize)] scales, when there is no ``quant_state``.
+        code: fp32 [256] code (default dynamic map), when there is no ``quant_state``.
+        out: optional tensor shaped like ``A`` in the output dtype.
+        blocksize: when there is no ``quant_state``.
+
+    Raises:
+        ValueError: ``A`` not uint8; neither ``quant_state`` nor ``absmax``; blocksize not allowed;
+            absmax length not ceil(n/blocksize); ``out`` of the wrong shape/dtype.
+    """
+    fn = "dequantize_blockwise"
+    _check_dtype(A, (ms.uint8,), fn, "A")
+    if quant_state is None and absmax is None:
+        raise ValueError(f"{fn} requires either `quant_state` or `absmax`")
+    if quant_state is None:
+        quant_state = QuantState(absmax=absmax, code=code if code is not None else _dynamic_code(),
+                                 blocksize=blocksize, dtype=ms.float32)
+    bs = _check_blocksize(quant_state.blocksize, BLOCKWISE_BLOCKSIZES, fn)
+    _check_dtype(quant_state.code, (ms.float32,), fn, "code")
+    if _numel(quant_state.code) != 256:
+        raise ValueError(f"{fn}: `code` must have 256 entries; got {_numel(quant_state.code)}")
+    if quant_state.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{fn}: quant_state.dtype must be float32, float16 or bfloat16; got {quant_state.dtype}")
+    _check_out(out, A.shape, quant_state.dtype, fn, "out")
+
+    amax = quant_state.absmax
+    if quant_state.nested:
+        amax = dequantize_blockwise(quant_state.absmax, quant_state.state2) + quant_state.offset
+        if amax.dtype != ms.float32:
+            amax = amax.astype(ms.float32)
+    _check_dtype(amax, (ms.float32,), fn, "absmax")
+    n = _numel(A)
+    if _numel(amax) != -(-n // bs):
+        raise ValueError(f"{fn}: `absmax` must have ceil({n}/{bs}) = {-(-n // bs)} entries; got {_numel(amax)}")
+    if n == 0:
+        return _write(out, _empty_np(A.shape, quant_state.dtype))
+    res = getattr(lib, f"cdequantize_blockwise_{_SUFFIX[quant_state.dtype]}")(
+        quant_state.code, _contiguous(A), _contiguous(amax), bs)
+    return _write(out, res)

@@ -1,0 +1,1 @@
+"""Model-level integration with MindSpore NLP (mindnlp)."""

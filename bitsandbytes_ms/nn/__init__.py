@@ -1,0 +1,1 @@
+"""Quantized layers (Linear8bitLt, Linear4bit, embeddings) for mindnlp models."""

@@ -1,0 +1,1 @@
+"""Quantized modules, composed from :mod:`bitsandbytes_ms.autograd._functions`."""

@@ -1,0 +1,1 @@
+"""8-bit optimizers (blockwise-quantized state)."""

@@ -1,0 +1,258 @@
+// blockwise.cpp -- blockwise 8-bit quantization with a 256-entry code (bitsandbytes'
+// quantize_blockwise / dequantize_blockwise; Dettmers et al., "8-bit Optimizers via Block-wise
+// Quantization", arXiv 2110.02861).
+//
+// Numerics follow upstream bitsandbytes' CPU kernel (csrc/cpu_ops.cpp, quantize_cpu_impl) so the
+// bytes match: per block absmax = max|x|; x * (1/absmax) is clamped to [-1, 1] and mapped onto a
+// 65536-bin grid, idx = (v + 1) * 0.5 * 65535 + 0.5 (truncated), and a precomputed 65536-entry
+// table gives the nearest code entry for each bin (ties between codes go to the lower index).
+// An all-zero block stores absmax 0 and codes 0.
+// Dequantize: out = code[q] * absmax[block], rounded to the output dtype.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "aot.h"
+#include "cpu/cpu_features.h"
+#include "cpu/parallel.h"
+
+namespace bnb_ms {
+namespace {
+
+constexpr int kCode = 256;
+constexpr int kLut = 65536;
+
+// Maps the 65536-bin grid on [-1, 1] to the index of the nearest code entry.  Padded by 4 bytes so
+// a 32-bit gather at the last index stays inside the allocation.
+struct QuantLut {
+  float code[kCode];
+  alignas(64) uint8_t table[kLut + 4];
+};
+
+void build_lut(const float *code, QuantLut *lut) {
+  std::memcpy(lut->code, code, sizeof(lut->code));
+  float mid[kCode - 1];
+  for (int i = 0; i < kCode - 1; ++i) mid[i] = 0.5f * (code[i] + code[i + 1]);
+  int c = 0;
+  for (int i = 0; i < kLut; ++i) {
+    const float v = -1.0f + (2.0f * (float)i) / (float)(kLut - 1);
+    while (c < kCode - 1 && mid[c] < v) ++c;
+    lut->table[i] = (uint8_t)c;
+  }
+  std::memset(lut->table + kLut, 0, 4);
+}
+
+// A small cache keyed by the code's contents (codes are reused call after call).
+const QuantLut *get_lut(const float *code) {
+  static std::mutex mu;
+  static std::unique_ptr<QuantLut> slots[4];
+  static int next = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto &s : slots)
+    if (s && std::memcmp(s->code, code, sizeof(s->code)) == 0) return s.get();
+  auto &slot = slots[next];
+  next = (next + 1) % 4;
+  if (!slot) slot.reset(new QuantLut);
+  build_lut(code, slot.get());
+  return slot.get();
+}
+
+BNB_MS_INLINE uint32_t grid_index(float v) {
+  v = std::min(1.0f, std::max(-1.0f, v));
+  // Same operation order as upstream; the multiply-add is fused, as GCC contracts it there.
+  return (uint32_t)std::fma((v + 1.0f) * 0.5f, (float)(kLut - 1), 0.5f);
+}
+
+// ---- portable path (also compiled as the AVX2 variant, where the compiler vectorizes it) ----
+template <class T>
+BNB_MS_INLINE void quantize_blocks_generic(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,
+                                           int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t s = b * bs, e = std::min(s + bs, n);
+    float amax = 0.0f;
+    for (int64_t i = s; i < e; ++i) amax = std::max(amax, std::fabs(to_f32(A[i])));
+    absmax[b] = amax;
+    if (amax == 0.0f) {
+      std::memset(out + s, 0, (size_t)(e - s));
+      continue;
+    }
+    const float inv = 1.0f / amax;
+    for (int64_t i = s; i < e; ++i) out[i] = lut->table[grid_index(to_f32(A[i]) * inv)];
+  }
+}
+
+template <class T>
+BNB_MS_INLINE void dequantize_blocks_generic(const float *code, const uint8_t *A, const float *absmax, T *out,
+                                             int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t s = b * bs, e = std::min(s + bs, n);
+    const float scale = absmax[b];
+    for (int64_t i = s; i < e; ++i) out[i] = from_f32<T>(code[A[i]] * scale);
+  }
+}
+
+template <class T>
+BNB_MS_TARGET_AVX2 void quantize_blocks_avx2(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,
+                                             int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+  quantize_blocks_generic<T>(lut, A, absmax, out, bs, n, b0, b1);
+}
+template <class T>
+BNB_MS_TARGET_AVX2 void dequantize_blocks_avx2(const float *code, const uint8_t *A, const float *absmax, T *out,
+                                               int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+  dequantize_blocks_generic<T>(code, A, absmax, out, bs, n, b0, b1);
+}
+
+// ---- AVX-512 path ------------------------------------------------------------------------------
+template <class T> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16(const T *p);
+template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16<float>(const float *p) { return _mm512_loadu_ps(p); }
+template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16<fp16_t>(const fp16_t *p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16<bf16_t>(const bf16_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+template <class T> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16(T *p, __m512 v);
+template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<float>(float *p, __m512 v) { _mm512_storeu_ps(p, v); }
+template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<fp16_t>(fp16_t *p, __m512 v) {
+  _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<bf16_t>(bf16_t *p, __m512 v) {
+  // round to nearest even, NaN kept quiet (same as f32_to_bf16)
+  __m512i b = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  __m512i q = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+  r = _mm512_mask_blend_epi32(nan, r, q);
+  _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+}
+
+template <class T>
+BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,
+                                                 int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+  const __m512 one = _mm512_set1_ps(1.0f), neg_one = _mm512_set1_ps(-1.0f), half = _mm512_set1_ps(0.5f);
+  const __m512 scale = _mm512_set1_ps((float)(kLut - 1));
+  const __m512i low_byte = _mm512_set1_epi32(0xff);
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t s = b * bs, e = std::min(s + bs, n), len = e - s;
+    const T *a = A + s;
+    int64_t i = 0;
+    __m512 vmax = _mm512_setzero_ps();
+    for (; i + 16 <= len; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(load16<T>(a + i)));
+    float amax = _mm512_reduce_max_ps(vmax);
+    for (; i < len; ++i) amax = std::max(amax, std::fabs(to_f32(a[i])));
+    absmax[b] = amax;
+    uint8_t *o = out + s;
+    if (amax == 0.0f) {
+      std::memset(o, 0, (size_t)len);
+      continue;
+    }
+    const float inv = 1.0f / amax;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    i = 0;
+    for (; i + 16 <= len; i += 16) {
+      __m512 v = _mm512_mul_ps(load16<T>(a + i), vinv);
+      v = _mm512_min_ps(one, _mm512_max_ps(neg_one, v));
+      v = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_add_ps(v, one), half), scale, half);
+      __m512i idx = _mm512_cvttps_epi32(v);
+      __m512i g = _mm512_i32gather_epi32(idx, (const void *)lut->table, 1);
+      _mm_storeu_si128((__m128i *)(o + i), _mm512_cvtepi32_epi8(_mm512_and_si512(g, low_byte)));
+    }
+    for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * inv)];
+  }
+}
+
+template <class T>
+BNB_MS_TARGET_AVX512 void dequantize_blocks_avx512(const float *code, const uint8_t *A, const float *absmax, T *out,
+                                                   int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t s = b * bs, e = std::min(s + bs, n), len = e - s;
+    const float scale = absmax[b];
+    const __m512 vs = _mm512_set1_ps(scale);
+    const uint8_t *q = A + s;
+    T *o = out + s;
+    int64_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+      __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i)));
+      store16<T>(o + i, _mm512_mul_ps(_mm512_i32gather_ps(idx, code, 4), vs));
+    }
+    for (; i < len; ++i) o[i] = from_f32<T>(code[q[i]] * scale);
+  }
+}
+
+template <class T>
+void quantize_blockwise(const float *code, const T *A, float *absmax, uint8_t *out, int64_t bs, int64_t n) {
+  const QuantLut *lut = get_lut(code);
+  const int64_t nblocks = (n + bs - 1) / bs;
+  const SimdLevel lvl = simd_level();
+  parallel_for(nblocks, std::max<int64_t>(1, 32768 / bs), [&](int64_t b0, int64_t b1) {
+    if (lvl >= SimdLevel::avx512) quantize_blocks_avx512<T>(lut, A, absmax, out, bs, n, b0, b1);
+    else if (lvl >= SimdLevel::avx2) quantize_blocks_avx2<T>(lut, A, absmax, out, bs, n, b0, b1);
+    else quantize_blocks_generic<T>(lut, A, absmax, out, bs, n, b0, b1);
+  });
+}
+
+template <class T>
+void dequantize_blockwise(const float *code, const uint8_t *A, const float *absmax, T *out, int64_t bs, int64_t n) {
+  const int64_t nblocks = (n + bs - 1) / bs;
+  const SimdLevel lvl = simd_level();
+  parallel_for(nblocks, std::max<int64_t>(1, 65536 / bs), [&](int64_t b0, int64_t b1) {
+    if (lvl >= SimdLevel::avx512) dequantize_blocks_avx512<T>(code, A, absmax, out, bs, n, b0, b1);
+    else if (lvl >= SimdLevel::avx2) dequantize_blocks_avx2<T>(code, A, absmax, out, bs, n, b0, b1);
+    else dequantize_blocks_generic<T>(code, A, absmax, out, bs, n, b0, b1);
+  });
+}
+
+// params: code f32[256], A T[...], blocksize i64  ->  out u8[same shape as A], absmax f32[ceil(n/bs)]
+template <class T>
+int quantize_entry(BNB_MS_AOT_ARGS) {
+  Call<> c(nparam, params, ndims, shapes, dtypes, stream);
+  if (nparam != 5) return E_NPARAM;
+  enum { CODE, A, BS, OUT, ABSMAX };
+  int64_t bs;
+  if (c.dtype(CODE) != DType::f32 || c.dtype(A) != dtype_of<T>() || c.dtype(OUT) != DType::u8 ||
+      c.dtype(ABSMAX) != DType::f32)
+    return E_DTYPE;
+  if (!c.scalar_i64(BS, &bs) || bs <= 0) return E_VALUE;
+  const int64_t n = c.numel(A);
+  if (c.numel(CODE) != kCode || c.numel(OUT) != n || c.numel(ABSMAX) != (n + bs - 1) / bs) return E_SHAPE;
+  if (n == 0) return OK;
+  if (!c.params[CODE] || !c.params[A] || !c.params[OUT] || !c.params[ABSMAX]) return E_NULL;
+  quantize_blockwise<T>(c.ptr<float>(CODE), c.ptr<T>(A), c.ptr<float>(ABSMAX), c.ptr<uint8_t>(OUT), bs, n);
+  return OK;
+}
+
+// params: code f32[256], A u8[...], absmax f32[ceil(n/bs)], blocksize i64  ->  out T[same shape as A]
+template <class T>
+int dequantize_entry(BNB_MS_AOT_ARGS) {
+  Call<> c(nparam, params, ndims, shapes, dtypes, stream);
+  if (nparam != 5) return E_NPARAM;
+  enum { CODE, A, ABSMAX, BS, OUT };
+  int64_t bs;
+  if (c.dtype(CODE) != DType::f32 || c.dtype(A) != DType::u8 || c.dtype(ABSMAX) != DType::f32 ||
+      c.dtype(OUT) != dtype_of<T>())
+    return E_DTYPE;
+  if (!c.scalar_i64(BS, &bs) || bs <= 0) return E_VALUE;
+  const int64_t n = c.numel(A);
+  if (c.numel(CODE) != kCode || c.numel(OUT) != n || c.numel(ABSMAX) < (n + bs - 1) / bs) return E_SHAPE;
+  if (n == 0) return OK;
+  if (!c.params[CODE] || !c.params[A] || !c.params[OUT] || !c.params[ABSMAX]) return E_NULL;
+  dequantize_blockwise<T>(c.ptr<float>(CODE), c.ptr<uint8_t>(A), c.ptr<float>(ABSMAX), c.ptr<T>(OUT), bs, n);
+  return OK;
+}
+
+}  // namespace
+}  // namespace bnb_ms
+
+using bnb_ms::bf16_t;
+using bnb_ms::fp16_t;
+BNB_MS_EXPORT int cquantize_blockwise_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::quantize_entry<float>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+BNB_MS_EXPORT int cquantize_blockwise_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::quantize_entry<fp16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+BNB_MS_EXPORT int cquantize_blockwise_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::quantize_entry<bf16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+BNB_MS_EXPORT int cdequantize_blockwise_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::dequantize_entry<float>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+BNB_MS_EXPORT int cdequantize_blockwise_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::dequantize_entry<fp16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+BNB_MS_EXPORT int cdequantize_blockwise_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::dequantize_entry<bf16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }

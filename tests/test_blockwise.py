@@ -1,0 +1,124 @@
+"""Blockwise 8-bit quantization: native kernels against the numpy reference, on random shapes."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import mindspore as ms
+
+from bitsandbytes_ms import _reference as R
+from bitsandbytes_ms import functional as F
+
+NP_OF = {ms.float32: np.float32, ms.float16: np.float16}
+
+
+def make(shape, dtype, seed=0, scale=1.0):
+    x = (np.random.RandomState(seed).randn(*shape) * scale).astype(np.float32)
+    t = ms.Tensor(x).astype(dtype)
+    return t, t.astype(ms.float32).asnumpy()
+
+
+def out_dtype_name(dtype):
+    return {ms.float32: "float32", ms.float16: "float16", ms.bfloat16: "bfloat16"}[dtype]
+
+
+@pytest.mark.parametrize("dtype", [ms.float32, ms.float16, ms.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("blocksize", F.BLOCKWISE_BLOCKSIZES)
+def test_quantize_matches_reference(dtype, blocksize):
+    A, a32 = make((5, 1000 + blocksize // 3), dtype, seed=blocksize)
+    code = F.create_dynamic_map().asnumpy()
+    q, state = F.quantize_blockwise(A, blocksize=blocksize)
+    q_ref, absmax_ref = R.quantize_blockwise(a32, code, blocksize)
+    np.testing.assert_array_equal(q.asnumpy(), q_ref)
+    np.testing.assert_array_equal(state.absmax.asnumpy(), absmax_ref)
+    out = F.dequantize_blockwise(q, state)
+    assert out.dtype == dtype and out.shape == A.shape
+    ref = R.dequantize_blockwise(q_ref, absmax_ref, code, blocksize, out_dtype_name(dtype))
+    np.testing.assert_array_equal(out.asnumpy().view(np.uint16 if dtype != ms.float32 else np.uint32),
+                                  ref.view(np.uint16 if dtype != ms.float32 else np.uint32))
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+       blocksize=st.sampled_from([32, 64, 256, 4096]),
+       scale=st.sampled_from([1e-3, 1.0, 300.0]),
+       seed=st.integers(0, 2**16))
+def test_random_shapes_roundtrip(shape, blocksize, scale, seed):
+    A, a32 = make(shape, ms.float32, seed=seed, scale=scale)
+    code = F.create_dynamic_map().asnumpy()
+    q, state = F.quantize_blockwise(A, blocksize=blocksize)
+    q_ref, absmax_ref = R.quantize_blockwise(a32, code, blocksize)
+    np.testing.assert_array_equal(q.asnumpy(), q_ref)
+    np.testing.assert_array_equal(state.absmax.asnumpy(), absmax_ref)
+    back = F.dequantize_blockwise(q, state).asnumpy()
+    # every value is within half a code step of the largest gap (~0.0155 of absmax)
+    blocks = np.repeat(absmax_ref, blocksize)[: a32.size].reshape(a32.shape)
+    assert np.all(np.abs(back - a32) <= 0.02 * blocks + 1e-30)
+
+
+def test_zero_blocks_and_outliers():
+    x = np.random.RandomState(1).randn(4 * 64).astype(np.float32)
+    x[64:128] = 0.0          # an all-zero block
+    x[130] = 1e4             # an outlier
+    A = ms.Tensor(x)
+    q, state = F.quantize_blockwise(A, blocksize=64)
+    absmax = state.absmax.asnumpy()
+    assert absmax[1] == 0.0 and absmax[2] == np.float32(1e4)
+    assert np.all(q.asnumpy()[64:128] == 0)
+    back = F.dequantize_blockwise(q, state).asnumpy()
+    assert np.all(back[64:128] == 0.0)
+    assert back[130] == np.float32(1e4)
+
+
+def test_non_contiguous_equals_contiguous():
+    base, _ = make((64, 300), ms.float32, seed=3)
+    for view in (base.T, base[:, 10:200], base[::2]):
+        q1, s1 = F.quantize_blockwise(view, blocksize=128)
+        q2, s2 = F.quantize_blockwise(view.contiguous(), blocksize=128)
+        np.testing.assert_array_equal(q1.asnumpy(), q2.asnumpy())
+        np.testing.assert_array_equal(s1.absmax.asnumpy(), s2.absmax.asnumpy())
+
+
+def test_out_and_absmax_are_honoured():
+    A, _ = make((3, 500), ms.float32, seed=4)
+    out = F.empty((3, 500), ms.uint8)
+    absmax = F.empty((12,), ms.float32)
+    q, state = F.quantize_blockwise(A, out=out, absmax=absmax, blocksize=128)
+    assert q is out and state.absmax is absmax
+    q2, s2 = F.quantize_blockwise(A, blocksize=128)
+    np.testing.assert_array_equal(out.asnumpy(), q2.asnumpy())
+    np.testing.assert_array_equal(absmax.asnumpy(), s2.absmax.asnumpy())
+    deq_out = F.empty((3, 500), ms.float32)
+    res = F.dequantize_blockwise(q, state, out=deq_out)
+    assert res is deq_out
+    np.testing.assert_array_equal(deq_out.asnumpy(), F.dequantize_blockwise(q2, s2).asnumpy())
+
+
+def test_nested_quantizes_absmax_again():
+    A, a32 = make((256, 256), ms.float32, seed=5)
+    q, state = F.quantize_blockwise(A, blocksize=64, nested=True)
+    assert state.nested and state.absmax.dtype == ms.uint8
+    plain_q, plain = F.quantize_blockwise(A, blocksize=64)
+    amax = plain.absmax.asnumpy()
+    offset = amax.mean()
+    np.testing.assert_allclose(float(state.offset.asnumpy()), offset, rtol=1e-6)
+    qa_ref, aa_ref = R.quantize_blockwise(amax - state.offset.asnumpy(), F.create_dynamic_map().asnumpy(), 64)
+    np.testing.assert_array_equal(state.absmax.asnumpy(), qa_ref)
+    back = F.dequantize_blockwise(q, state).asnumpy()
+    assert np.abs(back - a32).mean() < 0.011
+
+
+def test_explicit_absmax_and_code_without_state():
+    A, a32 = make((1000,), ms.float32, seed=6)
+    code = F.create_dynamic_map(signed=True)
+    q, state = F.quantize_blockwise(A, code=code, blocksize=256)
+    back = F.dequantize_blockwise(q, absmax=state.absmax, code=code, blocksize=256)
+    np.testing.assert_array_equal(back.asnumpy(), F.dequantize_blockwise(q, state).asnumpy())
+
+
+def test_zero_size_gives_empty_results():
+    A = ms.Tensor(np.zeros((0, 7), np.float32))
+    q, state = F.quantize_blockwise(A, blocksize=64)
+    assert q.shape == (0, 7) and q.dtype == ms.uint8 and state.absmax.shape == (0,)
+    back = F.dequantize_blockwise(q, state)
+    assert back.shape == (0, 7) and back.dtype == ms.float32
