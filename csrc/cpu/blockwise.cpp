@@ -67,7 +67,7 @@ BNB_MS_INLINE uint32_t grid_index(float v) {
   return (uint32_t)std::fma((v + 1.0f) * 0.5f, (float)(kLut - 1), 0.5f);
 }
 
-// ---- portable path (also compiled as the AVX2 variant, where the compiler vectorizes it) ----
+// ---- portable path ------------------------------------------------------------------------------
 template <class T>
 BNB_MS_INLINE void quantize_blocks_generic(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,
                                            int64_t bs, int64_t n, int64_t b0, int64_t b1) {
@@ -95,15 +95,94 @@ BNB_MS_INLINE void dequantize_blocks_generic(const float *code, const uint8_t *A
   }
 }
 
+// ---- AVX2 path (8 lanes; F16C for fp16) -------------------------------------------------------
+template <class T> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8(const T *p);
+template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8<float>(const float *p) { return _mm256_loadu_ps(p); }
+template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8<fp16_t>(const fp16_t *p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8<bf16_t>(const bf16_t *p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+template <class T> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8(T *p, __m256 v);
+template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<float>(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
+template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<fp16_t>(fp16_t *p, __m256 v) {
+  _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<bf16_t>(bf16_t *p, __m256 v) {
+  // round to nearest even; NaN kept quiet (same as f32_to_bf16)
+  __m256i b = _mm256_castps_si256(v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  __m256i q = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
+  r = _mm256_blendv_epi8(r, q, nan);
+  // pack 8 x u32 (values < 65536) into 8 x u16
+  __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
+  _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(lo, hi));
+}
+
 template <class T>
 BNB_MS_TARGET_AVX2 void quantize_blocks_avx2(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,
                                              int64_t bs, int64_t n, int64_t b0, int64_t b1) {
-  quantize_blocks_generic<T>(lut, A, absmax, out, bs, n, b0, b1);
+  const __m256 one = _mm256_set1_ps(1.0f), neg_one = _mm256_set1_ps(-1.0f), half = _mm256_set1_ps(0.5f);
+  const __m256 scale = _mm256_set1_ps((float)(kLut - 1));
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i low_byte = _mm256_set1_epi32(0xff);
+  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t s = b * bs, e = std::min(s + bs, n), len = e - s;
+    const T *a = A + s;
+    int64_t i = 0;
+    __m256 vmax = _mm256_setzero_ps();
+    for (; i + 8 <= len; i += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, load8<T>(a + i)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    float amax = _mm_cvtss_f32(m4);
+    for (; i < len; ++i) amax = std::max(amax, std::fabs(to_f32(a[i])));
+    absmax[b] = amax;
+    uint8_t *o = out + s;
+    if (amax == 0.0f) {
+      std::memset(o, 0, (size_t)len);
+      continue;
+    }
+    const float inv = 1.0f / amax;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    i = 0;
+    for (; i + 8 <= len; i += 8) {
+      __m256 v = _mm256_mul_ps(load8<T>(a + i), vinv);
+      v = _mm256_min_ps(one, _mm256_max_ps(neg_one, v));
+      v = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_add_ps(v, one), half), scale, half);
+      __m256i idx = _mm256_cvttps_epi32(v);
+      __m256i g = _mm256_and_si256(_mm256_i32gather_epi32((const int *)lut->table, idx, 1), low_byte);
+      __m256i packed = _mm256_shuffle_epi8(g, pick);  // bytes 0..3 of each 128-bit lane
+      uint32_t lo = (uint32_t)_mm_cvtsi128_si32(_mm256_castsi256_si128(packed));
+      uint32_t hi = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(packed, 1));
+      std::memcpy(o + i, &lo, 4);
+      std::memcpy(o + i + 4, &hi, 4);
+    }
+    for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * inv)];
+  }
 }
+
 template <class T>
 BNB_MS_TARGET_AVX2 void dequantize_blocks_avx2(const float *code, const uint8_t *A, const float *absmax, T *out,
                                                int64_t bs, int64_t n, int64_t b0, int64_t b1) {
-  dequantize_blocks_generic<T>(code, A, absmax, out, bs, n, b0, b1);
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t s = b * bs, e = std::min(s + bs, n), len = e - s;
+    const float scale = absmax[b];
+    const __m256 vs = _mm256_set1_ps(scale);
+    const uint8_t *q = A + s;
+    T *o = out + s;
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+      __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)));
+      store8<T>(o + i, _mm256_mul_ps(_mm256_i32gather_ps(code, idx, 4), vs));
+    }
+    for (; i < len; ++i) o[i] = from_f32<T>(code[q[i]] * scale);
+  }
 }
 
 // ---- AVX-512 path ------------------------------------------------------------------------------
