@@ -221,7 +221,9 @@ BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A
     const T *a = A + s;
     int64_t i = 0;
     __m512 vmax = _mm512_setzero_ps();
-    for (; i + 16 <= len; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(load16<T>(a + i)));
+    // operand order: MAXPS returns its second operand when one is NaN, so NaN is ignored as in
+    // std::max(amax, |x|) of the portable path
+    for (; i + 16 <= len; i += 16) vmax = _mm512_max_ps(_mm512_abs_ps(load16<T>(a + i)), vmax);
     float amax = _mm512_reduce_max_ps(vmax);
     for (; i < len; ++i) amax = std::max(amax, std::fabs(to_f32(a[i])));
     absmax[b] = amax;
@@ -235,7 +237,9 @@ BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A
     i = 0;
     for (; i + 16 <= len; i += 16) {
       __m512 v = _mm512_mul_ps(load16<T>(a + i), vinv);
-      v = _mm512_min_ps(one, _mm512_max_ps(neg_one, v));
+      // NaN (also inf * 0) -> -1 as in the portable path; the other operand order would give NaN and
+      // an out-of-range gather index
+      v = _mm512_min_ps(_mm512_max_ps(v, neg_one), one);
       v = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_add_ps(v, one), half), scale, half);
       __m512i idx = _mm512_cvttps_epi32(v);
       __m512i g = _mm512_i32gather_epi32(idx, (const void *)lut->table, 1);
