@@ -436,5 +436,5 @@ def optimizer_state_bytes(optimizer: Optimizer8bit) -> int:
         for v in st.values():
             if isinstance(v, Tensor) and id(v) not in seen:
                 seen.add(id(v))
-                total += _numel(v) * v.itemsize
+                total += _numel(v) * {ms.float32: 4, ms.uint8: 1, ms.float16: 2, ms.bfloat16: 2}.get(v.dtype, 4)
     return total
