@@ -13,3 +13,7 @@ features = {"multi_backend"}
 #: Devices whose tensors our kernels accept (MindSpore's CPU; the CUDA library on GPU).
 supported_devices = {"cpu", "cuda"}
 supported_torch_devices = supported_devices
+
+
+# ---- optim ----
+from . import optim  # noqa: E402,F401

@@ -98,3 +98,51 @@ for _sfx, _dt in DTYPE_SUFFIX.items():
         bnb_args=("code", "A", "absmax", "out", "blocksize", "n"),
         doc="out = code[A] * absmax[block], in the suffix's dtype",
     ))
+
+
+# ---- optim ----
+# Fused optimizer updates (functional.optimizer_update_32bit / optimizer_update_8bit_blockwise).
+# The kernels update p, state1, state2, absmax1, absmax2 (and unorm_vec) IN PLACE in the input
+# buffers, as bitsandbytes' C functions do; the only declared output is an int32[1] status (0).
+# Scalars are read as double (functional passes float64 0-d tensors, so hyper-parameter
+# expressions are evaluated like upstream's Python code does).
+OPTIM_32BIT_NAMES = {
+    # optimizer -> (fp32, fp16, bf16) entry points; upstream's names (its momentum/rmsprop/adagrad
+    # kernels use the _32/_16 suffixes; the bf16 variants of those three are ours)
+    "adam": ("cadam32bit_grad_fp32", "cadam32bit_grad_fp16", "cadam32bit_grad_bf16"),
+    "ademamix": ("cademamix32bit_grad_fp32", "cademamix32bit_grad_fp16", "cademamix32bit_grad_bf16"),
+    "lion": ("clion32bit_grad_fp32", "clion32bit_grad_fp16", "clion32bit_grad_bf16"),
+    "momentum": ("cmomentum32bit_grad_32", "cmomentum32bit_grad_16", "cmomentum32bit_grad_bf16"),
+    "rmsprop": ("crmsprop32bit_grad_32", "crmsprop32bit_grad_16", "crmsprop32bit_grad_bf16"),
+    "adagrad": ("cadagrad32bit_grad_32", "cadagrad32bit_grad_16", "cadagrad32bit_grad_bf16"),
+}
+OPTIM_8BIT_BLOCKWISE_NAMES = {
+    opt: tuple(f"c{opt}_8bit_blockwise_grad_{s}" for s in ("fp32", "fp16", "bf16"))
+    for opt in ("adam", "ademamix", "momentum", "rmsprop", "lion", "adagrad")
+}
+_STATUS = lambda s, d, st: (((1,), ms.int32),)  # noqa: E731
+
+for _opt, _names in OPTIM_32BIT_NAMES.items():
+    for _nm in _names:
+        define(NativeOp(
+            name=_nm,
+            inputs=("g", "p", "state1", "state2", "unorm_vec", "max_unorm", "param_norm", "beta1", "beta2",
+                    "beta3", "alpha", "eps", "weight_decay", "step", "lr", "gnorm_scale", "skip_zeros"),
+            outputs=("status",),
+            infer=_STATUS,
+            bnb_args=("g", "p", "state1", "state2", "unorm_vec", "max_unorm", "param_norm", "beta1", "beta2",
+                      "beta3", "alpha", "eps", "weight_decay", "step", "lr", "gnorm_scale", "skip_zeros", "n"),
+            doc=f"in-place {_opt} update with fp32 state (upstream 0.50 CPU rule)",
+        ))
+for _opt, _names in OPTIM_8BIT_BLOCKWISE_NAMES.items():
+    for _nm in _names:
+        define(NativeOp(
+            name=_nm,
+            inputs=("g", "p", "state1", "state2", "qmap1", "qmap2", "absmax1", "absmax2", "beta1", "beta2",
+                    "beta3", "alpha", "eps", "step", "lr", "weight_decay", "gnorm_scale", "skip_zeros"),
+            outputs=("status",),
+            infer=_STATUS,
+            bnb_args=("p", "g", "state1", "state2", "beta1", "beta2", "beta3", "alpha", "eps", "step", "lr",
+                      "qmap1", "qmap2", "absmax1", "absmax2", "weight_decay", "gnorm_scale", "skip_zeros", "n"),
+            doc=f"in-place {_opt} update with blockwise (256) 8-bit state: dequantize, update, requantize",
+        ))

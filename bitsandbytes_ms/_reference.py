@@ -10,6 +10,8 @@ Floating-point inputs are taken as float32 arrays (fp16/bf16 values widen exactl
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 try:  # numpy has no bfloat16; ml_dtypes (a MindSpore dependency) provides it
@@ -92,3 +94,130 @@ def dequantize_blockwise(A: np.ndarray, absmax: np.ndarray, code: np.ndarray, bl
     scale = np.repeat(np.asarray(absmax, dtype=np.float32), blocksize)[: q.size]
     vals = (np.asarray(code, dtype=np.float32)[q] * scale).astype(np.float32)
     return cast_out(vals, dtype).reshape(np.shape(A))
+
+
+# ---- optim ----
+# Reference optimizer updates (upstream bitsandbytes 0.50 CPU semantics, backends/cpu/ops.py):
+# everything in float32; Python-side scalars (1-beta1, step sizes, ...) are computed in float64 and
+# rounded to float32 once, as a PyTorch scalar meeting a float32 tensor is. Ops are not fused.
+_f32 = np.float32
+
+OPTIM_32BIT = ("adam", "momentum", "rmsprop", "lion", "adagrad", "ademamix", "lamb", "lars")
+OPTIM_8BIT_BLOCKWISE = ("adam", "momentum", "rmsprop", "lion", "adagrad", "ademamix", "lamb", "lars")
+OPTIM_BLOCKSIZE = 256
+
+
+def _optim_core(name, g, p, s1, s2, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr,
+                gnorm_scale, eightbit, max_unorm=0.0, param_norm=0.0):
+    """One update on float32 copies; returns (p, s1, s2, unorm or None)."""
+    g = (g.astype(_f32) * _f32(gnorm_scale)).astype(_f32)
+    p = p.astype(_f32).copy()
+    c1 = 1.0 - beta1 ** step
+    c2 = math.sqrt(1.0 - beta2 ** step)
+    unorm = None
+
+    def scale_of(update):
+        nonlocal unorm
+        if max_unorm <= 0.0:
+            return 1.0
+        unorm = float(np.sqrt(np.sum(update.astype(np.float64) ** 2)))
+        if unorm > max_unorm * param_norm:
+            return (max_unorm * param_norm) / unorm
+        return 1.0
+
+    if name in ("adam", "lamb"):
+        s1 = s1 * _f32(beta1) + _f32(1.0 - beta1) * g
+        s2 = s2 * _f32(beta2) + _f32(1.0 - beta2) * g * g
+        if eightbit:
+            denom = np.sqrt(s2) / _f32(c2) + _f32(eps)
+            if weight_decay > 0.0:
+                p = p * _f32(1.0 - lr * weight_decay)
+            p = p + _f32(-lr / c1) * (s1 / denom)
+        else:
+            if weight_decay > 0.0:
+                p = p * _f32(1.0 - lr * weight_decay)
+            update = s1 / (np.sqrt(s2) + _f32(eps * c2))
+            sc = scale_of(update)
+            p = p + _f32((-lr * c2 / c1) * sc) * update
+    elif name == "ademamix":
+        m1 = s1[0] * _f32(beta1) + _f32(1.0 - beta1) * g
+        m2 = s1[1] * _f32(beta3) + _f32(1.0 - beta3) * g
+        s2 = s2 * _f32(beta2) + _f32(1.0 - beta2) * g * g
+        s1 = np.stack([m1, m2])
+        update = (m1 / _f32(c1) + _f32(alpha) * m2) / (np.sqrt(s2) / _f32(c2) + _f32(eps))
+        if weight_decay > 0.0:
+            p = p * _f32(1.0 - lr * weight_decay)
+        p = p + _f32(-lr) * update
+    elif name in ("momentum", "lars"):
+        if eightbit or weight_decay > 0.0:
+            g = g + _f32(weight_decay) * p
+        s1 = g.copy() if step == 1 else s1 * _f32(beta1) + g
+        sc = 1.0 if eightbit else scale_of(s1)
+        p = p + _f32(-lr * sc) * s1
+    elif name == "lion":
+        if weight_decay > 0.0:
+            p = p * _f32(1.0 - lr * weight_decay)
+        update = s1 * _f32(beta1) + _f32(1.0 - beta1) * g
+        p = p + _f32(-lr) * np.sign(update).astype(_f32)
+        s1 = s1 * _f32(beta2) + _f32(1.0 - beta2) * g
+    elif name == "rmsprop":
+        if eightbit or weight_decay > 0.0:
+            g = g + _f32(weight_decay) * p
+        s1 = s1 * _f32(beta1) + _f32(1.0 - beta1) * g * g
+        update = g / (np.sqrt(s1) + _f32(eps))
+        sc = 1.0 if eightbit else scale_of(update)
+        p = p + _f32(-lr * sc) * update
+    elif name == "adagrad":
+        if eightbit or weight_decay > 0.0:
+            g = g + _f32(weight_decay) * p
+        s1 = s1 + g * g
+        p = p + _f32(-lr) * (g / (np.sqrt(s1) + _f32(eps)))
+    else:
+        raise ValueError(f"unsupported optimizer {name!r}")
+    cast = lambda x: None if x is None else np.asarray(x, dtype=_f32)  # noqa: E731
+    return cast(p), cast(s1), cast(s2), unorm
+
+
+def optimizer_update_32bit(name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps, weight_decay,
+                           step, lr, gnorm_scale=1.0, max_unorm=0.0, p_dtype="float32"):
+    """Returns (p in ``p_dtype``, state1, state2, unorm) after one 32-bit-state update (numpy copies)."""
+    p32 = np.asarray(p, dtype=_f32)
+    param_norm = float(np.sqrt(np.sum(p32.astype(np.float64) ** 2))) if max_unorm > 0.0 else 0.0
+    s1 = np.asarray(state1, dtype=_f32)
+    s2 = None if state2 is None else np.asarray(state2, dtype=_f32)
+    newp, s1, s2, unorm = _optim_core(name, np.asarray(g, dtype=_f32), p32, s1, s2, beta1, beta2, beta3,
+                                      alpha, eps, weight_decay, step, lr, gnorm_scale, False, max_unorm,
+                                      param_norm)
+    return cast_out(newp, p_dtype), s1, s2, unorm
+
+
+def optimizer_update_8bit_blockwise(name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps, step, lr,
+                                    qmap1, qmap2, absmax1, absmax2, weight_decay=0.0, gnorm_scale=1.0,
+                                    p_dtype="float32"):
+    """Returns (p, state1 u8, state2 u8 | None, absmax1, absmax2 | None) after one 8-bit blockwise update:
+    dequantize (blocksize 256), update in float32, requantize with :func:`quantize_blockwise`."""
+    bs = OPTIM_BLOCKSIZE
+    shape = np.shape(p)
+    n = int(np.prod(shape))
+    if name == "ademamix":
+        s1 = np.stack([dequantize_blockwise(np.asarray(state1)[i].reshape(-1), np.asarray(absmax1)[i], qmap1, bs)
+                       for i in range(2)])
+    else:
+        s1 = dequantize_blockwise(np.asarray(state1).reshape(-1), absmax1, qmap1, bs)
+    s2 = None
+    if state2 is not None:
+        s2 = dequantize_blockwise(np.asarray(state2).reshape(-1), absmax2, qmap2, bs)
+    newp, s1, s2, _ = _optim_core(name, np.asarray(g, dtype=_f32).reshape(-1), np.asarray(p, dtype=_f32).reshape(-1),
+                                  s1, s2, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr, gnorm_scale, True)
+    if name == "ademamix":
+        qs = [quantize_blockwise(s1[i], qmap1, bs) for i in range(2)]
+        q1 = np.stack([q for q, _ in qs]).reshape(np.shape(state1))
+        a1 = np.stack([a for _, a in qs])
+    else:
+        q1, a1 = quantize_blockwise(s1, qmap1, bs)
+        q1 = q1.reshape(np.shape(state1))
+    q2 = a2 = None
+    if s2 is not None:
+        q2, a2 = quantize_blockwise(s2, qmap2, bs)
+        q2 = q2.reshape(np.shape(state2))
+    return cast_out(newp, p_dtype).reshape(shape), q1, q2, a1, a2

@@ -510,3 +510,167 @@ def dequantize_blockwise(A: Tensor, quant_state: Optional[QuantState] = None, ab
     res = getattr(lib, f"cdequantize_blockwise_{_SUFFIX[quant_state.dtype]}")(
         quant_state.code, _contiguous(A), _contiguous(amax), bs)
     return _write(out, res)
+
+
+# ---- optim ----
+# Optimizer kernels (upstream functional.optimizer_update_32bit / optimizer_update_8bit_blockwise).
+# Design: the native kernels update p / state / absmax IN PLACE in the buffers MindSpore hands
+# them (the AOT kernel receives the real input buffers on CPU in PyNative mode), exactly like the
+# bitsandbytes C functions. This avoids allocating and copying back p and the states every step.
+# Inputs that are not contiguous are updated through a contiguous copy that is copied back.
+from . import _ops as _ops_table  # noqa: E402
+
+OPTIM_BLOCKSIZE = 256
+_OPT_ALIAS = {"lamb": "adam", "lars": "momentum"}
+_TWO_STATE = ("adam", "ademamix")
+_F64_CACHE: Dict[Any, Tensor] = {}
+
+
+def _f64(x) -> Tensor:
+    """A float64 0-d tensor for a hyper-parameter (cached by value: they rarely change)."""
+    key = (type(x), x)
+    t = _F64_CACHE.get(key)
+    if t is None:
+        if len(_F64_CACHE) > 4096:
+            _F64_CACHE.clear()
+        t = _F64_CACHE[key] = Tensor(np.float64(x))
+    return t
+
+
+def _optim_kernel(table: Dict[str, Tuple[str, ...]], fn: str, optimizer_name: str, dtype):
+    name = _OPT_ALIAS.get(optimizer_name, optimizer_name)
+    if name not in table:
+        raise ValueError(f"{_fn_name(fn, 'optimizer_name')} must be one of "
+                         f"{tuple(sorted(set(table) | set(_OPT_ALIAS)))}; got {optimizer_name!r}")
+    return name, getattr(lib, table[name][(ms.float32, ms.float16, ms.bfloat16).index(dtype)])
+
+
+def _check_numel(t: Tensor, n: int, fn: str, arg: str) -> None:
+    if _numel(t) != n:
+        raise ValueError(f"{_fn_name(fn, arg)} must have {n} elements; got shape {tuple(t.shape)}")
+
+
+class _InPlace:
+    """Contiguous views of in-place arguments; non-contiguous ones are copied back afterwards."""
+
+    def __init__(self):
+        self._back = []
+
+    def __call__(self, t: Optional[Tensor]) -> Optional[Tensor]:
+        if t is None or t.is_contiguous():
+            return t
+        c = t.contiguous()
+        self._back.append((t, c))
+        return c
+
+    def finish(self) -> None:
+        for t, c in self._back:
+            t.copy_(c)
+
+
+def optimizer_update_32bit(optimizer_name: str, g: Tensor, p: Tensor, state1: Tensor, beta1: float, eps: float,
+                           step: int, lr: float, state2: Optional[Tensor] = None, beta2: float = 0.0,
+                           beta3: float = 0.0, alpha: float = 0.0, weight_decay: float = 0.0,
+                           gnorm_scale: float = 1.0, unorm_vec: Optional[Tensor] = None, max_unorm: float = 0.0,
+                           skip_zeros=False) -> None:
+    """In-place optimizer update with 32-bit state (upstream 0.50 CPU numerics, native kernel).
+
+    Args:
+        optimizer_name: adam, momentum, rmsprop, lion, adagrad, ademamix, lamb (adam rule + trust
+            ratio), lars (momentum rule + trust ratio).
+        g, p: gradient and parameter, same dtype (float32 / float16 / bfloat16) and element count.
+        state1: float32, p's size ([2, *p.shape] for ademamix: m1, m2). state2: float32 (adam,
+            ademamix: the second moment), else None.
+        max_unorm: > 0 scales the step so that ||update|| <= max_unorm * ||p|| (LAMB/LARS;
+            adam/momentum/rmsprop rules); ``unorm_vec`` (float32[1]) then receives ||update||.
+        skip_zeros: accepted and ignored, as on upstream's CPU backend.
+
+    p, state1, state2 and unorm_vec are updated in place. Raises ValueError/TypeError naming the
+    argument for a bad optimizer name, dtype or size.
+    """
+    fn = "optimizer_update_32bit"
+    _check_dtype(p, FLOAT_DTYPES, fn, "p")
+    _check_dtype(g, (p.dtype,), fn, "g")
+    name, kernel = _optim_kernel(_ops_table.OPTIM_32BIT_NAMES, fn, optimizer_name, p.dtype)
+    n = _numel(p)
+    _check_numel(g, n, fn, "g")
+    _check_dtype(state1, (ms.float32,), fn, "state1")
+    _check_numel(state1, 2 * n if name == "ademamix" else n, fn, "state1")
+    if name in _TWO_STATE:
+        if state2 is None:
+            raise ValueError(f"{_fn_name(fn, 'state2')} is required for {optimizer_name}")
+        _check_dtype(state2, (ms.float32,), fn, "state2")
+        _check_numel(state2, n, fn, "state2")
+    else:
+        state2 = None
+    if unorm_vec is not None:
+        _check_dtype(unorm_vec, (ms.float32,), fn, "unorm_vec")
+    if int(step) < 1:
+        raise ValueError(f"{_fn_name(fn, 'step')} must be >= 1; got {step}")
+    if n == 0:
+        return None
+    ip = _InPlace()
+    gc = _contiguous(g)
+    pc, s1, s2, un = ip(p), ip(state1), ip(state2), ip(unorm_vec)
+    kernel(gc, pc, s1, s2, un, _f64(float(max_unorm)), _f64(0.0), _f64(float(beta1)), _f64(float(beta2)),
+           _f64(float(beta3)), _f64(float(alpha)), _f64(float(eps)), _f64(float(weight_decay)), _f64(int(step)),
+           _f64(float(lr)), _f64(float(gnorm_scale)), bool(skip_zeros))
+    ip.finish()
+    return None
+
+
+def optimizer_update_8bit_blockwise(optimizer_name: str, g: Tensor, p: Tensor, state1: Tensor,
+                                    state2: Optional[Tensor], beta1: float, beta2: float, beta3: float, alpha: float,
+                                    eps: float, step: int, lr: float, qmap1: Tensor, qmap2: Optional[Tensor],
+                                    absmax1: Tensor, absmax2: Optional[Tensor], weight_decay: float = 0.0,
+                                    gnorm_scale: float = 1.0, skip_zeros=False) -> None:
+    """In-place optimizer update with blockwise 8-bit state (blocksize 256), fused per block:
+    dequantize ``code[q] * absmax``, update in float32 (upstream 0.50 CPU rules), requantize with
+    quantize_blockwise's lookup table (same bytes as upstream's CPU kernel).
+
+    Args:
+        g, p: same float dtype and size. state1: uint8 (``[2, *p.shape]`` for ademamix), state2:
+            uint8 or None (adam, ademamix need it). qmap1/qmap2: float32[256] codes (upstream uses
+            the signed / unsigned dynamic maps). absmax1: float32[ceil(n/256)] (``[2, nb]`` for
+            ademamix), absmax2 likewise or None.
+
+    p, state1, state2, absmax1, absmax2 are updated in place.
+    """
+    fn = "optimizer_update_8bit_blockwise"
+    _check_dtype(p, FLOAT_DTYPES, fn, "p")
+    _check_dtype(g, (p.dtype,), fn, "g")
+    name, kernel = _optim_kernel(_ops_table.OPTIM_8BIT_BLOCKWISE_NAMES, fn, optimizer_name, p.dtype)
+    n = _numel(p)
+    nb = -(-n // OPTIM_BLOCKSIZE)
+    mult = 2 if name == "ademamix" else 1
+    _check_numel(g, n, fn, "g")
+    _check_dtype(state1, (ms.uint8,), fn, "state1")
+    _check_numel(state1, mult * n, fn, "state1")
+    _check_dtype(qmap1, (ms.float32,), fn, "qmap1")
+    _check_numel(qmap1, 256, fn, "qmap1")
+    _check_dtype(absmax1, (ms.float32,), fn, "absmax1")
+    _check_numel(absmax1, mult * nb, fn, "absmax1")
+    if name in _TWO_STATE:
+        for t, arg in ((state2, "state2"), (qmap2, "qmap2"), (absmax2, "absmax2")):
+            if t is None:
+                raise ValueError(f"{_fn_name(fn, arg)} is required for {optimizer_name}")
+        _check_dtype(state2, (ms.uint8,), fn, "state2")
+        _check_numel(state2, n, fn, "state2")
+        _check_dtype(qmap2, (ms.float32,), fn, "qmap2")
+        _check_numel(qmap2, 256, fn, "qmap2")
+        _check_dtype(absmax2, (ms.float32,), fn, "absmax2")
+        _check_numel(absmax2, nb, fn, "absmax2")
+    else:
+        state2 = qmap2 = absmax2 = None
+    if int(step) < 1:
+        raise ValueError(f"{_fn_name(fn, 'step')} must be >= 1; got {step}")
+    if n == 0:
+        return None
+    ip = _InPlace()
+    gc, q1, q2 = _contiguous(g), _contiguous(qmap1), _contiguous(qmap2) if qmap2 is not None else None
+    pc, s1, s2, a1, a2 = ip(p), ip(state1), ip(state2), ip(absmax1), ip(absmax2)
+    kernel(gc, pc, s1, s2, q1, q2, a1, a2, _f64(float(beta1)), _f64(float(beta2)), _f64(float(beta3)),
+           _f64(float(alpha)), _f64(float(eps)), _f64(int(step)), _f64(float(lr)), _f64(float(weight_decay)),
+           _f64(float(gnorm_scale)), bool(skip_zeros))
+    ip.finish()
+    return None

@@ -1,0 +1,25 @@
+"""LAMB: Adam rule with a layer-wise trust ratio (max_unorm, 32-bit state only; the 8-bit state path ignores max_unorm, as upstream)."""
+
+from .optimizer import Optimizer2State
+
+
+class LAMB(Optimizer2State):
+    """LAMB."""
+
+    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+                 amsgrad=False, adam_w_mode=True, optim_bits=32, args=None, min_8bit_size=4096, max_unorm=1.0):
+        super().__init__("lamb", params, lr, betas, eps, weight_decay, optim_bits, args, min_8bit_size, max_unorm=1.0)
+
+class LAMB8bit(Optimizer2State):
+    """LAMB8bit."""
+
+    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+                 amsgrad=False, adam_w_mode=True, optim_bits=8, args=None, min_8bit_size=4096, max_unorm=1.0):
+        super().__init__("lamb", params, lr, betas, eps, weight_decay, 8, args, min_8bit_size, max_unorm=1.0)
+
+class LAMB32bit(Optimizer2State):
+    """LAMB32bit."""
+
+    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+                 amsgrad=False, adam_w_mode=True, optim_bits=32, args=None, min_8bit_size=4096, max_unorm=1.0):
+        super().__init__("lamb", params, lr, betas, eps, weight_decay, 32, args, min_8bit_size, max_unorm=1.0)

@@ -1,0 +1,440 @@
+"""Optimizer base classes and GlobalOptimManager (upstream ``bitsandbytes.optim.optimizer``, 0.50).
+
+The optimizers work on mindspore / mindtorch (mindnlp's ``torch``) parameters. mindtorch's
+``loss.backward()`` does not fill ``p.grad``; gradients come from ``mindspore.value_and_grad`` or
+``torch.autograd.value_and_grad``. So ``step()`` takes them two ways:
+
+* ``p.grad = g`` for each parameter, then ``opt.step()`` (torch style), or
+* ``opt.step(grads=grads)`` with ``grads`` a sequence in parameter order (all groups, in order;
+  ``None`` entries skip a parameter) or a dict ``{param: grad}``.
+
+Updates run in place in the parameters' buffers through the fused native kernels
+(:func:`bitsandbytes_ms.functional.optimizer_update_32bit` / ``optimizer_update_8bit_blockwise``).
+State is float32 (``optim_bits=32`` or tensors with fewer than ``min_8bit_size`` elements) or
+blockwise 8-bit (uint8 + float32 absmax per 256 elements, signed dynamic code for the first and
+unsigned dynamic code for the second state).
+
+Paged optimizers (``is_paged=True``): there is no unified memory on CPU, so paged variants keep
+their state in ordinary host memory and behave exactly as the unpaged ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import abc as container_abcs
+from collections import defaultdict
+from copy import deepcopy
+from typing import Any, Dict, Optional
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor
+
+from .. import functional as F
+from ..cextension import tag_device
+
+
+class MockArgs:
+    def __init__(self, initial_data):
+        for key in initial_data:
+            setattr(self, key, initial_data[key])
+
+
+class GlobalOptimManager:
+    """Per-parameter config overrides (e.g. 32-bit state for embeddings), a singleton.
+
+    ``override_config`` may be called before or after ``register_parameters`` and before the first
+    ``step``; each parameter gets its own copy of the override dict."""
+
+    _instance = None
+
+    def __init__(self):
+        raise RuntimeError("Call get_instance() instead")
+
+    def initialize(self):
+        self.pid2config = {}
+        self.index2config = {}
+        self.optimizer = None
+        self.uses_config_override = False
+        self.module_weight_config_triple = []
+
+    @classmethod
+    def get_instance(cls):
+        if cls._instance is None:
+            cls._instance = cls.__new__(cls)
+            cls._instance.initialize()
+        return cls._instance
+
+    def register_parameters(self, params):
+        param_groups = list(params)
+        if not isinstance(param_groups[0], dict):
+            param_groups = [{"params": param_groups}]
+        for group_index, group in enumerate(param_groups):
+            for p_index, p in enumerate(group["params"]):
+                if id(p) in self.pid2config:
+                    self.index2config[(group_index, p_index)] = self.pid2config[id(p)]
+
+    def override_config(self, parameters, key=None, value=None, key_value_dict=None):
+        """Overrides optimizer hyper-parameters (e.g. ``optim_bits``, ``lr``, ``betas``) for the given
+        parameter(s)."""
+        self.uses_config_override = True
+        if isinstance(parameters, Tensor):
+            parameters = [parameters]
+        if key is not None and value is not None:
+            if key_value_dict is not None:
+                raise ValueError("override_config: give either `key`/`value` or `key_value_dict`, not both")
+            key_value_dict = {key: value}
+        if key_value_dict is None:
+            raise ValueError("override_config: `key`/`value` or `key_value_dict` is required")
+        for p in parameters:
+            if id(p) in self.pid2config:
+                self.pid2config[id(p)].update(key_value_dict)
+            else:
+                self.pid2config[id(p)] = dict(key_value_dict)  # own copy per parameter
+
+    def register_module_override(self, module, param_name, config):
+        self.module_weight_config_triple.append((module, param_name, config))
+
+
+def _zeros(shape, dtype) -> Tensor:
+    t = Tensor(np.zeros(tuple(shape), dtype={ms.float32: np.float32, ms.uint8: np.uint8}[dtype]))
+    tag_device(t)
+    return t
+
+
+def _clone(t: Tensor) -> Tensor:
+    if t.dtype == ms.bfloat16:
+        c = Tensor(t.astype(ms.float32).asnumpy()).astype(ms.bfloat16)
+    else:
+        c = Tensor(t.asnumpy().copy())
+    tag_device(c, like=(t,))
+    return c
+
+
+def _numel(t) -> int:
+    return int(math.prod(t.shape))
+
+
+class Optimizer8bit:
+    """Base class: param groups, state, ``zero_grad``, ``step``, ``state_dict`` / ``load_state_dict``
+    (torch.optim.Optimizer's interface, implemented here because mindtorch's optimizer base cannot
+    run on CPU)."""
+
+    def __init__(self, params, defaults, optim_bits=32, is_paged=False):
+        self.defaults = defaults
+        self.state: Dict[Any, Dict[str, Any]] = defaultdict(dict)
+        self.param_groups = []
+        self.initialized = False
+        self.name2qmap: Dict[str, Tensor] = {}
+        self.is_paged = is_paged  # no unified memory on CPU: state stays in host memory
+        self.page_mng = None
+        self.mng = GlobalOptimManager.get_instance()
+        self.non_castable_tensor_keys = {"qmap1", "qmap2", "max1", "max2", "new_max1", "new_max2", "state1",
+                                         "state2", "gnorm_vec", "absmax1", "absmax2", "unorm_vec"}
+        if optim_bits == 8:
+            self.fill_qmap()
+        param_groups = list(params)
+        if len(param_groups) == 0:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(param_groups[0], dict):
+            param_groups = [{"params": param_groups}]
+        for group in param_groups:
+            self.add_param_group(group)
+
+    # -- torch.optim.Optimizer interface ------------------------------------------------------------
+    def add_param_group(self, param_group):
+        params = param_group["params"]
+        param_group["params"] = [params] if isinstance(params, Tensor) else list(params)
+        for name, default in self.defaults.items():
+            param_group.setdefault(name, default)
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in seen for p in param_group["params"]):
+            raise ValueError("some parameters appear in more than one parameter group")
+        self.param_groups.append(param_group)
+
+    def __getstate__(self):
+        return {"defaults": self.defaults, "state": self.state, "param_groups": self.param_groups}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def zero_grad(self, set_to_none: bool = True):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if getattr(p, "grad", None) is not None:
+                    try:
+                        p.grad = None
+                    except AttributeError:  # pragma: no cover
+                        pass
+
+    def fill_qmap(self):
+        self.name2qmap["dynamic"] = F.create_dynamic_map(signed=True)
+        self.name2qmap["udynamic"] = F.create_dynamic_map(signed=False)
+
+    def state_dict(self):
+        """``{"state": {index: {...}}, "param_groups": [...]}`` with parameters replaced by indices;
+        tensors are copies (later steps do not change a saved dict)."""
+        index_of, start = {}, 0
+        groups = []
+        for g in self.param_groups:
+            index_of.update({id(p): i for i, p in enumerate(g["params"], start) if id(p) not in index_of})
+            packed = {k: v for k, v in g.items() if k != "params"}
+            packed["params"] = [index_of[id(p)] for p in g["params"]]
+            start += len(g["params"])
+            groups.append(packed)
+        state = {}
+        for g in self.param_groups:
+            for p in g["params"]:
+                if id(p) in self._state_ids():
+                    st = self.state[p]
+                    state[index_of[id(p)]] = {k: (_clone(v) if isinstance(v, Tensor) else deepcopy(v))
+                                              for k, v in st.items()}
+        return {"state": state, "param_groups": groups}
+
+    def _state_ids(self):
+        return {id(k) for k in self.state}
+
+    def load_state_dict(self, state_dict):
+        """Restores a :meth:`state_dict`. Tensors keep their dtypes (qmaps, absmax and 8-bit states are
+        never cast to the parameter dtype; upstream's cast produced NaN for AdEMAMix)."""
+        state_dict = deepcopy({"param_groups": state_dict["param_groups"]}) | {"state": state_dict["state"]}
+        groups = self.param_groups
+        saved_groups = state_dict["param_groups"]
+        if len(groups) != len(saved_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        if any(len(g["params"]) != len(s["params"]) for g, s in zip(groups, saved_groups)):
+            raise ValueError("loaded state dict contains a parameter group that doesn't match the size of optimizer's group")
+        id_map = {old: p for s, g in zip(saved_groups, groups) for old, p in zip(s["params"], g["params"])}
+        self.state = defaultdict(dict)
+        for k, v in state_dict["state"].items():
+            if k in id_map:
+                p = id_map[k]
+                self.state[p] = {kk: (_clone(vv) if isinstance(vv, Tensor) else deepcopy(vv)) for kk, vv in v.items()}
+        new_groups = []
+        for g, s in zip(groups, saved_groups):
+            s = dict(s)
+            s["params"] = g["params"]
+            new_groups.append(s)
+        self.param_groups = new_groups
+
+    # -- stepping ------------------------------------------------------------------------------------
+    def check_overrides(self):
+        for module, attr, config in self.mng.module_weight_config_triple:
+            pmodule = getattr(module, attr)
+            assert pmodule is not None
+            for gindex, group in enumerate(self.param_groups):
+                for pindex, p in enumerate(group["params"]):
+                    if id(p) == id(pmodule):
+                        self.mng.pid2config[id(p)] = config
+                        self.mng.index2config[(gindex, pindex)] = self.mng.pid2config[id(p)]
+
+    def _grads_by_id(self, grads):
+        if grads is None:
+            return None
+        if isinstance(grads, dict):
+            return {id(k): v for k, v in grads.items()}
+        params = [p for g in self.param_groups for p in g["params"]]
+        grads = list(grads)
+        if len(grads) != len(params):
+            raise ValueError(f"step: `grads` has {len(grads)} entries but the optimizer has {len(params)} parameters")
+        return {id(p): g for p, g in zip(params, grads)}
+
+    def step(self, closure=None, grads=None):
+        """Performs one optimization step. ``grads``: optional gradients (sequence in parameter
+        order or ``{param: grad}``); otherwise ``p.grad`` is used. Parameters without a gradient are
+        skipped."""
+        loss = None
+        if closure is not None:
+            loss = closure()
+        if not self.initialized:
+            self.check_overrides()
+            self.initialized = True
+        by_id = self._grads_by_id(grads)
+        for gindex, group in enumerate(self.param_groups):
+            for pindex, p in enumerate(group["params"]):
+                g = by_id.get(id(p)) if by_id is not None else getattr(p, "grad", None)
+                if g is None:
+                    continue
+                if not isinstance(g, Tensor):
+                    g = Tensor(np.asarray(g))
+                if g.dtype != p.dtype:
+                    g = g.astype(p.dtype)
+                state = self.state[p]
+                if len(state) == 0:
+                    self.init_state(group, p, gindex, pindex)
+                self.update_step(group, p, gindex, pindex, g)
+        return loss
+
+    def get_config(self, gindex, pindex, group, p=None):
+        config = {
+            "betas": group["betas"], "eps": group["eps"], "weight_decay": group["weight_decay"], "lr": group["lr"],
+            "alpha": group.get("alpha", 0.0), "t_alpha": group.get("t_alpha"), "t_beta3": group.get("t_beta3"),
+            "optim_bits": self.args.optim_bits, "min_8bit_size": self.args.min_8bit_size,
+            "max_unorm": self.args.max_unorm, "skip_zeros": self.args.skip_zeros,
+        }
+        if (gindex, pindex) in self.mng.index2config:
+            config.update(self.mng.index2config[(gindex, pindex)])
+        if p is not None and id(p) in self.mng.pid2config:  # override_config after registration
+            config.update(self.mng.pid2config[id(p)])
+        return config
+
+    def _use_32bit(self, config, p) -> bool:
+        return config["optim_bits"] == 32 or _numel(p) < config["min_8bit_size"]
+
+    def init_state(self, group, p, gindex, pindex):
+        raise NotImplementedError
+
+    def update_step(self, group, p, gindex, pindex, g):
+        raise NotImplementedError
+
+
+def _blocks(n: int) -> int:
+    return -(-n // F.OPTIM_BLOCKSIZE)
+
+
+class Optimizer2State(Optimizer8bit):
+    """Two-state optimizers (adam, lamb, ademamix)."""
+
+    def __init__(self, optimizer_name, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, optim_bits=32,
+                 args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=False, alpha=0.0,
+                 t_alpha: Optional[int] = None, t_beta3: Optional[int] = None):
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if isinstance(betas, str):
+            betas = tuple(float(b) for b in betas.strip("()[] ").split(","))
+        for i, b in enumerate(betas):
+            if not 0.0 <= b < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {i}: {b}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, alpha=alpha, t_alpha=t_alpha,
+                        t_beta3=t_beta3)
+        super().__init__(params, defaults, optim_bits, is_paged)
+        if args is None:
+            args = MockArgs(dict(optim_bits=optim_bits, min_8bit_size=min_8bit_size, max_unorm=max_unorm,
+                                 skip_zeros=skip_zeros))
+        self.args = args
+        self.optimizer_name = optimizer_name
+
+    def init_state(self, group, p, gindex, pindex):
+        config = self.get_config(gindex, pindex, group, p)
+        state = self.state[p]
+        state["step"] = 0
+        n = _numel(p)
+        s1_shape = (2, *p.shape) if self.optimizer_name == "ademamix" else tuple(p.shape)
+        if self._use_32bit(config, p):
+            state["state1"] = _zeros(s1_shape, ms.float32)
+            state["state2"] = _zeros(p.shape, ms.float32)
+        else:
+            if "dynamic" not in self.name2qmap:
+                self.fill_qmap()
+            state["state1"] = _zeros(s1_shape, ms.uint8)
+            state["qmap1"] = self.name2qmap["dynamic"]
+            state["state2"] = _zeros(p.shape, ms.uint8)
+            state["qmap2"] = self.name2qmap["udynamic"]
+            nb = _blocks(n)
+            state["absmax1"] = _zeros((2, nb) if self.optimizer_name == "ademamix" else (nb,), ms.float32)
+            state["absmax2"] = _zeros((nb,), ms.float32)
+        if config["max_unorm"] > 0.0:
+            state["unorm_vec"] = _zeros((1,), ms.float32)
+
+    def _schedules(self, config, step):
+        betas = config["betas"]
+        beta3 = betas[2] if len(betas) >= 3 else 0.0
+        alpha = config["alpha"]
+        if self.optimizer_name == "ademamix":
+            t_alpha, t_beta3 = config["t_alpha"], config["t_beta3"]
+            if t_alpha is not None:
+                alpha = min(step * alpha / t_alpha, alpha)
+            if t_beta3 is not None:
+                ln_b1, ln_b3 = math.log(betas[0]), math.log(beta3)
+                s = step / t_beta3
+                beta3 = min(math.exp((ln_b1 * ln_b3) / ((1 - s) * ln_b3 + s * ln_b1)), beta3)
+        return beta3, alpha
+
+    def update_step(self, group, p, gindex, pindex, g):
+        state = self.state[p]
+        config = self.get_config(gindex, pindex, group, p)
+        state["step"] += 1
+        step = state["step"]
+        beta3, alpha = self._schedules(config, step)
+        b = config["betas"]
+        if state["state1"].dtype == ms.float32:
+            F.optimizer_update_32bit(self.optimizer_name, g, p, state["state1"], b[0], config["eps"], step,
+                                     config["lr"], state["state2"], b[1], beta3, alpha, config["weight_decay"], 1.0,
+                                     state["unorm_vec"] if config["max_unorm"] > 0.0 else None,
+                                     max_unorm=config["max_unorm"], skip_zeros=config["skip_zeros"])
+        else:
+            F.optimizer_update_8bit_blockwise(self.optimizer_name, g, p, state["state1"], state["state2"], b[0], b[1],
+                                              beta3, alpha, config["eps"], step, config["lr"], state["qmap1"],
+                                              state["qmap2"], state["absmax1"], state["absmax2"],
+                                              config["weight_decay"], gnorm_scale=1.0,
+                                              skip_zeros=config["skip_zeros"])
+
+
+class Optimizer1State(Optimizer8bit):
+    """One-state optimizers (momentum, lars, rmsprop, adagrad, lion)."""
+
+    def __init__(self, optimizer_name, params, lr=1e-3, betas=(0.9, 0.0), eps=1e-8, weight_decay=0.0, optim_bits=32,
+                 args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=False):
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        for i, b in enumerate(betas):
+            if not 0.0 <= b < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {i}: {b}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults, optim_bits, is_paged)
+        if args is None:
+            args = MockArgs(dict(optim_bits=optim_bits, min_8bit_size=min_8bit_size, max_unorm=max_unorm,
+                                 skip_zeros=skip_zeros))
+        self.args = args
+        self.optimizer_name = optimizer_name
+
+    def init_state(self, group, p, gindex, pindex):
+        config = self.get_config(gindex, pindex, group, p)
+        state = self.state[p]
+        state["step"] = 0
+        if self._use_32bit(config, p):
+            state["state1"] = _zeros(p.shape, ms.float32)
+        else:
+            if "dynamic" not in self.name2qmap:
+                self.fill_qmap()
+            state["state1"] = _zeros(p.shape, ms.uint8)
+            state["qmap1"] = self.name2qmap["dynamic"]
+            state["absmax1"] = _zeros((_blocks(_numel(p)),), ms.float32)
+        if config["max_unorm"] > 0.0:
+            state["unorm_vec"] = _zeros((1,), ms.float32)
+
+    def update_step(self, group, p, gindex, pindex, g):
+        state = self.state[p]
+        config = self.get_config(gindex, pindex, group, p)
+        state["step"] += 1
+        step = state["step"]
+        b = config["betas"]
+        if state["state1"].dtype == ms.float32:
+            F.optimizer_update_32bit(self.optimizer_name, g, p, state["state1"], b[0], config["eps"], step,
+                                     config["lr"], None, b[1], 0.0, 0.0, config["weight_decay"], 1.0,
+                                     state["unorm_vec"] if config["max_unorm"] > 0.0 else None,
+                                     max_unorm=config["max_unorm"], skip_zeros=config["skip_zeros"])
+        else:
+            F.optimizer_update_8bit_blockwise(self.optimizer_name, g, p, state["state1"], None, b[0], b[1], 0.0, 0.0,
+                                              config["eps"], step, config["lr"], state["qmap1"], None,
+                                              state["absmax1"], None, config["weight_decay"], gnorm_scale=1.0,
+                                              skip_zeros=config["skip_zeros"])
+
+
+def optimizer_state_bytes(optimizer: Optimizer8bit) -> int:
+    """Bytes held by the optimizer's per-parameter state tensors (states, absmax; shared qmaps once)."""
+    total, seen = 0, set()
+    for st in optimizer.state.values():
+        for v in st.values():
+            if isinstance(v, Tensor) and id(v) not in seen:
+                seen.add(id(v))
+                total += _numel(v) * {ms.float32: 4, ms.uint8: 1, ms.float16: 2, ms.bfloat16: 2}.get(v.dtype, 4)
+    return total

@@ -1,0 +1,429 @@
+// optim.cpp -- fused optimizer updates with 32-bit or blockwise 8-bit state (bitsandbytes'
+// optimizer_update_32bit / optimizer_update_8bit_blockwise; Dettmers et al., "8-bit Optimizers via
+// Block-wise Quantization", arXiv 2110.02861).
+//
+// Numerics follow upstream bitsandbytes 0.50's CPU implementation (backends/cpu/ops.py,
+// _optimizer_update_{32bit,8bit_blockwise}_cpu), including its differences from the CUDA kernels:
+// all arithmetic in float32; hyper-parameter expressions (1 - beta1, -lr / correction1, ...) are
+// evaluated in double and rounded to float once (as a Python scalar meeting a float32 tensor);
+// Adam's 8-bit denominator is sqrt(v) / sqrt(1 - beta2^t) + eps while the 32-bit one is
+// sqrt(v) + eps * sqrt(1 - beta2^t); 8-bit momentum / rmsprop / adagrad always add p * weight_decay
+// to the gradient; Lion, Adam(W), AdEMAMix apply decoupled decay p *= 1 - lr * wd before the update.
+// No operation is fused (the library is built with -ffp-contract=off), so the portable, AVX2 and
+// AVX-512 builds of the same loop give identical bits, and so does the numpy twin in
+// bitsandbytes_ms/_reference.py.
+//
+// 8-bit state: one pass per 256-element block -- dequantize (code[q] * absmax), update the
+// parameter and the state in float32, then requantize the block with the same 65536-bin lookup
+// table as quantize_blockwise (blockwise.cpp / upstream's CPU kernel), so the state bytes equal
+// upstream's.
+//
+// In place: p, state1, state2, absmax1, absmax2 (and unorm_vec) are updated in the caller's input
+// buffers, as the bitsandbytes C functions do. MindSpore hands an AOT kernel the input tensors'
+// real device (host) buffers, so the only declared output is a 1-element int32 status.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "aot.h"
+#include "cpu/cpu_features.h"
+#include "cpu/parallel.h"
+
+namespace bnb_ms {
+namespace {
+
+constexpr int64_t kBlock = 256;
+constexpr int kCodeN = 256;
+constexpr int kLutN = 65536;
+
+enum Opt { ADAM, MOMENTUM, RMSPROP, LION, ADAGRAD, ADEMAMIX };
+
+// ---- quantization table (same construction as blockwise.cpp) ---------------------------------
+struct OptLut {
+  float code[kCodeN];
+  uint8_t table[kLutN];
+};
+
+void build_opt_lut(const float *code, OptLut *lut) {
+  std::memcpy(lut->code, code, sizeof(lut->code));
+  float mid[kCodeN - 1];
+  for (int i = 0; i < kCodeN - 1; ++i) mid[i] = 0.5f * (code[i] + code[i + 1]);
+  int c = 0;
+  for (int i = 0; i < kLutN; ++i) {
+    const float v = -1.0f + (2.0f * (float)i) / (float)(kLutN - 1);
+    while (c < kCodeN - 1 && mid[c] < v) ++c;
+    lut->table[i] = (uint8_t)c;
+  }
+}
+
+const OptLut *opt_lut(const float *code) {
+  static std::mutex mu;
+  static std::unique_ptr<OptLut> slots[4];
+  static int next = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto &s : slots)
+    if (s && std::memcmp(s->code, code, sizeof(s->code)) == 0) return s.get();
+  auto &slot = slots[next];
+  next = (next + 1) % 4;
+  if (!slot) slot.reset(new OptLut);
+  build_opt_lut(code, slot.get());
+  return slot.get();
+}
+
+BNB_MS_INLINE uint8_t lut_quant(const OptLut *lut, float v) {
+  v = std::min(1.0f, std::max(-1.0f, v));
+  return lut->table[(uint32_t)std::fma((v + 1.0f) * 0.5f, (float)(kLutN - 1), 0.5f)];
+}
+
+// ---- hyper-parameters, rounded to float as upstream's CPU code sees them -----------------------
+struct Hyper {
+  double beta1, beta2, beta3, alpha, eps, wd, lr, gnorm;
+  int64_t step;
+};
+
+struct K {
+  float b1, omb1, b2, omb2, b3, omb3, alpha, eps, gnorm, decay, wd, neg_lr;
+  float c1, c2, eps_c2, neg_lr_c1, adam_step32;
+  bool has_wd, first;
+  explicit K(const Hyper &h) {
+    b1 = (float)h.beta1; omb1 = (float)(1.0 - h.beta1);
+    b2 = (float)h.beta2; omb2 = (float)(1.0 - h.beta2);
+    b3 = (float)h.beta3; omb3 = (float)(1.0 - h.beta3);
+    alpha = (float)h.alpha; eps = (float)h.eps; gnorm = (float)h.gnorm;
+    has_wd = h.wd > 0.0; wd = (float)h.wd; decay = (float)(1.0 - h.lr * h.wd);
+    neg_lr = (float)(-h.lr);
+    const double dc1 = 1.0 - std::pow(h.beta1, (double)h.step);
+    const double dc2 = std::sqrt(1.0 - std::pow(h.beta2, (double)h.step));
+    c1 = (float)dc1; c2 = (float)dc2;
+    eps_c2 = (float)(h.eps * dc2);
+    neg_lr_c1 = (float)(-h.lr / dc1);
+    adam_step32 = (float)(-h.lr * dc2 / dc1);
+    first = h.step == 1;
+  }
+};
+
+// One element of the update. Q8 selects upstream's 8-bit CPU variant of the rule. For the
+// max_unorm path (32-bit only) `upd` receives the raw update and p is not touched.
+template <Opt O, bool Q8, bool UNORM>
+BNB_MS_INLINE void update_elem(const K &k, float g, float &p, float &s1, float &s1b, float &s2, float *upd) {
+  g = g * k.gnorm;
+  if (O == ADAM) {
+    s1 = s1 * k.b1 + k.omb1 * g;
+    s2 = s2 * k.b2 + k.omb2 * g * g;
+    if (Q8) {
+      const float denom = std::sqrt(s2) / k.c2 + k.eps;
+      if (k.has_wd) p = p * k.decay;
+      p = p + k.neg_lr_c1 * (s1 / denom);
+    } else {
+      const float u = s1 / (std::sqrt(s2) + k.eps_c2);
+      if (UNORM) { *upd = u; return; }
+      if (k.has_wd) p = p * k.decay;
+      p = p + k.adam_step32 * u;
+    }
+  } else if (O == ADEMAMIX) {
+    s1 = s1 * k.b1 + k.omb1 * g;
+    s1b = s1b * k.b3 + k.omb3 * g;
+    s2 = s2 * k.b2 + k.omb2 * g * g;
+    const float u = (s1 / k.c1 + k.alpha * s1b) / (std::sqrt(s2) / k.c2 + k.eps);
+    if (k.has_wd) p = p * k.decay;
+    p = p + k.neg_lr * u;
+  } else if (O == MOMENTUM) {
+    if (Q8 || k.has_wd) g = g + k.wd * p;
+    s1 = k.first ? g : s1 * k.b1 + g;
+    if (UNORM) { *upd = s1; return; }
+    p = p + k.neg_lr * s1;
+  } else if (O == LION) {
+    if (k.has_wd) p = p * k.decay;
+    const float u = s1 * k.b1 + k.omb1 * g;
+    const float sg = u > 0.0f ? 1.0f : (u < 0.0f ? -1.0f : 0.0f);
+    p = p + k.neg_lr * sg;
+    s1 = s1 * k.b2 + k.omb2 * g;
+  } else if (O == RMSPROP) {
+    if (Q8 || k.has_wd) g = g + k.wd * p;
+    s1 = s1 * k.b1 + k.omb1 * g * g;
+    const float u = g / (std::sqrt(s1) + k.eps);
+    if (UNORM) { *upd = u; return; }
+    p = p + k.neg_lr * u;
+  } else {  // ADAGRAD
+    if (Q8 || k.has_wd) g = g + k.wd * p;
+    s1 = s1 + g * g;
+    p = p + k.neg_lr * (g / (std::sqrt(s1) + k.eps));
+  }
+}
+
+constexpr bool two_state(Opt O) { return O == ADAM || O == ADEMAMIX; }
+
+// ---- 32-bit state -------------------------------------------------------------------------------
+template <class T, Opt O, bool UNORM>
+BNB_MS_INLINE void blocks32_generic(const K &k, const T *g, T *p, float *s1, float *s2, float *upd, int64_t n,
+                                    int64_t b0, int64_t b1) {
+  float dummy = 0.0f;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t s = b * kBlock, e = std::min(s + kBlock, n);
+    for (int64_t i = s; i < e; ++i) {
+      float pv = to_f32(p[i]);
+      float &v = two_state(O) ? s2[i] : dummy;
+      float &mb = O == ADEMAMIX ? s1[n + i] : dummy;
+      update_elem<O, false, UNORM>(k, to_f32(g[i]), pv, s1[i], mb, v, upd ? upd + i : nullptr);
+      if (!UNORM) p[i] = from_f32<T>(pv);
+    }
+  }
+}
+template <class T, Opt O, bool UNORM>
+BNB_MS_TARGET_AVX2 void blocks32_avx2(const K &k, const T *g, T *p, float *s1, float *s2, float *upd, int64_t n,
+                                      int64_t b0, int64_t b1) {
+  blocks32_generic<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
+}
+template <class T, Opt O, bool UNORM>
+BNB_MS_TARGET_AVX512 void blocks32_avx512(const K &k, const T *g, T *p, float *s1, float *s2, float *upd, int64_t n,
+                                          int64_t b0, int64_t b1) {
+  blocks32_generic<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
+}
+
+template <class T, Opt O, bool UNORM>
+void run32(const K &k, const T *g, T *p, float *s1, float *s2, float *upd, int64_t n) {
+  const int64_t nb = (n + kBlock - 1) / kBlock;
+  const SimdLevel lvl = simd_level();
+  parallel_for(nb, 64, [&](int64_t b0, int64_t b1) {
+    if (lvl >= SimdLevel::avx512) blocks32_avx512<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
+    else if (lvl >= SimdLevel::avx2) blocks32_avx2<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
+    else blocks32_generic<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
+  });
+}
+
+template <class T>
+double norm_of(const T *x, int64_t n) {
+  double acc = 0.0;
+  for (int64_t i = 0; i < n; ++i) { const double v = to_f32(x[i]); acc += v * v; }
+  return std::sqrt(acc);
+}
+
+template <class T, Opt O>
+void update32(const Hyper &h, const T *g, T *p, float *s1, float *s2, float *unorm_vec, double max_unorm,
+              double param_norm, int64_t n) {
+  const K k(h);
+  const bool unorm_path = max_unorm > 0.0 && (O == ADAM || O == MOMENTUM || O == RMSPROP);
+  if (!unorm_path) { run32<T, O, false>(k, g, p, s1, s2, nullptr, n); return; }
+  // LAMB / LARS trust ratio: the norm of the whole update scales the step.
+  if (param_norm <= 0.0) param_norm = norm_of(p, n);
+  std::vector<float> upd((size_t)n);
+  run32<T, O, true>(k, g, p, s1, s2, upd.data(), n);
+  const double unorm = norm_of(upd.data(), n);
+  if (unorm_vec) *unorm_vec = (float)unorm;
+  const double scale = unorm > max_unorm * param_norm ? (max_unorm * param_norm) / unorm : 1.0;
+  const float coef = (float)((O == ADAM ? -h.lr * std::sqrt(1.0 - std::pow(h.beta2, (double)h.step)) /
+                                               (1.0 - std::pow(h.beta1, (double)h.step))
+                                         : -h.lr) * scale);
+  const bool decay = O == ADAM && k.has_wd;
+  parallel_for(n, 16384, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      float pv = to_f32(p[i]);
+      if (decay) pv = pv * k.decay;
+      p[i] = from_f32<T>(pv + coef * upd[i]);
+    }
+  });
+}
+
+// ---- 8-bit blockwise state ---------------------------------------------------------------------
+BNB_MS_INLINE void requant_block(const OptLut *lut, const float *v, int64_t len, uint8_t *q, float *absmax) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(v[i]));
+  *absmax = amax;
+  if (amax == 0.0f) { std::memset(q, 0, (size_t)len); return; }
+  const float inv = 1.0f / amax;
+  for (int64_t i = 0; i < len; ++i) q[i] = lut_quant(lut, v[i] * inv);
+}
+
+struct State8 {
+  uint8_t *s1, *s2;
+  float *a1, *a2;
+  const float *q1, *q2;
+  const OptLut *l1, *l2;
+};
+
+template <class T, Opt O>
+BNB_MS_INLINE void blocks8_generic(const K &k, const T *g, T *p, const State8 &st, int64_t n, int64_t b0, int64_t b1) {
+  const int64_t nb = (n + kBlock - 1) / kBlock;
+  float m[kBlock], mb[kBlock], v[kBlock];
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t s = b * kBlock, len = std::min(kBlock, n - s);
+    const float sc1 = st.a1[b];
+    for (int64_t i = 0; i < len; ++i) m[i] = st.q1[st.s1[s + i]] * sc1;
+    if (O == ADEMAMIX) {
+      const float scb = st.a1[nb + b];
+      for (int64_t i = 0; i < len; ++i) mb[i] = st.q1[st.s1[n + s + i]] * scb;
+    }
+    if (two_state(O)) {
+      const float sc2 = st.a2[b];
+      for (int64_t i = 0; i < len; ++i) v[i] = st.q2[st.s2[s + i]] * sc2;
+    }
+    for (int64_t i = 0; i < len; ++i) {
+      float pv = to_f32(p[s + i]);
+      update_elem<O, true, false>(k, to_f32(g[s + i]), pv, m[i], mb[i], v[i], nullptr);
+      p[s + i] = from_f32<T>(pv);
+    }
+    requant_block(st.l1, m, len, st.s1 + s, st.a1 + b);
+    if (O == ADEMAMIX) requant_block(st.l1, mb, len, st.s1 + n + s, st.a1 + nb + b);
+    if (two_state(O)) requant_block(st.l2, v, len, st.s2 + s, st.a2 + b);
+  }
+}
+template <class T, Opt O>
+BNB_MS_TARGET_AVX2 void blocks8_avx2(const K &k, const T *g, T *p, const State8 &st, int64_t n, int64_t b0, int64_t b1) {
+  blocks8_generic<T, O>(k, g, p, st, n, b0, b1);
+}
+template <class T, Opt O>
+BNB_MS_TARGET_AVX512 void blocks8_avx512(const K &k, const T *g, T *p, const State8 &st, int64_t n, int64_t b0,
+                                         int64_t b1) {
+  blocks8_generic<T, O>(k, g, p, st, n, b0, b1);
+}
+
+template <class T, Opt O>
+void update8(const Hyper &h, const T *g, T *p, const State8 &st, int64_t n) {
+  const K k(h);
+  const int64_t nb = (n + kBlock - 1) / kBlock;
+  const SimdLevel lvl = simd_level();
+  parallel_for(nb, 32, [&](int64_t b0, int64_t b1) {
+    if (lvl >= SimdLevel::avx512) blocks8_avx512<T, O>(k, g, p, st, n, b0, b1);
+    else if (lvl >= SimdLevel::avx2) blocks8_avx2<T, O>(k, g, p, st, n, b0, b1);
+    else blocks8_generic<T, O>(k, g, p, st, n, b0, b1);
+  });
+}
+
+// ---- argument checks -----------------------------------------------------------------------------
+template <class R>
+bool read_hyper(const Call<R> &c, int beta1, int beta2, int beta3, int alpha, int eps, int wd, int step, int lr,
+                int gnorm, Hyper *h) {
+  if (!c.scalar(beta1, &h->beta1) || !c.scalar(beta2, &h->beta2) || !c.scalar(beta3, &h->beta3) ||
+      !c.scalar(alpha, &h->alpha) || !c.scalar(eps, &h->eps) || !c.scalar(wd, &h->wd) || !c.scalar(lr, &h->lr) ||
+      !c.scalar(gnorm, &h->gnorm) || !c.scalar_i64(step, &h->step))
+    return false;
+  return h->step >= 1;
+}
+
+// params: g T[n], p T[n], state1 f32[n | 2n], state2 f32[n] | none, unorm_vec f32[1] | none,
+//         max_unorm, param_norm, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr, gnorm_scale,
+//         skip_zeros  ->  status i32[1]
+template <class T, Opt O>
+int entry32(BNB_MS_AOT_ARGS) {
+  Call<> c(nparam, params, ndims, shapes, dtypes, stream);
+  if (nparam != 18) return E_NPARAM;
+  enum { G, P, S1, S2, UN, MAXU, PN, B1, B2, B3, AL, EPS, WD, STEP, LR, GN, SKIP, OUT };
+  if (c.dtype(G) != dtype_of<T>() || c.dtype(P) != dtype_of<T>() || c.dtype(S1) != DType::f32 ||
+      c.dtype(OUT) != DType::i32)
+    return E_DTYPE;
+  const int64_t n = c.numel(P);
+  const bool two = two_state(O);
+  if (c.numel(G) != n || c.numel(S1) != (O == ADEMAMIX ? 2 * n : n) || c.numel(OUT) != 1) return E_SHAPE;
+  if (two) {
+    if (c.is_none(S2)) return E_NULL;
+    if (c.dtype(S2) != DType::f32) return E_DTYPE;
+    if (c.numel(S2) != n) return E_SHAPE;
+  }
+  float *unorm = nullptr;
+  if (!c.is_none(UN)) {
+    if (c.dtype(UN) != DType::f32) return E_DTYPE;
+    if (c.numel(UN) < 1) return E_SHAPE;
+    unorm = c.ptr<float>(UN);
+  }
+  Hyper h;
+  double max_unorm, param_norm;
+  if (!read_hyper(c, B1, B2, B3, AL, EPS, WD, STEP, LR, GN, &h) || !c.scalar(MAXU, &max_unorm) ||
+      !c.scalar(PN, &param_norm))
+    return E_VALUE;
+  if (c.params[OUT]) *c.ptr<int32_t>(OUT) = 0;
+  if (n == 0) return OK;
+  if (!c.params[G] || !c.params[P] || !c.params[S1]) return E_NULL;
+  update32<T, O>(h, c.ptr<T>(G), c.ptr<T>(P), c.ptr<float>(S1), two ? c.ptr<float>(S2) : nullptr, unorm, max_unorm,
+                 param_norm, n);
+  return OK;
+}
+
+// params: g T[n], p T[n], state1 u8[n | 2n], state2 u8[n] | none, qmap1 f32[256], qmap2 f32[256] | none,
+//         absmax1 f32[nb | 2nb], absmax2 f32[nb] | none, beta1, beta2, beta3, alpha, eps, step, lr,
+//         weight_decay, gnorm_scale, skip_zeros  ->  status i32[1]
+template <class T, Opt O>
+int entry8(BNB_MS_AOT_ARGS) {
+  Call<> c(nparam, params, ndims, shapes, dtypes, stream);
+  if (nparam != 19) return E_NPARAM;
+  enum { G, P, S1, S2, Q1, Q2, A1, A2, B1, B2, B3, AL, EPS, STEP, LR, WD, GN, SKIP, OUT };
+  if (c.dtype(G) != dtype_of<T>() || c.dtype(P) != dtype_of<T>() || c.dtype(S1) != DType::u8 ||
+      c.dtype(Q1) != DType::f32 || c.dtype(A1) != DType::f32 || c.dtype(OUT) != DType::i32)
+    return E_DTYPE;
+  const int64_t n = c.numel(P), nb = (n + kBlock - 1) / kBlock;
+  const int64_t mult = O == ADEMAMIX ? 2 : 1;
+  if (c.numel(G) != n || c.numel(S1) != mult * n || c.numel(Q1) != kCodeN || c.numel(A1) != mult * nb ||
+      c.numel(OUT) != 1)
+    return E_SHAPE;
+  if (two_state(O)) {
+    if (c.is_none(S2) || c.is_none(Q2) || c.is_none(A2)) return E_NULL;
+    if (c.dtype(S2) != DType::u8 || c.dtype(Q2) != DType::f32 || c.dtype(A2) != DType::f32) return E_DTYPE;
+    if (c.numel(S2) != n || c.numel(Q2) != kCodeN || c.numel(A2) != nb) return E_SHAPE;
+  }
+  Hyper h;
+  if (!read_hyper(c, B1, B2, B3, AL, EPS, WD, STEP, LR, GN, &h)) return E_VALUE;
+  if (c.params[OUT]) *c.ptr<int32_t>(OUT) = 0;
+  if (n == 0) return OK;
+  if (!c.params[G] || !c.params[P] || !c.params[S1] || !c.params[Q1] || !c.params[A1]) return E_NULL;
+  State8 st{c.ptr<uint8_t>(S1), nullptr, c.ptr<float>(A1), nullptr, c.ptr<float>(Q1), nullptr,
+            opt_lut(c.ptr<float>(Q1)), nullptr};
+  if (two_state(O)) {
+    st.s2 = c.ptr<uint8_t>(S2); st.a2 = c.ptr<float>(A2); st.q2 = c.ptr<float>(Q2);
+    st.l2 = opt_lut(st.q2);
+  }
+  update8<T, O>(h, c.ptr<T>(G), c.ptr<T>(P), st, n);
+  return OK;
+}
+
+}  // namespace
+}  // namespace bnb_ms
+
+using bnb_ms::bf16_t;
+using bnb_ms::fp16_t;
+#define BNB_MS_OPT32(name, T, O) \
+  BNB_MS_EXPORT int name(BNB_MS_AOT_ARGS) { return bnb_ms::entry32<T, bnb_ms::O>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+#define BNB_MS_OPT8(name, T, O) \
+  BNB_MS_EXPORT int name(BNB_MS_AOT_ARGS) { return bnb_ms::entry8<T, bnb_ms::O>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+
+// 32-bit state. Names as upstream's C library (momentum/rmsprop/adagrad use the _32/_16 suffixes
+// there; the _bf16 variants of those three are ours).
+BNB_MS_OPT32(cadam32bit_grad_fp32, float, ADAM)
+BNB_MS_OPT32(cadam32bit_grad_fp16, fp16_t, ADAM)
+BNB_MS_OPT32(cadam32bit_grad_bf16, bf16_t, ADAM)
+BNB_MS_OPT32(cademamix32bit_grad_fp32, float, ADEMAMIX)
+BNB_MS_OPT32(cademamix32bit_grad_fp16, fp16_t, ADEMAMIX)
+BNB_MS_OPT32(cademamix32bit_grad_bf16, bf16_t, ADEMAMIX)
+BNB_MS_OPT32(clion32bit_grad_fp32, float, LION)
+BNB_MS_OPT32(clion32bit_grad_fp16, fp16_t, LION)
+BNB_MS_OPT32(clion32bit_grad_bf16, bf16_t, LION)
+BNB_MS_OPT32(cmomentum32bit_grad_32, float, MOMENTUM)
+BNB_MS_OPT32(cmomentum32bit_grad_16, fp16_t, MOMENTUM)
+BNB_MS_OPT32(cmomentum32bit_grad_bf16, bf16_t, MOMENTUM)
+BNB_MS_OPT32(crmsprop32bit_grad_32, float, RMSPROP)
+BNB_MS_OPT32(crmsprop32bit_grad_16, fp16_t, RMSPROP)
+BNB_MS_OPT32(crmsprop32bit_grad_bf16, bf16_t, RMSPROP)
+BNB_MS_OPT32(cadagrad32bit_grad_32, float, ADAGRAD)
+BNB_MS_OPT32(cadagrad32bit_grad_16, fp16_t, ADAGRAD)
+BNB_MS_OPT32(cadagrad32bit_grad_bf16, bf16_t, ADAGRAD)
+
+// 8-bit blockwise state (blocksize 256).
+BNB_MS_OPT8(cadam_8bit_blockwise_grad_fp32, float, ADAM)
+BNB_MS_OPT8(cadam_8bit_blockwise_grad_fp16, fp16_t, ADAM)
+BNB_MS_OPT8(cadam_8bit_blockwise_grad_bf16, bf16_t, ADAM)
+BNB_MS_OPT8(cademamix_8bit_blockwise_grad_fp32, float, ADEMAMIX)
+BNB_MS_OPT8(cademamix_8bit_blockwise_grad_fp16, fp16_t, ADEMAMIX)
+BNB_MS_OPT8(cademamix_8bit_blockwise_grad_bf16, bf16_t, ADEMAMIX)
+BNB_MS_OPT8(cmomentum_8bit_blockwise_grad_fp32, float, MOMENTUM)
+BNB_MS_OPT8(cmomentum_8bit_blockwise_grad_fp16, fp16_t, MOMENTUM)
+BNB_MS_OPT8(cmomentum_8bit_blockwise_grad_bf16, bf16_t, MOMENTUM)
+BNB_MS_OPT8(crmsprop_8bit_blockwise_grad_fp32, float, RMSPROP)
+BNB_MS_OPT8(crmsprop_8bit_blockwise_grad_fp16, fp16_t, RMSPROP)
+BNB_MS_OPT8(crmsprop_8bit_blockwise_grad_bf16, bf16_t, RMSPROP)
+BNB_MS_OPT8(clion_8bit_blockwise_grad_fp32, float, LION)
+BNB_MS_OPT8(clion_8bit_blockwise_grad_fp16, fp16_t, LION)
+BNB_MS_OPT8(clion_8bit_blockwise_grad_bf16, bf16_t, LION)
+BNB_MS_OPT8(cadagrad_8bit_blockwise_grad_fp32, float, ADAGRAD)
+BNB_MS_OPT8(cadagrad_8bit_blockwise_grad_fp16, fp16_t, ADAGRAD)
+BNB_MS_OPT8(cadagrad_8bit_blockwise_grad_bf16, bf16_t, ADAGRAD)
