@@ -13,3 +13,6 @@ features = {"multi_backend"}
 #: Devices whose tensors our kernels accept (MindSpore's CPU; the CUDA library on GPU).
 supported_devices = {"cpu", "cuda"}
 supported_torch_devices = supported_devices
+
+# ---- 4-bit ----
+from .autograd._functions import MatMul4Bit, matmul_4bit  # noqa: E402,F401
