@@ -261,6 +261,7 @@ def get_4bit_type(typename: str, device=None, blocksize: int = 64) -> Tensor:
 def _dynamic_code() -> Tensor:
     if "dynamic" not in name2qmap:
         name2qmap["dynamic"] = create_dynamic_map()
+    tag_device(name2qmap["dynamic"])  # cached before mindtorch was imported: give it a device now
     return name2qmap["dynamic"]
 
 
@@ -525,6 +526,7 @@ _code4_cache: Dict[str, Tensor] = {}
 def _code4(quant_type: str) -> Tensor:
     if quant_type not in _code4_cache:
         _code4_cache[quant_type] = get_4bit_type(quant_type)
+    tag_device(_code4_cache[quant_type])  # cached before mindtorch was imported: give it a device now
     return _code4_cache[quant_type]
 
 
@@ -615,6 +617,7 @@ def quantize_4bit(A: Tensor, absmax: Optional[Tensor] = None, out: Optional[Tens
     if compress_statistics and n:
         offset = _mean_f32(amax)
         qabsmax, state2 = quantize_blockwise(amax - offset, blocksize=256)
+        state2.shape = None  # upstream's nested state has no shape (and from_dict restores none)
         state = QuantState(absmax=qabsmax, shape=A.shape, dtype=A.dtype, blocksize=blocksize, code=code.copy(),
                            quant_type=quant_type, offset=offset, state2=state2)
     else:
