@@ -16,6 +16,7 @@ import mindspore as ms
 import bitsandbytes_ms as bnb
 import bitsandbytes_ms.functional as F
 from bitsandbytes_ms import _reference as R
+from bitsandbytes_ms.cextension import tag_device
 from upstream_vectors import bits, load, to_ms
 
 DTYPES = [ms.float32, ms.float16, ms.bfloat16]
@@ -24,6 +25,7 @@ CASES = load("fourbit")
 
 
 def f32(t):
+    tag_device(t)  # ms.grad outputs carry no mindtorch device tag once mindnlp is imported
     return (t.astype(ms.float32) if t.dtype == ms.bfloat16 else t).asnumpy().astype(np.float32)
 
 

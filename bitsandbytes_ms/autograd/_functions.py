@@ -66,10 +66,11 @@ class MatMul4Bit(_msnn.Cell):
         self.has_bias = has_bias
 
     def construct(self, A, bias):
+        _tag_device((A, bias), like=(A,))
         return _forward_4bit(A, self.B, self.quant_state, bias if self.has_bias else None)
 
     def bprop(self, A, bias, out, dout):
-        K = A.shape[-1]
+        _tag_device((A, bias, out, dout), like=(A,))  # autograd hands over tensors without mindtorch's device tag
         N = int(self.quant_state.shape[0])
         g = dout.reshape(-1, N).astype(_ms.float32)
         W = _dequant_weight_f32(self.B, self.quant_state)
