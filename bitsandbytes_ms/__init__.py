@@ -17,3 +17,6 @@ supported_torch_devices = supported_devices
 
 # ---- optim ----
 from . import optim  # noqa: E402,F401
+
+# ---- 4-bit ----
+from .autograd._functions import MatMul4Bit, matmul_4bit  # noqa: E402,F401

@@ -146,3 +146,39 @@ for _opt, _names in OPTIM_8BIT_BLOCKWISE_NAMES.items():
                       "qmap1", "qmap2", "absmax1", "absmax2", "weight_decay", "gnorm_scale", "skip_zeros", "n"),
             doc=f"in-place {_opt} update with blockwise (256) 8-bit state: dequantize, update, requantize",
         ))
+
+# ---- 4-bit (NF4/FP4) quantization and inference ----
+for _sfx, _dt in DTYPE_SUFFIX.items():
+    for _qt in ("fp4", "nf4"):
+        define(NativeOp(
+            name=f"cquantize_blockwise_{_sfx}_{_qt}",
+            inputs=("code", "A", "blocksize"),
+            outputs=("out", "absmax"),
+            static=("blocksize",),
+            infer=lambda s, d, st: (
+                (((_numel(s["A"]) + 1) // 2, 1), ms.uint8),
+                ((-(-_numel(s["A"]) // max(1, int(st["blocksize"]))),), ms.float32),
+            ),
+            bnb_args=("code", "A", "absmax", "out", "blocksize", "n"),
+            doc="4-bit blockwise quantization: absmax per block, bucket among the sorted code's midpoints, "
+                "two codes per byte (element 2j in the high nibble); upstream's default quantize_4bit",
+        ))
+        define(NativeOp(
+            name=f"cdequantize_blockwise_{_sfx}_{_qt}",
+            inputs=("code", "A", "absmax", "blocksize", "n"),
+            outputs=("out",),
+            static=("n",),
+            infer=(lambda dt: lambda s, d, st: (((int(st["n"]),), dt),))(_dt),
+            bnb_args=("code", "A", "absmax", "out", "blocksize", "n"),
+            doc="out[i] = code[nibble i] * absmax[i // blocksize] (fp32), rounded to the suffix's dtype; n elements",
+        ))
+    define(NativeOp(
+        name=f"cgemm_4bit_inference_naive_{_sfx}",
+        inputs=("A", "B", "absmax", "code", "blocksize", "n_out"),
+        outputs=("out",),
+        static=("n_out",),
+        infer=(lambda dt: lambda s, d, st: ((tuple(s["A"][:-1]) + (int(st["n_out"]),), dt),))(_dt),
+        bnb_args=("m", "n_out", "k", "A", "B", "absmax", "code", "out", "lda", "ldb", "ldc", "blocksize"),
+        doc="out[..., n] = sum_k A[..., k] * code[B(n, k)] * absmax[block(n*K + k)]: 4-bit GEMV that decodes the "
+            "packed weight [N, K] in registers (fp32 accumulation in 16 fixed lanes)",
+    ))

@@ -221,3 +221,66 @@ def optimizer_update_8bit_blockwise(name, g, p, state1, state2, beta1, beta2, be
         q2, a2 = quantize_blockwise(s2, qmap2, bs)
         q2 = q2.reshape(np.shape(state2))
     return cast_out(newp, p_dtype).reshape(shape), q1, q2, a1, a2
+
+# ---------------------------------------------------------------------------------------------
+# ---- 4-bit (NF4/FP4) ----
+# ---------------------------------------------------------------------------------------------
+def fourbit_bounds(code: np.ndarray):
+    """(midpoints of the code sorted by value (stable argsort), the sort order)."""
+    code = np.asarray(code, dtype=np.float32)
+    order = np.argsort(code, kind="stable")
+    mid = ((code[order[:-1]] + code[order[1:]]) / np.float32(2.0)).astype(np.float32)
+    return mid, order
+
+
+def quantize_4bit(A: np.ndarray, code: np.ndarray, blocksize: int):
+    """Upstream's default ``quantize_4bit`` (torch.bucketize on code midpoints) in numpy.
+    Returns (uint8 packed [(n+1)//2, 1], float32 absmax[ceil(n/blocksize)])."""
+    flat = np.asarray(A, dtype=np.float32).reshape(-1)
+    n = flat.size
+    full = n - n % blocksize
+    blocks = flat[:full].reshape(-1, blocksize)
+    with np.errstate(all="ignore"):
+        absmax = np.abs(blocks).max(axis=1).astype(np.float32) if full else np.zeros(0, np.float32)
+        inv = (np.float32(1.0) / np.maximum(absmax, np.float32(1e-38))).astype(np.float32)
+        scaled = np.clip(blocks * inv[:, None], -1, 1).astype(np.float32).reshape(-1)
+        if n % blocksize:
+            am = np.maximum(np.abs(flat[full:]).max(), np.float32(1e-38)).astype(np.float32)
+            absmax = np.concatenate([absmax, [am]]).astype(np.float32)
+            scaled = np.concatenate([scaled, np.clip(flat[full:] / am, -1, 1).astype(np.float32)])
+    if scaled.size % 2:
+        scaled = np.concatenate([scaled, np.zeros(1, np.float32)])
+    mid, order = fourbit_bounds(code)
+    q = order[np.searchsorted(mid, scaled, side="left")].astype(np.uint8)
+    return ((q[0::2] << 4) | q[1::2]).astype(np.uint8).reshape(-1, 1), absmax
+
+
+def unpack_4bit(packed: np.ndarray, n: int) -> np.ndarray:
+    p = np.asarray(packed, dtype=np.uint8).reshape(-1)
+    q = np.empty(p.size * 2, np.uint8)
+    q[0::2] = p >> 4
+    q[1::2] = p & 15
+    return q[:n]
+
+
+def dequantize_4bit(packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int, n: int,
+                    dtype: str = "float32", fp4: bool = False) -> np.ndarray:
+    """out[i] = code[nibble i] * absmax[i // blocksize] in fp32, rounded to ``dtype``; flat [n].
+    ``fp4``: code 8 decodes to -0.0 (bit 3 is the sign), as upstream's native CPU kernel."""
+    q = unpack_4bit(packed, n)
+    code = np.array(code, dtype=np.float32)
+    if fp4 and code[8] == 0:
+        code[8] = -0.0
+    scale = np.repeat(np.asarray(absmax, dtype=np.float32), blocksize)[:n]
+    return cast_out((np.asarray(code, np.float32)[q] * scale).astype(np.float32), dtype)
+
+
+def gemv_4bit(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int, N: int,
+              dtype: str = "float32") -> np.ndarray:
+    """A[..., K] @ W[N, K]^T with W = dequantize_4bit (fp32 weights), accumulated in float64 then
+    rounded to ``dtype`` (the kernel's 16-lane fp32 sum differs from this by rounding only)."""
+    A = np.asarray(A, dtype=np.float32)
+    K = A.shape[-1]
+    W = dequantize_4bit(packed, absmax, code, blocksize, N * K).reshape(N, K).astype(np.float64)
+    out = A.reshape(-1, K).astype(np.float64) @ W.T
+    return cast_out(out.astype(np.float32), dtype).reshape(A.shape[:-1] + (N,))

@@ -261,6 +261,7 @@ def get_4bit_type(typename: str, device=None, blocksize: int = 64) -> Tensor:
 def _dynamic_code() -> Tensor:
     if "dynamic" not in name2qmap:
         name2qmap["dynamic"] = create_dynamic_map()
+    tag_device(name2qmap["dynamic"])  # cached before mindtorch was imported: give it a device now
     return name2qmap["dynamic"]
 
 
@@ -674,3 +675,258 @@ def optimizer_update_8bit_blockwise(optimizer_name: str, g: Tensor, p: Tensor, s
            _f64(float(gnorm_scale)), bool(skip_zeros))
     ip.finish()
     return None
+
+# ---------------------------------------------------------------------------------------------
+# ---- 4-bit (NF4/FP4) ----
+# ---------------------------------------------------------------------------------------------
+#: Blocksizes accepted by 4-bit quantization (upstream's list).
+FOURBIT_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+#: dtypes a packed 4-bit tensor may be stored in (the uint8 bytes reinterpreted, as upstream's quant_storage).
+FOURBIT_STORAGE = (ms.uint8, ms.int8, ms.float16, ms.bfloat16, ms.float32, ms.int16, ms.int32)
+_code4_cache: Dict[str, Tensor] = {}
+
+
+def _code4(quant_type: str) -> Tensor:
+    if quant_type not in _code4_cache:
+        _code4_cache[quant_type] = get_4bit_type(quant_type)
+    tag_device(_code4_cache[quant_type])  # cached before mindtorch was imported: give it a device now
+    return _code4_cache[quant_type]
+
+
+def _check_quant_type(quant_type, fn: str) -> str:
+    if quant_type not in ("nf4", "fp4"):
+        raise ValueError(f"{fn}: `quant_type` must be 'nf4' or 'fp4', got {quant_type!r}")
+    return quant_type
+
+
+def _storage_view(packed_u8: Tensor, quant_storage) -> Tensor:
+    """Reinterprets packed uint8 bytes [(n+1)//2, 1] as ``quant_storage`` ([bytes/itemsize, 1])."""
+    if quant_storage == ms.uint8:
+        return packed_u8
+    arr = packed_u8.asnumpy().reshape(-1)
+    if quant_storage == ms.bfloat16:
+        from ._reference import np_bfloat16
+        t = Tensor(arr.view(np.uint16).view(np_bfloat16).astype(np.float32)).astype(ms.bfloat16)  # exact bits
+    else:
+        t = Tensor(arr.view(ms.dtype_to_nptype(quant_storage)).copy())
+    t = t.reshape(-1, 1)
+    tag_device(t, like=(packed_u8,))
+    return t
+
+
+def _as_uint8(A: Tensor) -> Tensor:
+    """The raw bytes of a packed 4-bit tensor stored in any ``quant_storage`` dtype, as flat uint8."""
+    if A.dtype == ms.uint8:
+        return A.reshape(-1)
+    if A.dtype == ms.bfloat16:
+        from ._reference import np_bfloat16
+        raw = A.astype(ms.float32).asnumpy().astype(np_bfloat16).view(np.uint8)
+    else:
+        raw = A.asnumpy().view(np.uint8)
+    t = Tensor(np.ascontiguousarray(raw).reshape(-1))
+    tag_device(t, like=(A,))
+    return t
+
+
+def quantize_4bit(A: Tensor, absmax: Optional[Tensor] = None, out: Optional[Tensor] = None, blocksize=None,
+                  compress_statistics: bool = False, quant_type: str = "fp4", quant_storage=ms.uint8
+                  ) -> Tuple[Tensor, QuantState]:
+    """Blockwise 4-bit quantization (upstream ``bitsandbytes.functional.quantize_4bit``; NF4/FP4 from
+    QLoRA, Dettmers et al., arXiv 2305.14314).
+
+    ``A`` (flattened) is split into blocks of ``blocksize`` elements (the last may be partial). Each
+    block is scaled by its absmax and every value gets the 4-bit index of the nearest entry of the
+    code (ties to the lower value), as upstream's CPU implementation does (``torch.bucketize`` on the
+    midpoints of the sorted code). Two indices per byte: element ``2j`` in the high nibble, ``2j+1``
+    in the low one; an odd count is padded with the code of 0.
+
+    Args:
+        A: float32/float16/bfloat16 tensor of any shape (non-contiguous input is copied first).
+        absmax: optional fp32 [ceil(n/blocksize)] (uint8 when ``compress_statistics``) tensor that receives absmax.
+        out: optional tensor of ``quant_storage`` dtype shaped like the result that receives it.
+        blocksize: one of :data:`FOURBIT_BLOCKSIZES` (default 64).
+        compress_statistics: also quantize the absmax (minus its mean, the ``offset``) with
+            :func:`quantize_blockwise` at blocksize 256 (double quantization).
+        quant_type: ``"fp4"`` (default) or ``"nf4"``.
+        quant_storage: dtype the packed bytes are reinterpreted as (default uint8).
+
+    Returns:
+        (packed [(n+1)//2 bytes as [bytes/itemsize, 1]], :class:`QuantState`).
+
+    Raises:
+        ValueError: wrong dtype of ``A``, blocksize, quant_type, quant_storage or ``out``/``absmax``.
+    """
+    fn = "quantize_4bit"
+    if blocksize is None:
+        blocksize = 64
+    _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    blocksize = _check_blocksize(blocksize, FOURBIT_BLOCKSIZES, fn)
+    _check_quant_type(quant_type, fn)
+    if quant_storage not in FOURBIT_STORAGE:
+        raise ValueError(f"{fn}: `quant_storage` must be one of {[dtype_name(d) for d in FOURBIT_STORAGE]}; "
+                         f"got {quant_storage}")
+    n = _numel(A)
+    nbytes = (n + 1) // 2
+    item = {ms.uint8: 1, ms.int8: 1, ms.float16: 2, ms.bfloat16: 2, ms.int16: 2, ms.float32: 4, ms.int32: 4}[quant_storage]
+    if nbytes % item:
+        raise ValueError(f"{fn}: {nbytes} packed bytes cannot be stored as {dtype_name(quant_storage)}")
+    code = _code4(quant_type)
+    if n == 0:
+        packed, amax = _empty_np((0, 1), ms.uint8), _empty_np((0,), ms.float32)
+    else:
+        packed, amax = getattr(lib, f"cquantize_blockwise_{_SUFFIX[A.dtype]}_{quant_type}")(code, _contiguous(A), blocksize)
+    packed = _storage_view(packed, quant_storage)
+    _check_out(out, packed.shape, quant_storage, fn, "out")
+    if compress_statistics and n:
+        offset = _mean_f32(amax)
+        qabsmax, state2 = quantize_blockwise(amax - offset, blocksize=256)
+        state2.shape = None  # upstream's nested state has no shape (and from_dict restores none)
+        state = QuantState(absmax=qabsmax, shape=A.shape, dtype=A.dtype, blocksize=blocksize, code=code.copy(),
+                           quant_type=quant_type, offset=offset, state2=state2)
+    else:
+        state = QuantState(absmax=amax, shape=A.shape, dtype=A.dtype, blocksize=blocksize, code=code.copy(),
+                           quant_type=quant_type)
+    if absmax is not None:
+        _check_out(absmax, state.absmax.shape, state.absmax.dtype, fn, "absmax")
+        state.absmax = _write(absmax, state.absmax)
+    return _write(out, packed), state
+
+
+def quantize_fp4(A: Tensor, absmax: Optional[Tensor] = None, out: Optional[Tensor] = None, blocksize=None,
+                 compress_statistics: bool = False, quant_storage=ms.uint8):
+    """:func:`quantize_4bit` with ``quant_type="fp4"``."""
+    return quantize_4bit(A, absmax, out, blocksize, compress_statistics, "fp4", quant_storage)
+
+
+def quantize_nf4(A: Tensor, absmax: Optional[Tensor] = None, out: Optional[Tensor] = None, blocksize=None,
+                 compress_statistics: bool = False, quant_storage=ms.uint8):
+    """:func:`quantize_4bit` with ``quant_type="nf4"``."""
+    return quantize_4bit(A, absmax, out, blocksize, compress_statistics, "nf4", quant_storage)
+
+
+def _absmax_4bit(state: QuantState) -> Tensor:
+    """fp32 absmax of a 4-bit state, undoing double quantization (dequantize_blockwise + offset)."""
+    amax = state.absmax
+    if state.nested:
+        amax = dequantize_blockwise(state.absmax, state.state2) + state.offset
+        if amax.dtype != ms.float32:
+            amax = amax.astype(ms.float32)
+    return amax
+
+
+def dequantize_4bit(A: Tensor, quant_state: Optional[QuantState] = None, absmax: Optional[Tensor] = None,
+                    out: Optional[Tensor] = None, blocksize=None, quant_type: str = "fp4") -> Tensor:
+    """Inverse of :func:`quantize_4bit` (upstream ``dequantize_4bit``): ``code[nibble] * absmax[block]``
+    in fp32, rounded to ``quant_state.dtype``, shaped ``quant_state.shape``.
+
+    Args:
+        A: packed tensor (any ``quant_storage`` dtype).
+        quant_state: from :func:`quantize_4bit`; without it both ``absmax`` and ``out`` are required
+            (shape and dtype then come from ``out``).
+        absmax, out, blocksize (default 64), quant_type: as upstream.
+
+    Returns:
+        The dequantized tensor. As upstream, a packed ``A`` of shape ``[1, m]`` (a transposed view)
+        gives the 2-D result transposed.
+
+    Raises:
+        ValueError: neither quant_state nor absmax+out; bad blocksize/quant_type/dtype; too few bytes
+            or absmax entries for the shape.
+    """
+    fn = "dequantize_4bit"
+    if blocksize is None:
+        blocksize = 64
+    _check_tensor(A, fn, "A")
+    if quant_state is None:
+        if absmax is None or out is None:
+            raise ValueError("dequantize_4bit requires both absmax and out when quant_state is not provided")
+        quant_state = QuantState(absmax=absmax, shape=out.shape, dtype=out.dtype, blocksize=blocksize,
+                                 quant_type=quant_type, code=_code4(quant_type) if quant_type in ("nf4", "fp4") else None)
+    bs = _check_blocksize(quant_state.blocksize, FOURBIT_BLOCKSIZES, fn)
+    qt = _check_quant_type(quant_state.quant_type, fn)
+    if quant_state.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{fn}: quant_state.dtype must be float32, float16 or bfloat16; got {quant_state.dtype}")
+    shape = tuple(quant_state.shape)
+    n = int(math.prod(shape))
+    transpose = len(A.shape) == 2 and A.shape[0] == 1 and len(shape) == 2
+    res_shape = (shape[1], shape[0]) if transpose else shape
+    _check_out(out, res_shape if out is not None and tuple(out.shape) == res_shape else shape, quant_state.dtype, fn)
+    code = quant_state.code if quant_state.code is not None else _code4(qt)
+    _check_dtype(code, (ms.float32,), fn, "quant_state.code")
+    if _numel(code) != 16:
+        raise ValueError(f"{fn}: `quant_state.code` must have 16 entries; got {_numel(code)}")
+    raw = _as_uint8(_contiguous(A))
+    if _numel(raw) < (n + 1) // 2:
+        raise ValueError(f"{fn}: `A` holds {_numel(raw)} bytes; shape {shape} needs {(n + 1) // 2}")
+    amax = _absmax_4bit(quant_state)
+    _check_dtype(amax, (ms.float32,), fn, "absmax")
+    if _numel(amax) < -(-n // bs):
+        raise ValueError(f"{fn}: `absmax` must have ceil({n}/{bs}) = {-(-n // bs)} entries; got {_numel(amax)}")
+    if n == 0:
+        res = _empty_np(shape, quant_state.dtype)
+    else:
+        res = getattr(lib, f"cdequantize_blockwise_{_SUFFIX[quant_state.dtype]}_{qt}")(
+            code, raw, _contiguous(amax), bs, n).reshape(shape)
+    if transpose:
+        res = res.t()
+    if out is not None and tuple(out.shape) != tuple(res.shape):
+        res = res.reshape(out.shape)
+    return _write(out, res)
+
+
+def dequantize_fp4(A: Tensor, quant_state: Optional[QuantState] = None, absmax: Optional[Tensor] = None,
+                   out: Optional[Tensor] = None, blocksize=None) -> Tensor:
+    """:func:`dequantize_4bit` with ``quant_type="fp4"``."""
+    return dequantize_4bit(A, quant_state, absmax, out, blocksize, "fp4")
+
+
+def dequantize_nf4(A: Tensor, quant_state: Optional[QuantState] = None, absmax: Optional[Tensor] = None,
+                   out: Optional[Tensor] = None, blocksize=None) -> Tensor:
+    """:func:`dequantize_4bit` with ``quant_type="nf4"``."""
+    return dequantize_4bit(A, quant_state, absmax, out, blocksize, "nf4")
+
+
+def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: bool = False,
+              transposed_B: bool = False, state: Optional[QuantState] = None) -> Tensor:
+    """4-bit inference GEMV (upstream ``gemv_4bit``): ``A @ dequantize_4bit(B, state).T`` without
+    materialising the weight. The native kernel streams the packed weight once, decodes nibbles in
+    registers (AVX2 ``vpermps`` pair / AVX-512 ``vpermps`` 16-entry lookups), accumulates in fp32.
+
+    Args:
+        A: [..., K] float32/float16/bfloat16 activations (normally one row; more rows are allowed).
+        B: packed weight from :func:`quantize_4bit` of a [N, K] matrix (any quant_storage; ``B.t()`` accepted).
+        out: optional [..., N] tensor of A's dtype.
+        transposed_A, transposed_B: accepted for upstream compatibility (ignored, as upstream).
+        state: the weight's :class:`QuantState` (nested absmax is dequantized first).
+
+    Returns:
+        [..., N] in A's dtype.
+
+    Raises:
+        ValueError: ``state`` missing, A not float, K != state.shape[1], or bad ``out``.
+    """
+    fn = "gemv_4bit"
+    if state is None:
+        raise ValueError("state cannot be None. gemv_4bit() requires the state from quantize_4bit()")
+    _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    _check_tensor(B, fn, "B")
+    if state.shape is None or len(state.shape) != 2:
+        raise ValueError(f"{fn}: `state.shape` must be 2-D [N, K]; got {state.shape}")
+    N, K = (int(x) for x in state.shape)
+    if len(A.shape) == 0 or A.shape[-1] != K:
+        raise ValueError(f"{fn}: `A` must have last dimension {K} (state.shape[1]); got shape {tuple(A.shape)}")
+    bs = _check_blocksize(state.blocksize, FOURBIT_BLOCKSIZES, fn)
+    out_shape = tuple(A.shape[:-1]) + (N,)
+    _check_out(out, out_shape, A.dtype, fn)
+    code = state.code
+    _check_dtype(code, (ms.float32,), fn, "state.code")
+    raw = _as_uint8(_contiguous(B))
+    if _numel(raw) < (N * K + 1) // 2:
+        raise ValueError(f"{fn}: `B` holds {_numel(raw)} bytes; a [{N}, {K}] weight needs {(N * K + 1) // 2}")
+    amax = _contiguous(_absmax_4bit(state))
+    if _numel(amax) < -(-N * K // bs):
+        raise ValueError(f"{fn}: state.absmax must have {-(-N * K // bs)} entries; got {_numel(amax)}")
+    if _numel(A) == 0 or N == 0:
+        return _write(out, _empty_np(out_shape, A.dtype))
+    res = getattr(lib, f"cgemm_4bit_inference_naive_{_SUFFIX[A.dtype]}")(_contiguous(A), raw, amax, code, bs, N)
+    return _write(out, res)

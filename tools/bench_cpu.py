@@ -200,6 +200,57 @@ def bench_blockwise(ctx):
                    [["functional.empty", fmt_ms(t_empty), f"{t_zeros / t_empty:.1f}x"], ["ops.zeros", fmt_ms(t_zeros), "1.0x"]])
 
 
+
+# ---------------------------------------------------------------------------------------------
+# 4-bit: gemv_4bit against fp32 matmul on the dequantized weight; quantize/dequantize throughput
+# ---------------------------------------------------------------------------------------------
+@section("4bit")
+def bench_4bit(ctx):
+    import mindspore as ms
+    from mindspore import ops
+
+    from bitsandbytes_ms import functional as F
+
+    shapes = ((4096, 4096), (11008, 4096))
+    inputs = {}
+    for N, K in shapes:
+        inputs[f"W_{N}_{K}"] = (np.random.RandomState(0).randn(N, K) * 0.02).astype(np.float32)
+        inputs[f"A_{K}"] = np.random.RandomState(1).randn(1, K).astype(np.float32)
+    up = ctx.upstream.run("""
+        for key in [k for k in inputs if k.startswith("W_")]:
+            _, N, K = key.split("_")
+            W = torch.from_numpy(inputs[key]); A = torch.from_numpy(inputs[f"A_{K}"])
+            q, st = F.quantize_4bit(W, blocksize=64, quant_type="nf4")
+            res[f"gemv_{N}_{K}"] = timeit(lambda: bnb.matmul_4bit(A, q.t(), quant_state=st))
+            res[f"q4_{N}_{K}"] = timeit(lambda: F.quantize_4bit(W, blocksize=64, quant_type="nf4"), repeat=3)
+            res[f"dq4_{N}_{K}"] = timeit(lambda: F.dequantize_4bit(q, st))
+    """, inputs)
+    rows = []
+    for N, K in shapes:
+        W = ms.Tensor(inputs[f"W_{N}_{K}"])
+        A = ms.Tensor(inputs[f"A_{K}"])
+        q, st = F.quantize_4bit(W, blocksize=64, quant_type="nf4")
+        Wd = F.dequantize_4bit(q, st)
+        t_gemv = timeit(lambda: F.gemv_4bit(A, q, state=st), ctx.repeat)
+        t_mm = timeit(lambda: ops.matmul(A, Wd.T), ctx.repeat)
+        src = np.random.RandomState(2).randint(0, 255, q.shape[0], dtype=np.uint8)
+        dst = np.empty_like(src)
+        t_cpy = timeit(lambda: np.copyto(dst, src), ctx.repeat)
+        u = up.get(f"gemv_{N}_{K}")
+        rows.append([f"gemv_4bit nf4 fp32 1x{K} @ [{N},{K}]^T", fmt_ms(t_gemv), fmt_ms(t_mm), f"{t_mm / t_gemv:.2f}x",
+                     fmt_ms(u) if u else "-", f"{u / t_gemv:.2f}x" if u else "-",
+                     f"{q.shape[0] / t_gemv / 1e9:.2f} GB/s packed (memcpy {2 * q.shape[0] / t_cpy / 1e9:.1f} GB/s r+w)"])
+        t_q = timeit(lambda: F.quantize_4bit(W, blocksize=64, quant_type="nf4"), max(3, ctx.repeat // 2))
+        t_dq = timeit(lambda: F.dequantize_4bit(q, st), ctx.repeat)
+        for op, t, key in (("quantize_4bit", t_q, f"q4_{N}_{K}"), ("dequantize_4bit", t_dq, f"dq4_{N}_{K}")):
+            u = up.get(key)
+            rows.append([f"{op} nf4 fp32 [{N},{K}] bs=64", fmt_ms(t), "-", "-", fmt_ms(u) if u else "-",
+                         f"{u / t:.2f}x" if u else "-", f"{4 * N * K / t / 1e9:.2f} GB/s of fp32"])
+    ctx.report.add("4-bit (NF4, blocksize 64)",
+                   ["op", "ours ms", "MindSpore fp32 matmul ms", "vs matmul", "upstream ms", "vs upstream", "throughput"],
+                   rows, "gemv baseline: MindSpore fp32 matmul on the already dequantized weight (batch 1).")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, from {list(SECTIONS)}")

@@ -1,1 +1,4 @@
 """Quantized layers (Linear8bitLt, Linear4bit, embeddings) for mindnlp models."""
+
+# ---- 4-bit ----
+from .modules import Linear4bit, LinearFP4, LinearNF4, Params4bit  # noqa: E402,F401
