@@ -3,6 +3,8 @@
     bnb-ms                 diagnostics (versions, backend, library, CPU features, kernel path)
     bnb-ms diagnostics     the same
     bnb-ms demo            diagnostics + a blockwise 8-bit quantize/dequantize round trip
+    bnb-ms quantize        quantize a causal LM (default: the embedded model) and report what it costs
+                           and keeps: memory, perplexity, logit agreement, speed, a generated continuation
 """
 
 from __future__ import annotations
@@ -86,11 +88,120 @@ def _demo_tensor():
     return (rng.randn(1024, 1024) * 0.02).astype(np.float32), "seeded N(0, 0.02) matrix"
 
 
+class CliError(Exception):
+    """A user error: printed as one line (no traceback), exit code 2."""
+
+
+DEFAULT_PROMPT = "The list type"
+
+
+def quantize_job(args) -> int:
+    """The main job: load, measure, quantize in place, measure again, generate, optionally save."""
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    model_dir = Path(args.model) if args.model else Path(__file__).resolve().parent / "default_model"
+    if not model_dir.exists():
+        raise CliError(f"--model {model_dir}: no such directory; pass a local Hugging Face-format checkpoint "
+                       f"directory (config.json + weights + tokenizer)")
+    if not (model_dir / "config.json").exists():
+        raise CliError(f"--model {model_dir}: no config.json there; it is not a Hugging Face-format checkpoint")
+    if args.max_new_tokens < 1:
+        raise CliError("--max-new-tokens must be at least 1")
+
+    with tqdm(total=2, desc="loading", unit="step", leave=False) as bar:
+        import mindnlp  # noqa: F401  (torch -> mindtorch, transformers on MindSpore)
+        import transformers
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        transformers.logging.set_verbosity_error()
+        bar.update(1)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+            model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+        except ValueError as e:
+            first = str(e).strip().splitlines()[0]
+            raise CliError(f"--model {model_dir}: not a causal language model checkpoint ({first[:160]})") from e
+        except OSError as e:
+            first = str(e).strip().splitlines()[0]
+            raise CliError(f"--model {model_dir}: cannot load it ({first[:160]})") from e
+        model.eval()
+        bar.update(1)
+
+    from bitsandbytes_ms.integrations import evaluate as ev
+    from bitsandbytes_ms.integrations import quant_4bit, quant_8bit
+
+    eval_text = (Path(__file__).resolve().parent / "default_model" / "heldout.txt").read_text() \
+        if args.eval_file is None else Path(args.eval_file).read_text()
+    windows = ev.eval_windows(tokenizer, eval_text, args.eval_window, args.eval_windows)
+    n_params = ev.parameter_count(model)
+    mem_before = ev.weight_memory(model)
+    fp16_bytes = 2 * n_params
+
+    ref = ev.run_windows(model, windows, progress=lambda w: tqdm(w, desc="evaluating (original)", leave=False))
+    _, n_tok, t_before = ev.generate(model, tokenizer, args.prompt, args.max_new_tokens)
+
+    converted: list = []
+    skipped: list = []
+    if args.mode == "int8":
+        quant_8bit(model, threshold=args.threshold, converted=converted, skipped=skipped, progress=True)
+    else:
+        quant_4bit(model, quant_type=args.mode, compute_dtype=args.compute_dtype,
+                   compress_statistics=args.double_quant, converted=converted, skipped=skipped, progress=True)
+
+    mem_after = ev.weight_memory(model)
+    new = ev.run_windows(model, windows, progress=lambda w: tqdm(w, desc="evaluating (quantized)", leave=False))
+    cmp = ev.compare_logits(ref, new)
+    text, n_tok_after, t_after = ev.generate(model, tokenizer, args.prompt, args.max_new_tokens)
+
+    mib = 2**20
+    print(f"model             {model_dir} ({type(model).__name__}, {n_params / 1e6:.2f} M parameters)")
+    print(f"mode              {args.mode}" + (f" (threshold {args.threshold})" if args.mode == "int8" else
+                                              f" (compute_dtype {args.compute_dtype}, double quant {args.double_quant})"))
+    print(f"layers converted  {len(converted)}: {_abbrev(converted)}")
+    print(f"layers skipped    {len(skipped)}: {_abbrev(skipped)}")
+    print(f"weight memory     {mem_before / mib:.2f} MiB -> {mem_after / mib:.2f} MiB "
+          f"(x{mem_after / mem_before:.3f}; x{mem_after / fp16_bytes:.3f} of the fp16 model, {fp16_bytes / mib:.2f} MiB)")
+    print(f"perplexity        {ref.perplexity:.3f} -> {new.perplexity:.3f} "
+          f"({100 * (new.perplexity / ref.perplexity - 1):+.2f}%) on {ref.n_tokens} held-out tokens")
+    print(f"top-1 agreement   {100 * cmp['top1_agreement']:.2f}% with the unquantized model")
+    print(f"logit error       max {cmp['max_abs_logit_err']:.4f}, mean {cmp['mean_abs_logit_err']:.4f}")
+    print(f"tokens/s          {n_tok / t_before:.1f} -> {n_tok_after / t_after:.1f} (greedy, {args.max_new_tokens} new tokens)")
+    print(f"prompt            {args.prompt!r}")
+    print(f"continuation      {text!r}")
+    if args.save:
+        save_dir = Path(args.save)
+        save_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(save_dir), safe_serialization=True)
+        tokenizer.save_pretrained(str(save_dir))
+        print(f"saved             {save_dir}")
+    return 0
+
+
+def _abbrev(names, k: int = 4) -> str:
+    if not names:
+        return "-"
+    return ", ".join(names[:k]) + (f", ... (+{len(names) - k})" if len(names) > k else "")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bnb-ms", description="bitsandbytes_ms command line")
     sub = parser.add_subparsers(dest="cmd")
     sub.add_parser("diagnostics", help="print versions, backend, library and CPU kernel path")
     sub.add_parser("demo", help="diagnostics + a blockwise 8-bit quantize/dequantize round trip")
+    q = sub.add_parser("quantize", help="quantize a causal LM and report memory, quality, speed, a generation")
+    q.add_argument("--model", help="local Hugging Face-format checkpoint directory (default: the embedded model)")
+    q.add_argument("--mode", choices=("int8", "nf4", "fp4"), default="int8")
+    q.add_argument("--threshold", type=float, default=6.0, help="LLM.int8() outlier threshold (int8 mode)")
+    q.add_argument("--double-quant", action="store_true", help="quantize the 4-bit absmax again (compress_statistics)")
+    q.add_argument("--compute-dtype", choices=("fp32", "fp16", "bf16"), default="fp32", help="4-bit compute dtype")
+    q.add_argument("--save", help="save the quantized model (safetensors + quantization config) to this directory")
+    q.add_argument("--prompt", default=DEFAULT_PROMPT)
+    q.add_argument("--max-new-tokens", type=int, default=24)
+    q.add_argument("--eval-file", help="text for the perplexity evaluation (default: the embedded held-out text)")
+    q.add_argument("--eval-window", type=int, default=128, help="tokens per evaluation window")
+    q.add_argument("--eval-windows", type=int, default=8, help="number of evaluation windows")
     args = parser.parse_args(argv)
 
     import mindspore as ms
@@ -101,6 +212,12 @@ def main(argv=None) -> int:
         return diagnostics()
     if args.cmd == "demo":
         return demo()
+    if args.cmd == "quantize":
+        try:
+            return quantize_job(args)
+        except CliError as e:
+            print(f"bnb-ms quantize: error: {e}", file=sys.stderr)
+            return 2
     parser.error(f"unknown command {args.cmd}")
     return 2
 

@@ -1,0 +1,21 @@
+"""The patches transformers' bitsandbytes path and training need on mindtorch (MindSpore NLP 0.5.1's
+torch API). Each is registered with :data:`bitsandbytes_ms.integrations.patches.registry`, applied by
+:func:`bitsandbytes_ms.register`, and has a test in tests/test_integration_patches.py."""
+
+from .patches import registry
+
+
+@registry.register(
+    "mindtorch-same-device-move", "mindtorch._tensor", "Tensor._move_to",
+    why="mindtorch's Tensor._move_to('cpu') copies through numpy even when the tensor is already on the "
+        "CPU; binary ops such as `a - b` call it on both operands, so every subtraction copies its inputs and "
+        "cuts them out of MindSpore's autograd (gradients through `x - y` come back as zeros). A move to the "
+        "device the tensor is already on returns the tensor itself, as in PyTorch.")
+def _same_device_move(wrapped, instance, args, kwargs):
+    device = args[0] if args else kwargs.get("device")
+    current = instance.__dict__.get("_device") if hasattr(instance, "__dict__") else None
+    if current is None:
+        current = getattr(instance, "_device", None)
+    if current is not None and getattr(device, "type", None) == getattr(current, "type", None) == "cpu":
+        return instance
+    return wrapped(*args, **kwargs)

@@ -1,0 +1,71 @@
+"""One registry of the non-invasive patches bitsandbytes_ms applies to foreign code (transformers,
+mindtorch) when the user opts in with :func:`bitsandbytes_ms.register`.
+
+Each patch is a :class:`Patch`: a dotted target, a wrapt wrapper, and one line saying why. Nothing is
+patched at import time; ``apply`` is idempotent and ``remove`` restores the originals (tests use it).
+Modelled on MindSpeed's feature patches: the foreign library's files are never edited.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Dict, List
+
+import wrapt
+
+
+@dataclass
+class Patch:
+    name: str
+    module: str          # module that owns the attribute, e.g. "transformers.integrations.bitsandbytes"
+    attribute: str       # dotted attribute path inside it, e.g. "replace_with_bnb_linear" or "Class.method"
+    wrapper: Callable    # wrapt-style wrapper(wrapped, instance, args, kwargs)
+    why: str
+
+
+class PatchRegistry:
+    def __init__(self):
+        self._patches: Dict[str, Patch] = {}
+        self._originals: Dict[str, tuple] = {}
+
+    def register(self, name: str, module: str, attribute: str, why: str):
+        """Decorator: registers ``wrapper`` as patch ``name`` on ``module.attribute``."""
+        def deco(wrapper):
+            if name in self._patches:
+                raise ValueError(f"patch {name!r} registered twice")
+            self._patches[name] = Patch(name, module, attribute, wrapper, why)
+            return wrapper
+        return deco
+
+    def patches(self) -> List[Patch]:
+        return list(self._patches.values())
+
+    def is_applied(self, name: str) -> bool:
+        return name in self._originals
+
+    def apply(self, names=None) -> List[str]:
+        """Applies the named patches (default: all) whose target module can be imported."""
+        done = []
+        for p in self._patches.values():
+            if (names is not None and p.name not in names) or p.name in self._originals:
+                continue
+            owner_path, _, attr = p.attribute.rpartition(".")
+            mod = importlib.import_module(p.module)
+            owner = mod
+            for part in filter(None, owner_path.split(".")):
+                owner = getattr(owner, part)
+            original = getattr(owner, attr)
+            wrapt.wrap_function_wrapper(owner, attr, p.wrapper)
+            self._originals[p.name] = (owner, attr, original)
+            done.append(p.name)
+        return done
+
+    def remove(self, names=None) -> None:
+        for name in list(self._originals):
+            if names is None or name in names:
+                owner, attr, original = self._originals.pop(name)
+                setattr(owner, attr, original)
+
+
+registry = PatchRegistry()
