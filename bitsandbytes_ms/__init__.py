@@ -20,3 +20,23 @@ from . import optim  # noqa: E402,F401
 
 # ---- 4-bit ----
 from .autograd._functions import MatMul4Bit, matmul_4bit  # noqa: E402,F401
+
+
+def register(patches: bool = True) -> None:
+    """Opt-in: make ``import bitsandbytes`` resolve to this package (with
+    ``importlib.metadata.version("bitsandbytes") == __upstream_version__``) so transformers' own
+    bitsandbytes quantizers, peft and accelerate run on it, and apply the registered mindtorch
+    patches. See :func:`bitsandbytes_ms.integrations.hf.register`."""
+    from .integrations.hf import register as _register
+
+    _register(patches=patches)
+
+
+def __getattr__(name):
+    # `bnb.nn` works right after `import bitsandbytes_ms as bnb`, as upstream, without making the plain
+    # import pay for mindnlp (which `nn` needs: its layers are mindtorch modules).
+    if name in ("nn", "integrations"):
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

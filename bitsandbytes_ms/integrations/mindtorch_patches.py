@@ -19,3 +19,10 @@ def _same_device_move(wrapped, instance, args, kwargs):
     if current is not None and getattr(device, "type", None) == getattr(current, "type", None) == "cpu":
         return instance
     return wrapped(*args, **kwargs)
+
+
+registry.register_value(
+    "transformers-bitsandbytes-available", "transformers.utils.import_utils", "_bitsandbytes_available", True,
+    why="transformers decides once, when it is imported, whether a `bitsandbytes` package exists; mindnlp imports "
+        "transformers before the user can call register(), so the alias arrives too late for that check. Only "
+        "applied when transformers is already imported (otherwise the alias alone makes the check pass).")

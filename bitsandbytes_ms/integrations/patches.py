@@ -9,10 +9,14 @@ Modelled on MindSpeed's feature patches: the foreign library's files are never e
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, List
 
 import wrapt
+
+
+_NO_VALUE = object()
 
 
 @dataclass
@@ -20,8 +24,10 @@ class Patch:
     name: str
     module: str          # module that owns the attribute, e.g. "transformers.integrations.bitsandbytes"
     attribute: str       # dotted attribute path inside it, e.g. "replace_with_bnb_linear" or "Class.method"
-    wrapper: Callable    # wrapt-style wrapper(wrapped, instance, args, kwargs)
+    wrapper: Callable    # wrapt-style wrapper(wrapped, instance, args, kwargs), or None for a value patch
     why: str
+    value: object = _NO_VALUE  # for a value patch: the value the attribute is set to
+    only_if_imported: bool = False  # skip (not import) the module when nothing imported it yet
 
 
 class PatchRegistry:
@@ -38,6 +44,14 @@ class PatchRegistry:
             return wrapper
         return deco
 
+    def register_value(self, name: str, module: str, attribute: str, value, why: str,
+                       only_if_imported: bool = True) -> None:
+        """Registers a patch that sets ``module.attribute = value`` (for module-level constants that
+        were computed at import time)."""
+        if name in self._patches:
+            raise ValueError(f"patch {name!r} registered twice")
+        self._patches[name] = Patch(name, module, attribute, None, why, value, only_if_imported)
+
     def patches(self) -> List[Patch]:
         return list(self._patches.values())
 
@@ -51,12 +65,17 @@ class PatchRegistry:
             if (names is not None and p.name not in names) or p.name in self._originals:
                 continue
             owner_path, _, attr = p.attribute.rpartition(".")
+            if p.only_if_imported and p.module not in sys.modules:
+                continue
             mod = importlib.import_module(p.module)
             owner = mod
             for part in filter(None, owner_path.split(".")):
                 owner = getattr(owner, part)
             original = getattr(owner, attr)
-            wrapt.wrap_function_wrapper(owner, attr, p.wrapper)
+            if p.value is not _NO_VALUE:
+                setattr(owner, attr, p.value)
+            else:
+                wrapt.wrap_function_wrapper(owner, attr, p.wrapper)
             self._originals[p.name] = (owner, attr, original)
             done.append(p.name)
         return done

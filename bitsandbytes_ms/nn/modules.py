@@ -103,7 +103,8 @@ class Params4bit(torch.nn.Parameter):
                 device = a
             elif a is not None and not isinstance(a, torch.Tensor):
                 dtype = a
-        if device is not None and str(device) != "meta" and not self.bnb_quantized:
+        dev_type = None if device is None else str(getattr(device, "type", device)).split(":")[0]
+        if dev_type is not None and dev_type != "meta" and not self.bnb_quantized:
             return self.quantize()
         if self.bnb_quantized:
             if dtype is not None and self.quant_state is not None and dtype in _F.FLOAT_DTYPES:
