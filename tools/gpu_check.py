@@ -1042,7 +1042,8 @@ def main() -> int:
           f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}\n"
           f"- card: {card}\n- host CPU: {cpuinfo}\n- baseline: {up_name} (torch.ops.bitsandbytes, its CUDA kernels)\n"
           f"- sizes: 8192x8192; times are CUDA-event medians of 25 calls with a busy queue; GB/s counts bytes read "
-          f"+ written (input, codes, absmax); copy = torch copy_ of the input, same run\n\n"
+          f"+ written (input, codes, absmax); copy = torch copy_ of the input, same run (blockwise 8-bit rows) or of "
+          f"a 1 GiB buffer (4-bit, gemv, optimizer rows; gemv rotates up to 16 weight copies so they are not L2-resident)\n\n"
           f"## Checks\n\n" + "".join(f"- {r}\n" for r in results) +
           (f"- FAILURES: {len(FAILURES)}\n" + "".join(f"  - {f}\n" for f in FAILURES[:20]) if FAILURES else "- all checks passed\n") +
           f"\n## Timings\n\n{table}")
