@@ -415,8 +415,567 @@ def bench(cuda: Aot, quick: bool):
     return rows, up_name
 
 
+# ==== 4-bit (NF4/FP4) and optimizers (second CUDA wave) ===========================================
+SDT.update({torch.float64: "float64", torch.bool: "bool"})
+NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+       -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+       0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0]
+FP4 = [0.0, 0.0052083333, 0.6666667, 1.0, 0.3333333, 0.5, 0.1666667, 0.25,
+       0.0, -0.0052083333, -0.6666667, -1.0, -0.3333333, -0.5, -0.1666667, -0.25]
+
+
+def code4(qt: str) -> torch.Tensor:
+    try:
+        import bitsandbytes.functional as F
+        return F.get_4bit_type(qt, device="cpu").float().contiguous()
+    except Exception:
+        return torch.tensor(NF4 if qt == "nf4" else FP4, dtype=torch.float32)
+
+
+def unsigned_dynamic_code() -> torch.Tensor:
+    try:
+        import bitsandbytes.functional as F
+        return F.create_dynamic_map(signed=False).float().cpu()
+    except Exception:
+        return torch.linspace(0, 1, 256)
+
+
+def run_q4(lib, A, code, bs, scalar, qt, stream=None):
+    n = A.numel()
+    out = torch.full(((n + 1) // 2, 1), 0xAB, dtype=torch.uint8, device=A.device)
+    absmax = torch.full((-(-n // bs),), -7.0, dtype=torch.float32, device=A.device)
+    sfx = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[A.dtype]
+    rc = lib(f"cquantize_blockwise_{sfx}_{qt}", [code, A, scalar, out, absmax], stream)
+    return rc, out, absmax
+
+
+def run_dq4(lib, q, absmax, code, bs, n, dt, qt, mk, stream=None):
+    out = torch.empty(n, dtype=dt, device=q.device)
+    sfx = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dt]
+    rc = lib(f"cdequantize_blockwise_{sfx}_{qt}", [code, q, absmax, mk(bs), mk(n), out], stream)
+    return rc, out
+
+
+def check_fourbit(cuda: Aot, cpu: Aot, quick: bool) -> list[str]:
+    rows = []
+    st = stream_ptr()
+    sizes = [1, 2, 31, 4097, 65536 + 7, 1_000_003] + ([] if quick else [1 << 22])
+    bss = [32, 64, 128, 256, 512, 1024, 2048, 4096, 6, 100, 2]
+    for qt in ("nf4", "fp4"):
+        code = code4(qt)
+        for sfx, dt in TDT.items():
+            ok = total = 0
+            for bs in bss:
+                for n in sizes:
+                    total += 1
+                    A = make_input(n, dt, bs, seed=bs * 17 + n, special=(n == 4097))
+                    rc1, q1, a1 = run_q4(cuda, A.cuda(), code.cuda(), bs, dscalar(bs), qt, st)
+                    rc2, q2, a2 = run_q4(cpu, A, code, bs, hscalar(bs), qt)
+                    torch.cuda.synchronize()
+                    if rc1 or rc2:
+                        fail(f"quantize_4bit {qt} {sfx} bs={bs} n={n}: status cuda={rc1} cpu={rc2}")
+                        continue
+                    if not same_bits(a1, a2):
+                        fail(f"quantize_4bit {qt} {sfx} bs={bs} n={n}: absmax {mismatch(a1, a2)}")
+                        continue
+                    if not same_bits(q1, q2):
+                        fail(f"quantize_4bit {qt} {sfx} bs={bs} n={n}: packed {mismatch(q1, q2)}")
+                        continue
+                    rc1, d1 = run_dq4(cuda, q1, a1, code.cuda(), bs, n, dt, qt, dscalar, st)
+                    rc2, d2 = run_dq4(cpu, q2, a2, code, bs, n, dt, qt, hscalar)
+                    torch.cuda.synchronize()
+                    if rc1 or rc2 or not same_bits(d1, d2):
+                        fail(f"dequantize_4bit {qt} {sfx} bs={bs} n={n}: status {rc1}/{rc2} "
+                             f"{mismatch(d1, d2) if not (rc1 or rc2) else ''}")
+                        continue
+                    ok += 1
+            rows.append(f"4-bit {qt} {sfx}: {ok}/{total} (blocksize x size, incl. NaN/inf/-0/subnormal/partial blocks) "
+                        "bit-exact vs CPU library (quantize packed bytes + absmax, dequantize)")
+    # misaligned dequantize output / odd offsets -> generic paths
+    code = code4("nf4")
+    A = make_input(100_001, torch.float16, 64, seed=3)
+    rc1, q1, a1 = run_q4(cuda, A.cuda(), code.cuda(), 64, hscalar(64), "nf4", st)
+    base = torch.empty(100_002, dtype=torch.float16, device="cuda")
+    o = base[1:]
+    rc = cuda("cdequantize_blockwise_fp16_nf4", [code.cuda(), q1, a1, hscalar(64), hscalar(100_001), o], st)
+    rc2, q2, a2 = run_q4(cpu, A, code, 64, hscalar(64), "nf4")
+    _, d2 = run_dq4(cpu, q2, a2, code, 64, 100_001, torch.float16, "nf4", hscalar)
+    torch.cuda.synchronize()
+    good = rc == rc1 == 0 and same_bits(o, d2)
+    if not good:
+        fail("4-bit dequantize into misaligned output")
+    rows.append(f"4-bit: misaligned output + host scalars {'ok' if good else 'FAIL'}")
+    return rows
+
+
+def run_gemv(lib, A, B, absmax, code, bs, N, stream=None, mk=hscalar):
+    sfx = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[A.dtype]
+    out = torch.full(tuple(A.shape[:-1]) + (N,), float("nan"), dtype=A.dtype, device=A.device)
+    rc = lib(f"cgemm_4bit_inference_naive_{sfx}", [A, B, absmax, code, mk(bs), mk(N), out], stream)
+    return rc, out
+
+
+def check_gemv(cuda: Aot, cpu: Aot, quick: bool) -> list[str]:
+    rows = []
+    st = stream_ptr()
+    shapes = [(1, 11008, 4096, 64), (1, 4096, 11008, 64), (1, 333, 4096, 128), (1, 64, 100, 64), (1, 50, 96, 32),
+              (3, 128, 256, 64), (1, 129, 512, 100), (2, 17, 34, 2), (1, 256, 1024, 4096)]
+    for qt in ("nf4", "fp4"):
+        code = code4(qt)
+        for sfx, dt in TDT.items():
+            ok = total = 0
+            worst = 0.0
+            for (M, N, K, bs) in shapes:
+                total += 1
+                g = torch.Generator().manual_seed(N * 7 + K)
+                W = torch.randn(N * K, generator=g).to(dt)
+                A = torch.randn(M, K, generator=g).to(dt)
+                rcq, q, am = run_q4(cpu, W, code, bs, hscalar(bs), qt)
+                rc2, o2 = run_gemv(cpu, A, q, am, code, bs, N)
+                rc1, o1 = run_gemv(cuda, A.cuda(), q.cuda(), am.cuda(), code.cuda(), bs, N, st, dscalar)
+                torch.cuda.synchronize()
+                if rcq or rc1 or rc2:
+                    fail(f"gemv {qt} {sfx} {M}x{N}x{K} bs={bs}: status cuda={rc1} cpu={rc2}")
+                    continue
+                # error relative to sum_k |w_k x_k| (the scale of fp32 accumulation error)
+                _, Wd = run_dq4(cpu, q, am, code, bs, N * K, torch.float32, qt, hscalar)
+                S = (A.float().abs() @ Wd.reshape(N, K).abs().t()) if K else torch.zeros(M, N)
+                d = (o1.cpu().float() - o2.float()).abs()
+                if dt == torch.float32:
+                    tol = 1e-5 * S + 1e-30
+                else:  # one rounding of the output each: 1 ulp of the larger + fp32 accumulation
+                    ulp = 2.0 ** -10 if dt == torch.float16 else 2.0 ** -7
+                    tol = ulp * torch.maximum(o1.cpu().float().abs(), o2.float().abs()) + 1e-5 * S + 1e-30
+                r = float((d / tol).max()) if d.numel() else 0.0
+                worst = max(worst, r)
+                if not (d <= tol).all() or o1.isnan().any():
+                    fail(f"gemv {qt} {sfx} {M}x{N}x{K} bs={bs}: max err/tol {r:.3g}")
+                    continue
+                ok += 1
+            rows.append(f"gemv_4bit {qt} {sfx}: {ok}/{total} shapes within tolerance of the CPU library "
+                        f"(fp32: 1e-5 x sum|w x|; fp16/bf16: + 1 output ulp); worst err/tol {worst:.3f}")
+    return rows
+
+
+OPT32 = {"adam": ("cadam32bit_grad_fp32", "cadam32bit_grad_fp16", "cadam32bit_grad_bf16"),
+         "ademamix": ("cademamix32bit_grad_fp32", "cademamix32bit_grad_fp16", "cademamix32bit_grad_bf16"),
+         "lion": ("clion32bit_grad_fp32", "clion32bit_grad_fp16", "clion32bit_grad_bf16"),
+         "momentum": ("cmomentum32bit_grad_32", "cmomentum32bit_grad_16", "cmomentum32bit_grad_bf16"),
+         "rmsprop": ("crmsprop32bit_grad_32", "crmsprop32bit_grad_16", "crmsprop32bit_grad_bf16"),
+         "adagrad": ("cadagrad32bit_grad_32", "cadagrad32bit_grad_16", "cadagrad32bit_grad_bf16")}
+OPT8 = {o: tuple(f"c{o}_8bit_blockwise_grad_{s}" for s in ("fp32", "fp16", "bf16"))
+        for o in ("adam", "ademamix", "momentum", "rmsprop", "lion", "adagrad")}
+TWO = ("adam", "ademamix")
+
+
+def fsc(v, dev):
+    return torch.tensor(float(v), dtype=torch.float64, device=dev)
+
+
+def isc(v, dev):
+    return torch.tensor(int(v), dtype=torch.int64, device=dev)
+
+
+def opt32_args(t, hp, step, dev, max_unorm=0.0):
+    g, p, s1, s2, un = t
+    return [g, p, s1, s2, un, fsc(max_unorm, dev), fsc(0.0, dev), fsc(hp["b1"], dev), fsc(hp["b2"], dev),
+            fsc(hp["b3"], dev), fsc(hp["alpha"], dev), fsc(hp["eps"], dev), fsc(hp["wd"], dev), isc(step, dev),
+            fsc(hp["lr"], dev), fsc(hp["gnorm"], dev), torch.tensor(False, device=dev)]
+
+
+def opt8_args(t, hp, step, dev):
+    g, p, s1, s2, q1, q2, a1, a2 = t
+    return [g, p, s1, s2, q1, q2, a1, a2, fsc(hp["b1"], dev), fsc(hp["b2"], dev), fsc(hp["b3"], dev),
+            fsc(hp["alpha"], dev), fsc(hp["eps"], dev), isc(step, dev), fsc(hp["lr"], dev), fsc(hp["wd"], dev),
+            fsc(hp["gnorm"], dev), torch.tensor(False, device=dev)]
+
+
+HP = [dict(b1=0.9, b2=0.999, b3=0.9999, alpha=5.0, eps=1e-8, wd=0.0, lr=1e-3, gnorm=1.0),
+      dict(b1=0.8, b2=0.99, b3=0.999, alpha=2.0, eps=1e-6, wd=1e-2, lr=3e-3, gnorm=0.5)]
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    a, b = a.cpu().reshape(-1), b.cpu().reshape(-1)
+    if a.dtype == torch.float32:
+        ia, ib = a.view(torch.int32).long(), b.view(torch.int32).long()
+    else:
+        ia, ib = a.view(torch.int16).long(), b.view(torch.int16).long()
+    ia = torch.where(ia < 0, -(ia & 0x7FFFFFFF if a.dtype == torch.float32 else ia & 0x7FFF), ia)
+    ib = torch.where(ib < 0, -(ib & 0x7FFFFFFF if b.dtype == torch.float32 else ib & 0x7FFF), ib)
+    return int((ia - ib).abs().max()) if ia.numel() else 0
+
+
+def check_optim(cuda: Aot, cpu: Aot, quick: bool) -> list[str]:
+    rows = []
+    st = stream_ptr()
+    n_list = [1, 255, 4096, 100_003]
+    # 32-bit
+    for opt, names in OPT32.items():
+        exact = total = 0
+        maxu = 0
+        for sfx, name in zip(TDT, names):
+            dt = TDT[sfx]
+            for n in n_list:
+                for hi, hp in enumerate(HP):
+                    g0 = torch.Generator().manual_seed(n + hi)
+                    p = torch.randn(n, generator=g0).to(dt)
+                    s1 = torch.randn(n * (2 if opt == "ademamix" else 1), generator=g0)
+                    if opt in ("rmsprop", "adagrad"):
+                        s1 = s1.abs()
+                    s2 = torch.rand(n, generator=g0) if opt in TWO else None
+                    cpu_t = [None, p.clone(), s1.clone(), None if s2 is None else s2.clone(), None]
+                    cu_t = [None, p.cuda(), s1.cuda(), None if s2 is None else s2.cuda(), None]
+                    good = True
+                    for step in (1, 2, 3):
+                        gr = torch.randn(n, generator=g0).to(dt)
+                        cpu_t[0], cu_t[0] = gr, gr.cuda()
+                        s_c = torch.full((1,), 9, dtype=torch.int32)
+                        s_g = torch.full((1,), 9, dtype=torch.int32, device="cuda")
+                        rc2 = cpu(name, opt32_args(cpu_t, hp, step, "cpu") + [s_c])
+                        rc1 = cuda(name, opt32_args(cu_t, hp, step, "cuda") + [s_g], st)
+                        torch.cuda.synchronize()
+                        if rc1 or rc2 or int(s_g.item()) != 0 or int(s_c.item()) != 0:
+                            fail(f"{name} n={n}: status {rc1}/{rc2}, status output {int(s_g.item())}")
+                            good = False
+                            break
+                        same = same_bits(cu_t[1], cpu_t[1]) and same_bits(cu_t[2], cpu_t[2]) and (
+                            s2 is None or same_bits(cu_t[3], cpu_t[3]))
+                        if not same:
+                            u = max(ulps(cu_t[1], cpu_t[1]), ulps(cu_t[2], cpu_t[2]))
+                            maxu = max(maxu, u)
+                            if u > 4:
+                                fail(f"{name} n={n} hp={hi} step={step}: p/state differ by {u} ulps")
+                            good = False
+                            break
+                    total += 1
+                    exact += good
+        rows.append(f"optim 32-bit {opt} (fp32/fp16/bf16, n in {n_list}, 2 hyper-parameter sets, 3 steps, "
+                    f"device scalars): {exact}/{total} bit-exact (p, state1, state2) vs CPU library; max ulps {maxu}")
+    # LAMB/LARS path (max_unorm > 0)
+    okc = totc = 0
+    worst = 0
+    for opt in ("adam", "momentum", "rmsprop"):
+        for sfx, name in zip(TDT, OPT32[opt]):
+            dt = TDT[sfx]
+            n = 100_003
+            g0 = torch.Generator().manual_seed(11)
+            p = torch.randn(n, generator=g0).to(dt)
+            s1 = torch.rand(n, generator=g0)
+            s2 = torch.rand(n, generator=g0) if opt == "adam" else None
+            gr = torch.randn(n, generator=g0).to(dt)
+            un_c, un_g = torch.zeros(1), torch.zeros(1, device="cuda")
+            ct = [gr, p.clone(), s1.clone(), None if s2 is None else s2.clone(), un_c]
+            gt = [gr.cuda(), p.cuda(), s1.cuda(), None if s2 is None else s2.cuda(), un_g]
+            hp = HP[1]
+            rc2 = cpu(name, opt32_args(ct, hp, 2, "cpu", max_unorm=0.02) + [torch.zeros(1, dtype=torch.int32)])
+            rc1 = cuda(name, opt32_args(gt, hp, 2, "cuda", max_unorm=0.02) + [torch.zeros(1, dtype=torch.int32, device="cuda")], st)
+            torch.cuda.synchronize()
+            totc += 1
+            u = max(ulps(gt[1], ct[1]), ulps(gt[2], ct[2]))
+            worst = max(worst, u)
+            urel = abs(float(un_g.item()) - float(un_c.item())) / max(1e-30, abs(float(un_c.item())))
+            if rc1 or rc2 or u > 2 or urel > 1e-6:
+                fail(f"{name} max_unorm path: rc {rc1}/{rc2}, {u} ulps, unorm rel diff {urel:.2e}")
+            else:
+                okc += 1
+    rows.append(f"optim 32-bit max_unorm (LAMB/LARS) path: {okc}/{totc} within 2 ulps (p, state) and unorm rel 1e-6; "
+                f"max ulps {worst}")
+    # 8-bit blockwise
+    qs, qu = dynamic_code(), unsigned_dynamic_code()
+    for opt, names in OPT8.items():
+        exact = total = 0
+        maxu = 0
+        for sfx, name in zip(TDT, names):
+            dt = TDT[sfx]
+            for n in n_list:
+                for hi, hp in enumerate(HP):
+                    g0 = torch.Generator().manual_seed(n * 3 + hi)
+                    mult = 2 if opt == "ademamix" else 1
+                    nb = -(-n // 256)
+                    p = torch.randn(n, generator=g0).to(dt)
+                    s1 = torch.randint(0, 256, (mult * n,), generator=g0, dtype=torch.uint8)
+                    a1 = torch.rand(mult * nb, generator=g0) * 0.1
+                    q1 = qu if opt in ("rmsprop", "adagrad") else qs
+                    if opt in TWO:
+                        s2 = torch.randint(0, 256, (n,), generator=g0, dtype=torch.uint8)
+                        a2 = torch.rand(nb, generator=g0) * 0.01
+                        q2 = qu
+                    else:
+                        s2 = a2 = q2 = None
+                    cl = lambda x: None if x is None else x.clone()  # noqa: E731
+                    cu = lambda x: None if x is None else x.cuda()  # noqa: E731
+                    ct = [None, cl(p), cl(s1), cl(s2), q1, q2, cl(a1), cl(a2)]
+                    gt = [None, cu(p), cu(s1), cu(s2), cu(q1), cu(q2), cu(a1), cu(a2)]
+                    good = True
+                    for step in (1, 2, 3):
+                        gr = torch.randn(n, generator=g0).to(dt)
+                        ct[0], gt[0] = gr, gr.cuda()
+                        s_g = torch.full((1,), 9, dtype=torch.int32, device="cuda")
+                        rc2 = cpu(name, opt8_args(ct, hp, step, "cpu") + [torch.zeros(1, dtype=torch.int32)])
+                        rc1 = cuda(name, opt8_args(gt, hp, step, "cuda") + [s_g], st)
+                        torch.cuda.synchronize()
+                        if rc1 or rc2 or int(s_g.item()) != 0:
+                            fail(f"{name} n={n}: status {rc1}/{rc2}")
+                            good = False
+                            break
+                        states_same = same_bits(gt[2], ct[2]) and same_bits(gt[6], ct[6]) and (
+                            s2 is None or (same_bits(gt[3], ct[3]) and same_bits(gt[7], ct[7])))
+                        p_same = same_bits(gt[1], ct[1])
+                        if not (states_same and p_same):
+                            u = ulps(gt[1], ct[1])
+                            maxu = max(maxu, u)
+                            fail(f"{name} n={n} hp={hi} step={step}: state bytes {'equal' if states_same else 'DIFFER'}, "
+                                 f"p {u} ulps")
+                            good = False
+                            break
+                    total += 1
+                    exact += good
+        rows.append(f"optim 8-bit blockwise {opt} (fp32/fp16/bf16, n in {n_list}, 2 hyper-parameter sets, 3 steps): "
+                    f"{exact}/{total} bit-exact (p, state bytes, absmax) vs CPU library")
+    return rows
+
+
+def check_bad_calls2(cuda: Aot, cpu: Aot) -> list[str]:
+    st = stream_ptr()
+    n_ok = n_total = 0
+    results = {}
+    for dev, lib in (("cuda", cuda), ("cpu", cpu)):
+        d = dev
+        sc = dscalar if dev == "cuda" else hscalar
+        code = torch.linspace(-1, 1, 16, device=d)
+        A = torch.randn(1000, device=d).half()
+        out = torch.empty(500, 1, dtype=torch.uint8, device=d)
+        am = torch.empty(16, dtype=torch.float32, device=d)
+        dq_out = torch.empty(1000, dtype=torch.float16, device=d)
+        q, dq, gv = "cquantize_blockwise_fp16_nf4", "cdequantize_blockwise_fp16_fp4", "cgemm_4bit_inference_naive_fp16"
+        x = torch.randn(1, 64, device=d).half()
+        B = torch.empty(32 * 64 // 2, 1, dtype=torch.uint8, device=d)
+        bam = torch.empty(32, dtype=torch.float32, device=d)
+        go = torch.empty(1, 32, dtype=torch.float16, device=d)
+        cases = {
+            "q4 nparam": (q, [code, A, sc(64), out]),
+            "q4 A dtype": (q, [code, A.float(), sc(64), out, am]),
+            "q4 blocksize odd": (q, [code, A, sc(63), out, am]),
+            "q4 blocksize 0": (q, [code, A, sc(0), out, am]),
+            "q4 out size": (q, [code, A, sc(64), out[:499], am]),
+            "q4 absmax size": (q, [code, A, sc(64), out, am[:15]]),
+            "q4 code size": (q, [torch.linspace(-1, 1, 256, device=d), A, sc(64), out, am]),
+            "q4 null A": (q, [code, (None, (1000,), "float16"), sc(64), out, am]),
+            "dq4 nparam": (dq, [code, out, am, sc(64), dq_out]),
+            "dq4 n negative": (dq, [code, out, am, sc(64), sc(-1), dq_out]),
+            "dq4 n mismatch": (dq, [code, out, am, sc(64), sc(999), dq_out]),
+            "dq4 absmax short": (dq, [code, out, am[:15], sc(64), sc(1000), dq_out]),
+            "dq4 out dtype": (dq, [code, out, am, sc(64), sc(1000), dq_out.float()]),
+            "gemv nparam": (gv, [x, B, bam, code, sc(64), go]),
+            "gemv B dtype": (gv, [x, B.to(torch.int8), bam, code, sc(64), sc(32), go]),
+            "gemv bs odd": (gv, [x, B, bam, code, sc(3), sc(32), go]),
+            "gemv absmax short": (gv, [x, B, bam[:31], code, sc(64), sc(32), go]),
+            "gemv B short": (gv, [x, B[:1000], bam, code, sc(64), sc(32), go]),
+            "gemv out shape": (gv, [x, B, bam, code, sc(64), sc(31), go]),
+            "gemv A dtype": (gv, [x.float(), B, bam, code, sc(64), sc(32), go]),
+        }
+        f = lambda v: torch.tensor(float(v), dtype=torch.float64, device=d)  # noqa: E731
+        i = lambda v: torch.tensor(int(v), dtype=torch.int64, device=d)  # noqa: E731
+        g = torch.randn(300, device=d)
+        p = torch.randn(300, device=d)
+        s1 = torch.zeros(300, device=d)
+        s2 = torch.zeros(300, device=d)
+        stt = torch.zeros(1, dtype=torch.int32, device=d)
+        hp = [f(0.9), f(0.999), f(0.0), f(0.0), f(1e-8), f(0.0), i(1), f(1e-3), f(1.0), torch.tensor(False, device=d)]
+        a32 = "cadam32bit_grad_fp32"
+        base32 = [g, p, s1, s2, None, f(0.0), f(0.0)] + hp
+        cases.update({
+            "adam32 nparam": (a32, base32),
+            "adam32 state2 none": (a32, [g, p, s1, None, None, f(0.0), f(0.0)] + hp + [stt]),
+            "adam32 p dtype": (a32, [g, p.half(), s1, s2, None, f(0.0), f(0.0)] + hp + [stt]),
+            "adam32 state1 size": (a32, [g, p, s1[:299], s2, None, f(0.0), f(0.0)] + hp + [stt]),
+            "adam32 step 0": (a32, [g, p, s1, s2, None, f(0.0), f(0.0)] + hp[:6] + [i(0)] + hp[7:] + [stt]),
+            "adam32 status dtype": (a32, base32 + [stt.float()]),
+        })
+        q8 = torch.zeros(300, dtype=torch.uint8, device=d)
+        qm = torch.linspace(-1, 1, 256, device=d)
+        a1 = torch.ones(2, device=d)
+        hp8 = [f(0.9), f(0.999), f(0.0), f(0.0), f(1e-8), i(1), f(1e-3), f(0.0), f(1.0), torch.tensor(False, device=d)]
+        a8 = "cadam_8bit_blockwise_grad_fp32"
+        cases.update({
+            "adam8 nparam": (a8, [g, p, q8, q8.clone(), qm, qm, a1, a1.clone()] + hp8),
+            "adam8 state dtype": (a8, [g, p, s1, q8.clone(), qm, qm, a1, a1.clone()] + hp8 + [stt]),
+            "adam8 absmax size": (a8, [g, p, q8, q8.clone(), qm, qm, a1[:1], a1.clone()] + hp8 + [stt]),
+            "adam8 qmap2 none": (a8, [g, p, q8, q8.clone(), qm, None, a1, a1.clone()] + hp8 + [stt]),
+            "adam8 step 0": (a8, [g, p, q8, q8.clone(), qm, qm, a1, a1.clone()] + hp8[:5] + [i(0)] + hp8[6:] + [stt]),
+        })
+        results[dev] = {k: lib(nm, args, st if dev == "cuda" else None) for k, (nm, args) in cases.items()}
+        if dev == "cuda":
+            torch.cuda.synchronize()
+    for k, rc in results["cpu"].items():
+        n_total += 1
+        if results["cuda"][k] != rc or rc == 0:
+            fail(f"malformed (4-bit/optim) {k}: cuda={results['cuda'][k]} cpu={rc}")
+        else:
+            n_ok += 1
+    err = torch.cuda.synchronize() or "none"
+    return [f"malformed calls (4-bit, gemv, optimizers): {n_ok}/{n_total} return the CPU library's nonzero status; "
+            f"CUDA error after: {err}"]
+
+
+def time_rot(fns, reps: int = 25) -> float:
+    """Median ms per call cycling through fns (different buffers, so the data are not L2-resident)."""
+    k = [0]
+
+    def one():
+        fns[k[0] % len(fns)]()
+        k[0] += 1
+    return time_gpu(one, reps)
+
+
+def bench2(cuda: Aot, quick: bool):
+    try:
+        import bitsandbytes  # noqa: F401
+        up = torch.ops.bitsandbytes
+        import bitsandbytes.functional as UF
+    except Exception:
+        up = UF = None
+    rows = []
+    st = stream_ptr()
+    big = torch.empty(1 << 28, dtype=torch.float32, device="cuda")  # 1 GiB
+    dst = torch.empty_like(big)
+    t = time_gpu(lambda: dst.copy_(big), 10)
+    copy_bw = 2 * big.numel() * 4 / t / 1e6
+    del big, dst
+    print(f"copy bandwidth (1 GiB copy_): {copy_bw:.0f} GB/s", flush=True)
+    nan = float("nan")
+
+    def row(op, dtype, shape, t, tu, traffic, note=""):
+        bw = traffic / t / 1e6
+        rows.append(dict(op=op, dtype=dtype, bs=shape, ours_us=t * 1e3, up_us=tu * 1e3,
+                         speedup=(tu / t) if tu == tu else nan, gbs=bw, pct=100 * bw / copy_bw, copy_gbs=copy_bw,
+                         note=note))
+
+    # 4-bit quantize / dequantize, 8192x8192 (x4 buffers, > L2)
+    M = 8192
+    n = M * M
+    for sfx in ("fp16", "bf16", "fp32"):
+        dt = TDT[sfx]
+        for qt in ("nf4",) if sfx != "fp16" else ("nf4", "fp4"):
+            code = code4(qt).cuda()
+            bs = 64
+            R = 2
+            As = [torch.randn(M, M, device="cuda").to(dt) for _ in range(R)]
+            outs = [torch.empty(n // 2, 1, dtype=torch.uint8, device="cuda") for _ in range(R)]
+            ams = [torch.empty(n // bs, device="cuda") for _ in range(R)]
+            qf = [cuda.prepare(f"cquantize_blockwise_{sfx}_{qt}", [code, As[r], hscalar(bs), outs[r], ams[r]], st)
+                  for r in range(R)]
+            tq = time_rot(qf)
+            dos = [torch.empty(n, dtype=dt, device="cuda") for _ in range(R)]
+            df = [cuda.prepare(f"cdequantize_blockwise_{sfx}_{qt}", [code, outs[r], ams[r], hscalar(bs), hscalar(n), dos[r]], st)
+                  for r in range(R)]
+            td = time_rot(df)
+            tuq = tud = nan
+            note = ""
+            if up is not None:
+                try:
+                    tuq = time_rot([lambda r=r: up.quantize_4bit(As[r], bs, qt, torch.uint8) for r in range(R)])
+                    uq, uam = up.quantize_4bit(As[0], bs, qt, torch.uint8)
+                    qf[0]()
+                    torch.cuda.synchronize()
+                    note = f"{(uq.reshape(-1) == outs[0].reshape(-1)).float().mean().item() * 100:.2f}% packed bytes equal to upstream CUDA"
+                    tud = time_rot([lambda r=r: up.dequantize_4bit.out(outs[r], ams[r], bs, qt, [M, M], dt,
+                                                                       out=dos[r].view(M, M)) for r in range(R)])
+                except Exception as e:
+                    note = f"upstream failed: {type(e).__name__}: {e}"[:120]
+            traffic = n * As[0].element_size() + n // 2 + 4 * (n // bs)
+            row(f"quantize_4bit {qt}", sfx, f"8192x8192 bs{bs}", tq, tuq, traffic, note)
+            row(f"dequantize_4bit {qt}", sfx, f"8192x8192 bs{bs}", td, tud, traffic)
+            del As, outs, ams, dos
+    # gemv
+    for (N, K) in ((11008, 4096), (4096, 11008), (8192, 8192)):
+        for sfx in ("fp16", "bf16", "fp32"):
+            dt = TDT[sfx]
+            bs = 64
+            code = code4("nf4").cuda()
+            W = torch.randn(N * K, device="cuda").to(dt)
+            q0 = torch.empty((N * K) // 2, 1, dtype=torch.uint8, device="cuda")
+            a0 = torch.empty(N * K // bs, device="cuda")
+            cuda("cquantize_blockwise_%s_nf4" % sfx, [code, W, hscalar(bs), q0, a0], st)
+            del W
+            wbytes = N * K // 2 + 4 * N * K // bs
+            R = max(2, int(6 * 2**30 // 10 // wbytes))  # ~600 MB of weights in rotation
+            R = min(R, 16)
+            qs = [q0.clone() for _ in range(R)]
+            ams = [a0.clone() for _ in range(R)]
+            A = torch.randn(1, K, device="cuda").to(dt)
+            outs = [torch.empty(1, N, dtype=dt, device="cuda") for _ in range(R)]
+            fns = [cuda.prepare(f"cgemm_4bit_inference_naive_{sfx}", [A, qs[r], ams[r], code, hscalar(bs), hscalar(N), outs[r]], st)
+                   for r in range(R)]
+            t = time_rot(fns, 50)
+            tu = nan
+            note = f"{R} weight copies rotated (not L2-resident)"
+            if up is not None:
+                try:
+                    uo = [torch.empty(1, N, dtype=dt, device="cuda") for _ in range(R)]
+                    tu = time_rot([lambda r=r: up.gemv_4bit.out(A, qs[r], [N, K], ams[r], code, bs, out=uo[r])
+                                   for r in range(R)], 50)
+                    fns[0]()
+                    up.gemv_4bit.out(A, qs[0], [N, K], ams[0], code, bs, out=uo[0])
+                    torch.cuda.synchronize()
+                    rel = ((uo[0].float() - outs[0].float()).abs().max() / outs[0].float().abs().max()).item()
+                    note += f"; max |ours-upstream| / max|out| = {rel:.1e}"
+                except Exception as e:
+                    note += f"; upstream failed: {type(e).__name__}: {e}"[:120]
+            traffic = wbytes + K * A.element_size() + N * A.element_size()
+            row("gemv_4bit nf4 (batch 1)", sfx, f"N={N} K={K} bs{bs}", t, tu, traffic, note)
+            del qs, ams, outs
+    # optimizers: n = 64M parameters, fp32 and bf16 params
+    n = 1 << 26
+    for sfx in ("fp32", "bf16"):
+        dt = TDT[sfx]
+        g = torch.randn(n, device="cuda").to(dt)
+        p = torch.randn(n, device="cuda").to(dt)
+        s1 = torch.zeros(n, device="cuda")
+        s2 = torch.zeros(n, device="cuda")
+        hp = HP[1]
+        esz = p.element_size()
+        name = OPT32["adam"][list(TDT).index(sfx)]
+        args = [g, p, s1, s2, None, fsc(0, "cpu"), fsc(0, "cpu"), fsc(hp["b1"], "cpu"), fsc(hp["b2"], "cpu"),
+                fsc(0, "cpu"), fsc(0, "cpu"), fsc(hp["eps"], "cpu"), fsc(hp["wd"], "cpu"), isc(5, "cpu"),
+                fsc(hp["lr"], "cpu"), fsc(1.0, "cpu"), torch.tensor(False), torch.zeros(1, dtype=torch.int32, device="cuda")]
+        f32 = cuda.prepare(name, args, st)
+        t = time_gpu(f32)
+        tu = nan
+        if up is not None:
+            try:
+                tu = time_gpu(lambda: up.optimizer_update_32bit("adam", g, p, s1, s2, None, 0.0, 0.0, hp["b1"], hp["b2"],
+                                                                 0.0, 0.0, hp["eps"], hp["wd"], 5, hp["lr"], 1.0, False))
+            except Exception as e:
+                print("upstream adam32 failed:", e)
+        row("adam 32-bit state", sfx, f"n=2^26", t, tu, n * (3 * esz + 16), "reads g,p,m,v; writes p,m,v")
+        s1q = torch.zeros(n, dtype=torch.uint8, device="cuda")
+        s2q = torch.zeros(n, dtype=torch.uint8, device="cuda")
+        qsg, qun = dynamic_code().cuda(), unsigned_dynamic_code().cuda()
+        a1 = torch.zeros(n // 256, device="cuda")
+        a2 = torch.zeros(n // 256, device="cuda")
+        name8 = OPT8["adam"][list(TDT).index(sfx)]
+        args8 = [g, p, s1q, s2q, qsg, qun, a1, a2, fsc(hp["b1"], "cpu"), fsc(hp["b2"], "cpu"), fsc(0, "cpu"),
+                 fsc(0, "cpu"), fsc(hp["eps"], "cpu"), isc(5, "cpu"), fsc(hp["lr"], "cpu"), fsc(hp["wd"], "cpu"),
+                 fsc(1.0, "cpu"), torch.tensor(False), torch.zeros(1, dtype=torch.int32, device="cuda")]
+        f8 = cuda.prepare(name8, args8, st)
+        t8 = time_gpu(f8)
+        tu8 = nan
+        if up is not None:
+            try:
+                tu8 = time_gpu(lambda: up.optimizer_update_8bit_blockwise("adam", g, p, s1q, s2q, hp["b1"], hp["b2"], 0.0,
+                                                                          0.0, hp["eps"], 5, hp["lr"], qsg, qun, a1, a2,
+                                                                          hp["wd"], 1.0, False))
+            except Exception as e:
+                print("upstream adam8 failed:", e)
+        row("adam 8-bit blockwise state", sfx, f"n=2^26", t8, tu8, n * (3 * esz + 4) + 16 * (n // 256),
+            "upstream CUDA uses its own (GPU) update rule")
+        del g, p, s1, s2, s1q, s2q
+    return rows
+
+
 def fmt_table(rows) -> str:
-    head = "| op | dtype | blocksize | ours (us) | upstream (us) | speed-up | ours GB/s | % of copy BW | note |\n|---|---|---|---|---|---|---|---|---|\n"
+    head = "| op | dtype | blocksize / shape | ours (us) | upstream (us) | speed-up | ours GB/s | % of copy BW | note |\n|---|---|---|---|---|---|---|---|---|\n"
     body = ""
     for r in rows:
         f = lambda v, p=1: "n/a" if v != v else f"{v:.{p}f}"
@@ -431,6 +990,7 @@ def main() -> int:
     ap.add_argument("--cpu-lib", default=str(ROOT / "bitsandbytes_ms" / "libbitsandbytes_ms_cpu.so"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "gpu.md"))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--skip-new", action="store_true", help="only the blockwise 8-bit sections")
     ap.add_argument("--cpu-ref-only", action="store_true", help="only the CPU-vs-reference check (for BNB_MS_SIMD runs)")
     a = ap.parse_args()
     if a.cpu_ref_only:
@@ -444,6 +1004,15 @@ def main() -> int:
     results = []
     results += check_blockwise(cuda, cpu, a.quick)
     results += check_bad_calls(cuda, cpu)
+    for sec in (check_fourbit, check_gemv, check_optim):
+        if not a.skip_new:
+            try:
+                results += sec(cuda, cpu, a.quick)
+            except Exception as e:  # report, don't lose the rest of the run
+                import traceback; traceback.print_exc()
+                fail(f"{sec.__name__} raised {type(e).__name__}: {e}")
+    if not a.skip_new:
+        results += check_bad_calls2(cuda, cpu)
     results.append(cpu_vs_reference(a.cpu_lib))
     for lvl in ("avx2", "scalar"):
         env = dict(os.environ, BNB_MS_SIMD=lvl)
@@ -456,6 +1025,12 @@ def main() -> int:
     for r in results:
         print(r, flush=True)
     rows, up_name = bench(cuda, a.quick)
+    if not a.skip_new:
+        try:
+            rows += bench2(cuda, a.quick)
+        except Exception as e:
+            import traceback; traceback.print_exc()
+            fail(f"bench2 raised {type(e).__name__}: {e}")
     table = fmt_table(rows)
     print(table, flush=True)
     cpuinfo = platform.processor() or ""
@@ -467,7 +1042,8 @@ def main() -> int:
           f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}\n"
           f"- card: {card}\n- host CPU: {cpuinfo}\n- baseline: {up_name} (torch.ops.bitsandbytes, its CUDA kernels)\n"
           f"- sizes: 8192x8192; times are CUDA-event medians of 25 calls with a busy queue; GB/s counts bytes read "
-          f"+ written (input, codes, absmax); copy = torch copy_ of the input, same run\n\n"
+          f"+ written (input, codes, absmax); copy = torch copy_ of the input, same run (blockwise 8-bit rows) or of "
+          f"a 1 GiB buffer (4-bit, gemv, optimizer rows; gemv rotates up to 16 weight copies so they are not L2-resident)\n\n"
           f"## Checks\n\n" + "".join(f"- {r}\n" for r in results) +
           (f"- FAILURES: {len(FAILURES)}\n" + "".join(f"  - {f}\n" for f in FAILURES[:20]) if FAILURES else "- all checks passed\n") +
           f"\n## Timings\n\n{table}")
