@@ -185,9 +185,16 @@ def _abbrev(names, k: int = 4) -> str:
     return ", ".join(names[:k]) + (f", ... (+{len(names) - k})" if len(names) > k else "")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (what is wrong and where to look), not a usage dump."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="bnb-ms", description="bitsandbytes_ms command line")
-    sub = parser.add_subparsers(dest="cmd")
+    parser = _Parser(prog="bnb-ms", description="bitsandbytes_ms command line")
+    sub = parser.add_subparsers(dest="cmd", parser_class=_Parser)
     sub.add_parser("diagnostics", help="print versions, backend, library and CPU kernel path")
     sub.add_parser("demo", help="diagnostics + a blockwise 8-bit quantize/dequantize round trip")
     q = sub.add_parser("quantize", help="quantize a causal LM and report memory, quality, speed, a generation")

@@ -1,0 +1,48 @@
+"""The `bnb-ms quantize` main job: a smoke run on the embedded model and its bad-input errors."""
+
+import subprocess
+import sys
+
+import pytest
+
+FIELDS = ["layers converted  28", "layers skipped    1: lm_head", "weight memory", "perplexity", "top-1 agreement",
+          "logit error", "tokens/s", "continuation"]
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "bitsandbytes_ms", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("mode", ["nf4", "int8"])
+def test_quantize_job_reports_every_field(mode, tmp_path):
+    r = run("quantize", "--mode", mode, "--max-new-tokens", "4", "--eval-windows", "2", "--save", str(tmp_path / "q"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    for f in FIELDS:
+        assert f in r.stdout, (f, r.stdout)
+    assert (tmp_path / "q" / "model.safetensors").exists() and (tmp_path / "q" / "config.json").exists()
+
+
+def _one_line_error(r):
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip() and "WARNING" not in ln and "Modular" not in ln]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+def test_missing_model_path(tmp_path):
+    line = _one_line_error(run("quantize", "--model", str(tmp_path / "nope")))
+    assert "no such directory" in line
+
+
+def test_not_a_causal_lm(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "bert", "vocab_size": 10, "hidden_size": 8, '
+                                          '"num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 8}')
+    line = _one_line_error(run("quantize", "--model", str(tmp_path)))
+    assert "not a causal language model" in line or "cannot load" in line
+
+
+def test_unknown_mode():
+    line = _one_line_error(run("quantize", "--mode", "int3"))
+    assert "--mode" in line and "int8" in line
