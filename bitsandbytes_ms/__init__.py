@@ -13,3 +13,15 @@ features = {"multi_backend"}
 #: Devices whose tensors our kernels accept (MindSpore's CPU; the CUDA library on GPU).
 supported_devices = {"cpu", "cuda"}
 supported_torch_devices = supported_devices
+
+# ---- int8 ----
+from .autograd._functions import MatmulLtState, matmul  # noqa: E402,F401
+
+
+def __getattr__(name):
+    # `bnb.nn` is imported on first use: it imports mindnlp (for mindtorch), which is heavy.
+    if name == "nn":
+        import importlib
+
+        return importlib.import_module(".nn", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

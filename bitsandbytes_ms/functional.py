@@ -738,7 +738,7 @@ def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Te
     has_outliers = outlier_cols is not None and _numel(outlier_cols) > 0
     if not has_outliers:
         out = _mm_dequant(C, SCA, SCB, bias, A.dtype, fn).reshape(C.shape)
-        return out, _tag(_empty_np((0,), A.dtype), (A,))
+        return out, _tag(Tensor(np.zeros((0,), np.float32)).astype(A.dtype), (A,))
     K = int(A.shape[-1])
     a2 = _contiguous(A).reshape(-1, K)
     idx = outlier_cols.astype(ms.int32)
