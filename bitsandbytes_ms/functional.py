@@ -594,9 +594,10 @@ def int8_vectorwise_dequant(A: Tensor, stats: Tensor) -> Tensor:
         raise ValueError(f"{fn}: `stats` must have one value per row of `A` ({rows}); got {_numel(stats)}")
     if _numel(A) == 0:
         return _empty_np(A.shape, ms.float32)
-    a2 = A.reshape(rows, A.shape[-1]).astype(ms.float32)
-    out = (a2 * stats.reshape(rows, 1)) * ms.Tensor(np.float32(INT8_DEQUANT_SCALE))
-    return _tag(out.reshape(A.shape), (A,))
+    a2 = _tag(ms.ops.cast(ms.ops.reshape(A, (rows, int(A.shape[-1]))), ms.float32), (A,))
+    out = _tag(ms.ops.mul(a2, _tag(ms.ops.reshape(stats, (rows, 1)), (A,))), (A,))
+    out = _tag(ms.ops.mul(out, float(np.float32(INT8_DEQUANT_SCALE))), (A,))
+    return _tag(ms.ops.reshape(out, A.shape), (A,))
 
 
 def int8_double_quant(A: Tensor, col_stats=None, row_stats=None, out_col=None, out_row=None, threshold: float = 0.0):
@@ -714,7 +715,7 @@ def int8_scaled_mm(A: Tensor, B: Tensor, row_stats: Tensor, col_stats: Tensor, b
     fn = "int8_scaled_mm"
     dtype = ms.float16 if dtype is None else dtype
     C = int8_linear_matmul(A, B)
-    return _mm_dequant(C, row_stats, col_stats, bias, dtype, fn).reshape(C.shape)
+    return _tag(ms.ops.reshape(_mm_dequant(C, row_stats, col_stats, bias, dtype, fn), C.shape), (A,))
 
 
 def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Tensor,
@@ -737,15 +738,16 @@ def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Te
     C = int8_linear_matmul(CA, CB)
     has_outliers = outlier_cols is not None and _numel(outlier_cols) > 0
     if not has_outliers:
-        out = _mm_dequant(C, SCA, SCB, bias, A.dtype, fn).reshape(C.shape)
+        out = _tag(ms.ops.reshape(_mm_dequant(C, SCA, SCB, bias, A.dtype, fn), C.shape), (A,))
         return out, _tag(Tensor(np.zeros((0,), np.float32)).astype(A.dtype), (A,))
     K = int(A.shape[-1])
-    a2 = _contiguous(A).reshape(-1, K)
-    idx = outlier_cols.astype(ms.int32)
-    subA32 = ms.ops.gather(a2.astype(ms.float32), idx, 1)  # (MindSpore CPU gather has no bfloat16 kernel)
-    subA = subA32.astype(A.dtype)
-    subB = int8_vectorwise_dequant(ms.ops.gather(_contiguous(CB), idx, 1), SCB)  # fp32 [N, n_out]
-    out = _mm_dequant(C, SCA, SCB, bias, ms.float32, fn).reshape(C.shape)
-    extra = ms.ops.matmul(subA32, subB.T)
-    out = (out + extra.reshape(out.shape)).astype(A.dtype)
-    return _tag(out, (A,)), _tag(subA, (A,))
+    L = (A,)
+    a2 = _tag(ms.ops.cast(ms.ops.reshape(_contiguous(A), (-1, K)), ms.float32), L)
+    idx = _tag(ms.ops.cast(outlier_cols, ms.int32), L)
+    subA32 = _tag(ms.ops.gather(a2, idx, 1), L)  # (gathered in fp32: MindSpore's CPU gather has no bfloat16)
+    subA = _tag(ms.ops.cast(subA32, A.dtype), L)
+    subB = int8_vectorwise_dequant(_tag(ms.ops.gather(_contiguous(CB), idx, 1), L), SCB)  # fp32 [N, n_out]
+    out = _tag(ms.ops.reshape(_mm_dequant(C, SCA, SCB, bias, ms.float32, fn), C.shape), L)
+    extra = _tag(ms.ops.matmul(subA32, _tag(ms.ops.transpose(subB, (1, 0)), L)), L)
+    out = _tag(ms.ops.cast(ms.ops.add(out, _tag(ms.ops.reshape(extra, out.shape), L)), A.dtype), L)
+    return out, subA

@@ -83,9 +83,17 @@ def _quantize_weight(B: Tensor, state: MatmulLtState) -> None:
             state.CB, state.SCB, _ = F.int8_vectorwise_quant(F._contiguous(B))
 
 
+def _d(t, like=()):
+    """Tags an intermediate result with mindtorch's ``_device`` (mindtorch's Tensor methods require it)."""
+    tag_device(t, like=like)
+    return t
+
+
 def _dequant_weight(state: MatmulLtState) -> Tensor:
     """CB * SCB / 127 in float32 ([N, K])."""
-    return state.CB.astype(ms.float32) * (state.SCB.reshape(-1, 1) * ms.Tensor(np.float32(1.0 / 127.0)))
+    cb = _d(_ops.cast(state.CB, ms.float32))
+    scale = _d(_ops.mul(_d(_ops.reshape(state.SCB, (-1, 1))), float(np.float32(1.0 / 127.0))))
+    return _d(_ops.mul(cb, scale))
 
 
 def _int8_forward(A: Tensor, B: Tensor, bias: Optional[Tensor], state: MatmulLtState) -> Tensor:
@@ -99,7 +107,7 @@ def _int8_forward(A: Tensor, B: Tensor, bias: Optional[Tensor], state: MatmulLtS
     shape = tuple(A.shape)
     if _prod(shape) == 0:
         return _zeros(shape[:-1] + (N,), A.dtype, (A,))
-    A2 = F._contiguous(A).reshape(-1, shape[-1])
+    A2 = _d(_ops.reshape(F._contiguous(A), (-1, shape[-1])), (A,))
     if state.threshold > 0.0:
         CA, SCA, outlier_cols = F.int8_vectorwise_quant(A2, threshold=state.threshold)
         state.idx = outlier_cols
@@ -107,8 +115,7 @@ def _int8_forward(A: Tensor, B: Tensor, bias: Optional[Tensor], state: MatmulLtS
     else:
         CA, SCA, _ = F.int8_vectorwise_quant(A2)
         out = F.int8_scaled_mm(CA, state.CB, SCA, state.SCB, bias=bias, dtype=A.dtype)
-    out = out.reshape(shape[:-1] + (N,))
-    tag_device(out, like=(A,))
+    out = _d(_ops.reshape(out, shape[:-1] + (N,)), (A,))
     return out
 
 
@@ -120,11 +127,11 @@ def _fp_forward(A: Tensor, B: Tensor, bias: Optional[Tensor], state: MatmulLtSta
     shape = tuple(A.shape)
     if _prod(shape) == 0:
         return _zeros(shape[:-1] + (N,), A.dtype, (A,))
-    a = A.reshape(-1, shape[-1]).astype(ms.float32)
-    out = _ops.matmul(a, _dequant_weight(state).T)
+    a = _d(_ops.cast(_ops.reshape(A, (-1, shape[-1])), ms.float32))
+    out = _d(_ops.matmul(a, _d(_ops.transpose(_dequant_weight(state), (1, 0)))))
     if bias is not None:
-        out = out + bias.astype(ms.float32).reshape(1, -1)
-    out = out.astype(A.dtype).reshape(shape[:-1] + (N,))
+        out = _d(_ops.add(out, _d(_ops.reshape(_ops.cast(bias, ms.float32), (1, -1)))))
+    out = _d(_ops.reshape(_ops.cast(out, A.dtype), shape[:-1] + (N,)))
     tag_device(out, like=(A,))
     return out
 
@@ -135,19 +142,23 @@ def _backward(A, B, bias, dout, state: MatmulLtState):
     grad_bias = sum of dout over rows."""
     N = int(state.CB.shape[0])
     K = int(A.shape[-1])
-    d = dout.reshape(-1, N).astype(ms.float32)
+    d = _d(_ops.cast(_ops.reshape(dout, (-1, N)), ms.float32))
     if _prod(A.shape) == 0:
-        gA = _ops.zeros_like(A)
-        gB = _ops.zeros_like(B)
+        gA = _d(_ops.zeros_like(A))
+        gB = _d(_ops.zeros_like(B))
     else:
-        gA = _ops.matmul(d, _dequant_weight(state)).astype(A.dtype).reshape(A.shape)
+        gA = _d(_ops.reshape(_ops.cast(_ops.matmul(d, _dequant_weight(state)), A.dtype), A.shape))
         if B.dtype != ms.int8 and state.has_fp16_weights:
-            gB = _ops.matmul(d.T, A.reshape(-1, K).astype(ms.float32)).astype(B.dtype).reshape(B.shape)
+            a = _d(_ops.cast(_ops.reshape(A, (-1, K)), ms.float32))
+            gB = _ops.matmul(_d(_ops.transpose(d, (1, 0))), a)
+            if tuple(B.shape) != tuple(gB.shape):  # B given as a transposed view
+                gB = _ops.transpose(gB, (1, 0))
+            gB = _d(_ops.reshape(_ops.cast(gB, B.dtype), B.shape))
         else:
-            gB = _ops.zeros_like(B)
+            gB = _d(_ops.zeros_like(B))
     if bias is None:
         return gA, gB
-    gbias = d.sum(axis=0).astype(bias.dtype).reshape(bias.shape)
+    gbias = _d(_ops.reshape(_ops.cast(_ops.reduce_sum(d, 0), bias.dtype), bias.shape))
     return gA, gB, gbias
 
 
