@@ -746,7 +746,8 @@ def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Te
     idx = _tag(ms.ops.cast(outlier_cols, ms.int32), L)
     subA32 = _tag(ms.ops.gather(a2, idx, 1), L)  # (gathered in fp32: MindSpore's CPU gather has no bfloat16)
     subA = _tag(ms.ops.cast(subA32, A.dtype), L)
-    subB = int8_vectorwise_dequant(_tag(ms.ops.gather(_contiguous(CB), idx, 1), L), SCB)  # fp32 [N, n_out]
+    # (cast back: under mindtorch the CPU gather of an int8 tensor comes back as float32; values are exact)
+    subB = int8_vectorwise_dequant(_tag(ms.ops.cast(ms.ops.gather(_contiguous(CB), idx, 1), ms.int8), L), SCB)
     out = _tag(ms.ops.reshape(_mm_dequant(C, SCA, SCB, bias, ms.float32, fn), C.shape), L)
     extra = _tag(ms.ops.matmul(subA32, _tag(ms.ops.transpose(subB, (1, 0)), L)), L)
     out = _tag(ms.ops.cast(ms.ops.add(out, _tag(ms.ops.reshape(extra, out.shape), L)), A.dtype), L)

@@ -241,8 +241,11 @@ def matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, state: Optional[M
     F._check_dtype(B, F.FLOAT_DTYPES + (ms.int8,), fn, "B")
     if B.ndim != 2:
         raise ValueError(f"{fn}: `B` must be 2-D [N, K]; got shape {tuple(B.shape)}")
-    if A.ndim < 1 or A.shape[-1] != B.shape[1]:
-        raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(A.shape)} @ `B`.T {tuple(B.shape)}")
+    # An int8 B with state.CB set is a stand-in for the quantized weight (upstream passes CB or CB.t());
+    # the weight used is state.CB [N, K].
+    W = state.CB if (state is not None and B.dtype == ms.int8 and state.CB is not None) else B
+    if A.ndim < 1 or A.shape[-1] != W.shape[1]:
+        raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(A.shape)} @ `B`.T {tuple(W.shape)}")
     if bias is not None:
         F._check_dtype(bias, F.FLOAT_DTYPES, fn, "bias")
     state = state or MatmulLtState()
