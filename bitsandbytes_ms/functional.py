@@ -620,19 +620,21 @@ def int8_double_quant(A: Tensor, col_stats=None, row_stats=None, out_col=None, o
     _check_rank(A, 1, fn, "A")
     CA, rstats, outlier_cols = int8_vectorwise_quant(A, threshold)
     K = int(A.shape[-1])
-    a = _contiguous(A).reshape(-1, K).astype(ms.float32)
+    O, L = ms.ops, (A,)
+    a = _tag(O.cast(O.reshape(_contiguous(A), (-1, K)), ms.float32), L)
     if threshold > 0.0:
-        thr = float(Tensor(np.float32(threshold)).astype(A.dtype).astype(ms.float32).asnumpy())
-        a = ms.ops.select(ms.ops.abs(a) >= thr, ms.ops.zeros_like(a), a)
-    cstats = ms.ops.abs(a).max(axis=0) if _numel(A) else _empty_np((K,), ms.float32)
+        thr = float(np.float32(_reference.cast_out(np.array([threshold], np.float32), dtype_name(A.dtype))[0]))
+        a = _tag(O.select(_tag(O.ge(_tag(O.abs(a), L), thr), L), _tag(O.zeros_like(a), L), a), L)
     if _numel(A):
-        # PORT note: upstream CUDA computes round(A * 127 / col_stats); a zero column gives NaN -> 0 here.
-        q = ms.ops.round((a * 127.0) / cstats.reshape(1, K))
-        q = ms.ops.select(ms.ops.isfinite(q), q, ms.ops.zeros_like(q))
-        CAt = q.astype(ms.int8).reshape(A.shape)
+        cstats = _tag(O.reduce_max(_tag(O.abs(a), L), 0), L)
+        # upstream CUDA computes round(A * 127 / col_stats); a zero column gives NaN -> 0 here
+        q = _tag(O.round(O.div(_tag(O.mul(a, 127.0), L), _tag(O.reshape(cstats, (1, K)), L))), L)
+        q = _tag(O.select(_tag(O.isfinite(q), L), q, _tag(O.zeros_like(q), L)), L)
+        CAt = O.reshape(O.cast(q, ms.int8), A.shape)
     else:
+        cstats = _empty_np((K,), ms.float32)
         CAt = _empty_np(A.shape, ms.int8)
-    return CA, _tag(CAt, (A,)), rstats, _tag(cstats.astype(ms.float32), (A,)), outlier_cols
+    return CA, _tag(CAt, (A,)), rstats, _tag(cstats, (A,)), outlier_cols
 
 
 def int8_linear_matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, dtype=ms.int32) -> Tensor:

@@ -63,11 +63,11 @@ def test_matmullt(
         bias2 = None
         if has_bias:
             bias = torch.randn(dim4, device=device, dtype=dtype, requires_grad=req_grad[2])
-            bias2 = bias.clone()
+            bias2 = torch.tensor(bias.float().numpy()).to(dtype)  # PORT: clone() of bf16 fails on CPU
         # PORT: torch.nn.init.xavier_uniform_(B) on bf16 is not available on CPU; same distribution via numpy
         bound = float(np.sqrt(6.0 / (dimB[0] + dimB[1])))
         B = torch.tensor(np.random.uniform(-bound, bound, dimB).astype(np.float32)).to(dtype)
-        B2 = B.clone()
+        B2 = torch.tensor(B.float().numpy()).to(dtype)  # PORT: clone() of bf16 fails on CPU
 
         state = bnb.MatmulLtState()
         state.threshold = decomp
@@ -87,7 +87,7 @@ def test_matmullt(
             out_bnb = funcs[1](A, B2.t(), state=state, bias=bias2)
             B2_arg = B2.t()
         if has_bias:
-            out_torch += bias
+            out_torch = (out_torch.float() + bias.float()).to(dtype)  # PORT: bf16 add fails on CPU; add in fp32
 
         assert out_bnb.dtype == A.dtype, f"bnb matmullt received {A.dtype} but returned {out_bnb.dtype}"
 
@@ -135,6 +135,7 @@ def test_matmullt(
                 if req_grad[0]:
                     torch.testing.assert_close(f32(g1[0]), f32(g2[0], dtype), atol=0.015, rtol=0.1)
                 if req_grad[2] and req_grad[0]:
-                    gb1, gb2 = P.cast(g1[1], dtype), P.cast(g2[1], dtype)
-                    tag_device(gb1), tag_device(gb2)
-                    torch.testing.assert_close(gb1, gb2)
+                    # PORT: IsClose has no bf16 CPU kernel: compare the dtype-rounded values in fp32 with
+                    # assert_close's default tolerances for `dtype`
+                    tol = {torch.float16: (1e-5, 1e-3), torch.bfloat16: (1e-5, 1.6e-2), torch.float32: (1e-5, 1.3e-6)}[dtype]
+                    torch.testing.assert_close(f32(g1[1], dtype), f32(g2[1], dtype), atol=tol[0], rtol=tol[1])
