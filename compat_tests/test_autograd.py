@@ -87,7 +87,9 @@ def test_matmullt(
             out_bnb = funcs[1](A, B2.t(), state=state, bias=bias2)
             B2_arg = B2.t()
         if has_bias:
-            out_torch = (out_torch.float() + bias.float()).to(dtype)  # PORT: bf16 add fails on CPU; add in fp32
+            # PORT: bf16 add fails on CPU: matmul + bias in fp32, rounded once to `dtype` (as loss_torch below)
+            Bm = B.t() if transpose[1] else B
+            out_torch = (torch.matmul(A.float(), Bm.float()) + bias.float()).to(dtype)
 
         assert out_bnb.dtype == A.dtype, f"bnb matmullt received {A.dtype} but returned {out_bnb.dtype}"
 
@@ -118,6 +120,7 @@ def test_matmullt(
                     o = P.matmul(P.cast(A_, ms.float32), Bref)
                     if bias_ is not None:
                         o = P.add(o, P.cast(bias_, ms.float32))
+                    o = P.cast(P.cast(o, dtype), ms.float32)  # upstream's out_torch is in `dtype` (grads pass through it)
                     return P.mean(P.square(P.sub(o, tgt)))
 
                 pos = (0, 1) if has_bias else (0,)
