@@ -18,6 +18,9 @@ supported_torch_devices = supported_devices
 # ---- optim ----
 from . import optim  # noqa: E402,F401
 
+# ---- int8 ----
+from .autograd._functions import MatmulLtState, matmul  # noqa: E402,F401
+
 # ---- 4-bit ----
 from .autograd._functions import MatMul4Bit, matmul_4bit  # noqa: E402,F401
 

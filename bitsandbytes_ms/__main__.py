@@ -151,6 +151,8 @@ def quantize_job(args) -> int:
                    compress_statistics=args.double_quant, converted=converted, skipped=skipped, progress=True)
 
     mem_after = ev.weight_memory(model)
+    lin_params = sum(_layer_params(model.get_submodule(n)) for n in converted)
+    lin_after = sum(ev.weight_memory(model.get_submodule(n)) for n in converted)
     new = ev.run_windows(model, windows, progress=lambda w: tqdm(w, desc="evaluating (quantized)", leave=False))
     cmp = ev.compare_logits(ref, new)
     text, n_tok_after, t_after = ev.generate(model, tokenizer, args.prompt, args.max_new_tokens)
@@ -163,6 +165,8 @@ def quantize_job(args) -> int:
     print(f"layers skipped    {len(skipped)}: {_abbrev(skipped)}")
     print(f"weight memory     {mem_before / mib:.2f} MiB -> {mem_after / mib:.2f} MiB "
           f"(x{mem_after / mem_before:.3f}; x{mem_after / fp16_bytes:.3f} of the fp16 model, {fp16_bytes / mib:.2f} MiB)")
+    print(f"quantized layers  {2 * lin_params / mib:.2f} MiB as fp16 -> {lin_after / mib:.2f} MiB "
+          f"(x{lin_after / (2 * lin_params):.3f}); embeddings, norms and lm_head stay in full precision")
     print(f"perplexity        {ref.perplexity:.3f} -> {new.perplexity:.3f} "
           f"({100 * (new.perplexity / ref.perplexity - 1):+.2f}%) on {ref.n_tokens} held-out tokens")
     print(f"top-1 agreement   {100 * cmp['top1_agreement']:.2f}% with the unquantized model")
@@ -177,6 +181,12 @@ def quantize_job(args) -> int:
         tokenizer.save_pretrained(str(save_dir))
         print(f"saved             {save_dir}")
     return 0
+
+
+def _layer_params(module) -> int:
+    """Weight + bias elements of a quantized linear layer (its logical, unpacked size)."""
+    n = module.in_features * module.out_features
+    return n + (module.bias.shape[0] if module.bias is not None else 0)
 
 
 def _abbrev(names, k: int = 4) -> str:

@@ -182,3 +182,45 @@ for _sfx, _dt in DTYPE_SUFFIX.items():
         doc="out[..., n] = sum_k A[..., k] * code[B(n, k)] * absmax[block(n*K + k)]: 4-bit GEMV that decodes the "
             "packed weight [N, K] in registers (fp32 accumulation in 16 fixed lanes)",
     ))
+
+# ---- int8 (LLM.int8()) ----
+# Names are bitsandbytes' C names for the same operations (csrc/pythonInterface.cpp, CUDA build):
+# `cint8_vector_quant` (upstream: fp16 only; ours dispatches on A's dtype inside the one entry point,
+# fp32/fp16/bf16, and also reports outlier columns), `cigemmlt_32` (upstream: cuBLASLt int8 GEMM with
+# int32 output; the `_32` is the output width), `cdequant_mm_int32_fp16` (upstream: fp16 only; we add
+# the `_fp32`/`_bf16` siblings in upstream's suffix style).
+def _rows_of(shape: Shape) -> int:
+    return _numel(shape[:-1]) if len(shape) else 1
+
+
+define(NativeOp(
+    name="cint8_vector_quant",
+    inputs=("A", "threshold"),
+    outputs=("out", "row_stats", "col_flags"),
+    infer=lambda s, d, st: (
+        (s["A"], ms.int8),
+        ((_rows_of(s["A"]),), ms.float32),
+        ((s["A"][-1] if len(s["A"]) else 1,), ms.uint8),
+    ),
+    bnb_args=("A", "out", "row_stats", "threshold", "rows", "cols"),
+    doc="row-wise absmax int8 quantization, q = round(x * 127 / absmax(row)); |x| >= threshold are outliers "
+        "(left out of absmax, zeroed, their columns flagged and zeroed when rows > 1)",
+))
+define(NativeOp(
+    name="cigemmlt_32",
+    inputs=("A", "B"),
+    outputs=("out",),
+    infer=lambda s, d, st: ((tuple(s["A"][:-1]) + (s["B"][0],), ms.int32),),
+    # upstream passes the weight first: (ctx, m, n, k, weight, activations, C, row_scale, lda, ldb, ldc, stream)
+    bnb_args=("context", "m", "n", "k", "B", "A", "out", "row_scale", "lda", "ldb", "ldc", "stream"),
+    doc="out[..., n] = sum_k A[..., k] * B[n, k], int8 x int8 with exact int32 accumulation",
+))
+for _sfx, _dt in DTYPE_SUFFIX.items():
+    define(NativeOp(
+        name=f"cdequant_mm_int32_{_sfx}",
+        inputs=("A", "row_stats", "col_stats", "bias"),
+        outputs=("out",),
+        infer=(lambda dt: lambda s, d, st: ((s["A"], dt),))(_dt),
+        bnb_args=("A", "row_stats", "col_stats", "out", "bias", "numRows", "numCols", "stream"),
+        doc="out = float(A) * (row_stats[r] * col_stats[c]) * 6.200124e-05 (+ bias[c]), in the suffix's dtype",
+    ))

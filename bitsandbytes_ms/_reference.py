@@ -284,3 +284,54 @@ def gemv_4bit(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.nd
     W = dequantize_4bit(packed, absmax, code, blocksize, N * K).reshape(N, K).astype(np.float64)
     out = A.reshape(-1, K).astype(np.float64) @ W.T
     return cast_out(out.astype(np.float32), dtype).reshape(A.shape[:-1] + (N,))
+
+# ---- int8 (LLM.int8()) ----
+def int8_vector_quant(A: np.ndarray, threshold: float = 0.0, dtype: str = "float32"):
+    """Twin of ``cint8_vector_quant``: returns (int8 CA shaped like A, float32 row_stats[rows],
+    uint8 col_flags[K]). ``A`` holds the values (float32 widening of the input); ``dtype`` is the
+    input dtype, to which the threshold is rounded before comparing (as torch compares)."""
+    A = np.asarray(A, dtype=np.float32)
+    K = A.shape[-1]
+    a = A.reshape(-1, K)
+    rows = a.shape[0]
+    absa = np.abs(a)
+    flags = np.zeros(K, np.uint8)
+    outl = np.zeros_like(a, dtype=bool)
+    if threshold > 0:
+        thr = np.float32(cast_out(np.array([threshold], np.float32), dtype).astype(np.float32)[0])
+        outl = absa >= thr
+        flags = outl.any(axis=0).astype(np.uint8)
+    masked = np.where(outl, np.float32(0), absa)
+    stats = masked.max(axis=1).astype(np.float32) if K else np.zeros(rows, np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # torch's `127.0 / row_stats` (scalar / tensor) is reciprocal(row_stats) * 127: two roundings
+        scale = ((np.float32(1.0) / stats).astype(np.float32) * np.float32(127.0)).astype(np.float32)
+        q = np.rint((a * scale[:, None]).astype(np.float32))
+    q = np.where(np.isfinite(q), q, 0)
+    q[outl] = 0
+    if rows > 1 and flags.any():
+        q[:, flags.astype(bool)] = 0
+    return q.astype(np.int8).reshape(A.shape), stats, flags
+
+
+def int8_gemm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Twin of ``cigemmlt_32``: exact ``A @ B.T`` (int8 inputs, int32 result), A [..., K], B [N, K]."""
+    A = np.asarray(A, np.int64)
+    B = np.asarray(B, np.int64)
+    return (A.reshape(-1, A.shape[-1]) @ B.T).astype(np.int32).reshape(A.shape[:-1] + (B.shape[0],))
+
+
+MM_DEQUANT_SCALE = np.float32(6.200124e-05)
+
+
+def int8_mm_dequant(A: np.ndarray, row_stats: np.ndarray, col_stats: np.ndarray, bias=None,
+                    dtype: str = "float16") -> np.ndarray:
+    """Twin of ``cdequant_mm_int32_<dtype>``: float(A) * (row * col) * 6.200124e-05 (+ bias), each
+    step rounded in float32, then rounded to ``dtype``."""
+    A = np.asarray(A, np.int32)
+    a = A.reshape(-1, A.shape[-1]).astype(np.float32)
+    rc = (np.asarray(row_stats, np.float32).reshape(-1, 1) * np.asarray(col_stats, np.float32).reshape(1, -1))
+    v = ((a * rc.astype(np.float32)).astype(np.float32) * MM_DEQUANT_SCALE).astype(np.float32)
+    if bias is not None:
+        v = (v + np.asarray(bias, np.float32).reshape(1, -1)).astype(np.float32)
+    return cast_out(v, dtype).reshape(A.shape)

@@ -930,3 +930,246 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
         return _write(out, _empty_np(out_shape, A.dtype))
     res = getattr(lib, f"cgemm_4bit_inference_naive_{_SUFFIX[A.dtype]}")(_contiguous(A), raw, amax, code, bs, N)
     return _write(out, res)
+
+# ---- int8 (LLM.int8()) ----
+# Dettmers et al., "LLM.int8(): 8-bit Matrix Multiplication for Transformers at Scale", arXiv 2208.07339.
+# Semantics and constants follow upstream bitsandbytes 0.50.2 (functional.py and backends/default/ops.py).
+
+#: int8_vectorwise_dequant's scale, 1/127 as upstream writes it (rounded to float32 when applied).
+INT8_DEQUANT_SCALE = 7.874015718698502e-3
+
+
+def _tag(t, like):
+    tag_device(t, like=like)
+    return t
+
+
+def _check_threshold(threshold, fn: str) -> float:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{_fn_name(fn, 'threshold')} must be a float, got {type(threshold).__name__}")
+    threshold = float(threshold)
+    if not threshold >= 0.0:
+        raise ValueError(f"{_fn_name(fn, 'threshold')} must be >= 0; got {threshold}")
+    return threshold
+
+
+def _check_rank(t: Tensor, min_rank: int, fn: str, arg: str) -> None:
+    if t.ndim < min_rank:
+        raise ValueError(f"{_fn_name(fn, arg)} must have at least {min_rank} dimension(s); got shape {tuple(t.shape)}")
+
+
+def int8_vectorwise_quant(A: Tensor, threshold: float = 0.0):
+    """Row-wise absmax int8 quantization with optional outlier columns (upstream
+    ``int8_vectorwise_quant``; LLM.int8()).
+
+    ``A`` is viewed as ``[rows, K]`` (rows = product of the leading dims). Per row,
+    ``row_stats = max|x|`` and ``CA = round_half_even(x * (127 / row_stats))``. With ``threshold > 0``
+    the elements with ``|x| >= threshold`` are outliers: they are left out of ``row_stats``, quantize to 0,
+    and (when there is more than one row) every column that holds one is zeroed in ``CA``.
+
+    Args:
+        A: float16/bfloat16/float32 tensor, at least 1-D (non-contiguous input is copied first).
+        threshold: outlier threshold (>= 0); 0 disables outlier handling.
+
+    Returns:
+        ``(CA int8 shaped like A, row_stats float32 [rows], outlier_cols)``: ``outlier_cols`` is ``None``
+        for ``threshold == 0``, else an int64 tensor of the sorted outlier column indices (possibly empty).
+
+    Raises:
+        ValueError: ``A`` not a 16/32-bit float tensor or 0-d; negative threshold.
+        TypeError: ``A`` not a tensor; threshold not a number.
+    """
+    fn = "int8_vectorwise_quant"
+    _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    _check_rank(A, 1, fn, "A")
+    threshold = _check_threshold(threshold, fn)
+    K = int(A.shape[-1])
+    rows = _numel(A) // K if K else int(math.prod(A.shape[:-1]))
+    if _numel(A) == 0:
+        CA, stats, flags = _empty_np(A.shape, ms.int8), _empty_np((rows,), ms.float32), np.zeros(K, np.uint8)
+    else:
+        CA, stats, flags_t = lib.cint8_vector_quant(_contiguous(A), threshold)
+        flags = flags_t.asnumpy() if threshold > 0.0 else None
+    outlier_cols = None
+    if threshold > 0.0:
+        outlier_cols = _tag(Tensor(np.nonzero(flags)[0].astype(np.int64)), (A,))
+    return CA, stats, outlier_cols
+
+
+def int8_vectorwise_dequant(A: Tensor, stats: Tensor) -> Tensor:
+    """Inverse of :func:`int8_vectorwise_quant`: ``float32(A) * stats[row] * 7.874015718698502e-3``
+    (two float32 roundings, as upstream). ``A`` int8 ``[..., K]``, ``stats`` float32 with one value per
+    row (any shape of that size). Returns float32 shaped like ``A``.
+
+    Raises:
+        ValueError: wrong dtypes, or ``stats`` size differs from the number of rows of ``A``.
+    """
+    fn = "int8_vectorwise_dequant"
+    _check_dtype(A, (ms.int8,), fn, "A")
+    _check_dtype(stats, (ms.float32,), fn, "stats")
+    _check_rank(A, 1, fn, "A")
+    rows = int(math.prod(A.shape[:-1]))
+    if _numel(stats) != rows:
+        raise ValueError(f"{fn}: `stats` must have one value per row of `A` ({rows}); got {_numel(stats)}")
+    if _numel(A) == 0:
+        return _empty_np(A.shape, ms.float32)
+    a2 = _tag(ms.ops.cast(ms.ops.reshape(A, (rows, int(A.shape[-1]))), ms.float32), (A,))
+    out = _tag(ms.ops.mul(a2, _tag(ms.ops.reshape(stats, (rows, 1)), (A,))), (A,))
+    out = _tag(ms.ops.mul(out, float(np.float32(INT8_DEQUANT_SCALE))), (A,))
+    return _tag(ms.ops.reshape(out, A.shape), (A,))
+
+
+def int8_double_quant(A: Tensor, col_stats=None, row_stats=None, out_col=None, out_row=None, threshold: float = 0.0):
+    """Row-wise and column-wise int8 quantization (upstream ``int8_double_quant``, which is CUDA-only
+    in 0.50.2; here it runs on CPU with the CUDA backend's semantics).
+
+    Returns ``(CA, CAt, row_stats, col_stats, outlier_cols)``: ``CA``/``row_stats``/``outlier_cols`` as
+    :func:`int8_vectorwise_quant`; ``col_stats`` float32 [K] = column absmax (outliers left out when
+    ``threshold > 0``), ``CAt = round_half_even(x * 127 / col_stats)`` int8 shaped like ``A`` (outliers 0).
+
+    Raises:
+        ValueError: any of the preallocated arguments is given (upstream does not support them), or ``A``
+            is not a 16/32-bit float tensor.
+    """
+    fn = "int8_double_quant"
+    for name, v in (("row_stats", row_stats), ("col_stats", col_stats), ("out_col", out_col), ("out_row", out_row)):
+        if v is not None:
+            raise ValueError(f"{name} must be None. int8_double_quant() does not support pre-allocated {name}.")
+    _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    _check_rank(A, 1, fn, "A")
+    CA, rstats, outlier_cols = int8_vectorwise_quant(A, threshold)
+    K = int(A.shape[-1])
+    O, L = ms.ops, (A,)
+    a = _tag(O.cast(O.reshape(_contiguous(A), (-1, K)), ms.float32), L)
+    if threshold > 0.0:
+        thr = float(np.float32(_reference.cast_out(np.array([threshold], np.float32), dtype_name(A.dtype))[0]))
+        a = _tag(O.select(_tag(O.ge(_tag(O.abs(a), L), thr), L), _tag(O.zeros_like(a), L), a), L)
+    if _numel(A):
+        cstats = _tag(O.reduce_max(_tag(O.abs(a), L), 0), L)
+        # upstream CUDA computes round(A * 127 / col_stats); a zero column gives NaN -> 0 here
+        q = _tag(O.round(O.div(_tag(O.mul(a, 127.0), L), _tag(O.reshape(cstats, (1, K)), L))), L)
+        q = _tag(O.select(_tag(O.isfinite(q), L), q, _tag(O.zeros_like(q), L)), L)
+        CAt = O.reshape(O.cast(q, ms.int8), A.shape)
+    else:
+        cstats = _empty_np((K,), ms.float32)
+        CAt = _empty_np(A.shape, ms.int8)
+    return CA, _tag(CAt, (A,)), rstats, _tag(cstats, (A,)), outlier_cols
+
+
+def int8_linear_matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, dtype=ms.int32) -> Tensor:
+    """``A @ B.T`` for int8 ``A [..., K]`` and int8 ``B [N, K]`` with exact int32 accumulation
+    (upstream ``int8_linear_matmul``). Native GEMM: AVX-512 VNNI / AVX-512 / AVX2 / portable,
+    chosen at run time.
+
+    Returns:
+        int32 ``[..., N]`` (written into ``out`` when given).
+
+    Raises:
+        ValueError: ``A``/``B`` not int8, ``B`` not 2-D, inner dimensions differ, ``dtype`` not int32,
+            ``out`` of the wrong shape/dtype.
+    """
+    fn = "int8_linear_matmul"
+    _check_dtype(A, (ms.int8,), fn, "A")
+    _check_dtype(B, (ms.int8,), fn, "B")
+    if dtype != ms.int32:
+        raise ValueError(f"{_fn_name(fn, 'dtype')} must be int32; got {dtype_name(dtype)}")
+    _check_rank(A, 1, fn, "A")
+    if B.ndim != 2:
+        raise ValueError(f"{_fn_name(fn, 'B')} must be 2-D [N, K]; got shape {tuple(B.shape)}")
+    if A.shape[-1] != B.shape[-1]:
+        raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(A.shape)} @ `B`.T {tuple(B.shape)} "
+                         f"(A.shape[-1] must equal B.shape[1])")
+    shape = tuple(A.shape[:-1]) + (int(B.shape[0]),)
+    _check_out(out, shape, ms.int32, fn, "out")
+    if math.prod(shape) == 0:
+        return _write(out, _empty_np(shape, ms.int32))
+    if A.shape[-1] == 0:
+        return _write(out, _empty_np(shape, ms.int32))
+    return _write(out, lib.cigemmlt_32(_contiguous(A), _contiguous(B)))
+
+
+def _mm_dequant(A, row_stats, col_stats, bias, dtype, fn):
+    _check_dtype(A, (ms.int32,), fn, "A")
+    _check_dtype(row_stats, (ms.float32,), fn, "row_stats")
+    _check_dtype(col_stats, (ms.float32,), fn, "col_stats")
+    _check_rank(A, 1, fn, "A")
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{_fn_name(fn, 'dtype')} must be float16, bfloat16 or float32; got {dtype_name(dtype)}")
+    N = int(A.shape[-1])
+    rows = int(math.prod(A.shape[:-1]))
+    if _numel(row_stats) != rows:
+        raise ValueError(f"{fn}: `row_stats` must have one value per row of `A` ({rows}); got {_numel(row_stats)}")
+    if _numel(col_stats) != N:
+        raise ValueError(f"{fn}: `col_stats` must have A.shape[-1] = {N} values; got {_numel(col_stats)}")
+    if bias is not None:
+        _check_dtype(bias, FLOAT_DTYPES, fn, "bias")
+        if _numel(bias) != N:
+            raise ValueError(f"{fn}: `bias` must have A.shape[-1] = {N} values; got {_numel(bias)}")
+        bias = _contiguous(bias).reshape(N)
+    if _numel(A) == 0:
+        return _empty_np((rows, N), dtype)
+    res = getattr(lib, f"cdequant_mm_int32_{_SUFFIX[dtype]}")(
+        _contiguous(A).reshape(rows, N), _contiguous(row_stats).reshape(rows), _contiguous(col_stats).reshape(N), bias)
+    return res
+
+
+def int8_mm_dequant(A: Tensor, row_stats: Tensor, col_stats: Tensor, out: Optional[Tensor] = None,
+                    bias: Optional[Tensor] = None) -> Tensor:
+    """Dequantizes an int8 GEMM result (upstream ``int8_mm_dequant``):
+    ``float(A) * (row_stats[r] * col_stats[c]) * 6.200124e-05 (+ bias[c])`` in float32, returned as
+    float16 ``[rows, N]`` (a 3-D ``A`` gives a 2-D result, as upstream).
+
+    Raises:
+        ValueError: wrong dtypes (A int32, stats float32, bias float), stats/bias sizes that do not match.
+    """
+    fn = "int8_mm_dequant"
+    res = _mm_dequant(A, row_stats, col_stats, bias, ms.float16, fn)
+    if out is not None:
+        _check_out(out, res.shape, ms.float16, fn, "out")
+    return _write(out, res)
+
+
+def int8_scaled_mm(A: Tensor, B: Tensor, row_stats: Tensor, col_stats: Tensor, bias: Optional[Tensor] = None,
+                   dtype=None) -> Tensor:
+    """``int8_mm_dequant(int8_linear_matmul(A, B), row_stats, col_stats, bias)`` in ``dtype`` (default
+    float16), shaped ``[..., N]`` like ``A`` (upstream op ``bitsandbytes::int8_scaled_mm``)."""
+    fn = "int8_scaled_mm"
+    dtype = ms.float16 if dtype is None else dtype
+    C = int8_linear_matmul(A, B)
+    return _tag(ms.ops.reshape(_mm_dequant(C, row_stats, col_stats, bias, dtype, fn), C.shape), (A,))
+
+
+def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Tensor,
+                         outlier_cols: Optional[Tensor] = None, bias: Optional[Tensor] = None):
+    """LLM.int8() mixed-precision matmul (upstream op ``bitsandbytes::int8_mixed_scaled_mm``):
+    ``int8_scaled_mm(CA, CB, SCA, SCB, bias)`` plus, for the outlier columns, ``A[:, cols] @
+    dequant(CB[:, cols]).T``. Upstream adds the outlier part in ``A.dtype``; here the int8 part is
+    dequantized to float32, the outlier product is computed in float32 and the sum is rounded once to
+    ``A.dtype`` (more accurate; MindSpore's CPU matmul has no bfloat16).
+
+    Args:
+        A: [rows, K] float activations; CA int8 [rows, K]; CB int8 [N, K]; SCA float32 [rows];
+            SCB float32 [N]; outlier_cols int64 column indices or None; bias [N] or None.
+
+    Returns:
+        ``(out [rows, N] in A.dtype, subA)`` where ``subA = A[:, outlier_cols]`` (empty when none).
+    """
+    fn = "int8_mixed_scaled_mm"
+    _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    C = int8_linear_matmul(CA, CB)
+    has_outliers = outlier_cols is not None and _numel(outlier_cols) > 0
+    if not has_outliers:
+        out = _tag(ms.ops.reshape(_mm_dequant(C, SCA, SCB, bias, A.dtype, fn), C.shape), (A,))
+        return out, _tag(Tensor(np.zeros((0,), np.float32)).astype(A.dtype), (A,))
+    K = int(A.shape[-1])
+    L = (A,)
+    a2 = _tag(ms.ops.cast(ms.ops.reshape(_contiguous(A), (-1, K)), ms.float32), L)
+    idx = _tag(ms.ops.cast(outlier_cols, ms.int32), L)
+    subA32 = _tag(ms.ops.gather(a2, idx, 1), L)  # (gathered in fp32: MindSpore's CPU gather has no bfloat16)
+    subA = _tag(ms.ops.cast(subA32, A.dtype), L)
+    # (cast back: under mindtorch the CPU gather of an int8 tensor comes back as float32; values are exact)
+    subB = int8_vectorwise_dequant(_tag(ms.ops.cast(ms.ops.gather(_contiguous(CB), idx, 1), ms.int8), L), SCB)
+    out = _tag(ms.ops.reshape(_mm_dequant(C, SCA, SCB, bias, ms.float32, fn), C.shape), L)
+    extra = _tag(ms.ops.matmul(subA32, _tag(ms.ops.transpose(subB, (1, 0)), L)), L)
+    out = _tag(ms.ops.cast(ms.ops.add(out, _tag(ms.ops.reshape(extra, out.shape), L)), A.dtype), L)
+    return out, subA

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-FIELDS = ["layers converted  28", "layers skipped    1: lm_head", "weight memory", "perplexity", "top-1 agreement",
+FIELDS = ["layers converted  28", "layers skipped    1: lm_head", "weight memory", "quantized layers", "perplexity", "top-1 agreement",
           "logit error", "tokens/s", "continuation"]
 
 

@@ -69,15 +69,15 @@ def _logits(model, ids):
 
 IDS = np.array([[1, 57, 300, 1200, 44, 9, 512, 77]], dtype=np.int64)
 
-# Bounds measured on the embedded model (perplexity +0.1% int8 / +2-3% nf4 / +5-8% fp4 at measurement
-# time), set with margin.
-QUALITY = {"int8": (0.02, 0.97), "nf4": (0.08, 0.90), "fp4": (0.15, 0.85)}
+# Measured on the embedded model (1016 held-out tokens): perplexity change int8 +0.01%, nf4 -0.00%,
+# fp4 +0.13%; top-1 agreement 99.9%, 97.8%, 97.2%. Bounds set with margin: (max |relative perplexity
+# change|, min top-1 agreement).
+QUALITY = {"int8": (0.005, 0.99), "nf4": (0.02, 0.95), "fp4": (0.03, 0.93)}
 
 
 @pytest.mark.parametrize("mode", ["int8", "nf4", "fp4"])
 def test_post_training_quantization_memory_and_quality(mode, windows, reference, tokenizer):
     model = _fresh()
-    n_params = ev.parameter_count(model)
     converted, skipped = [], []
     if mode == "int8":
         quant_8bit(model, threshold=6.0, converted=converted, skipped=skipped, progress=False)
@@ -103,7 +103,6 @@ def test_post_training_quantization_memory_and_quality(mode, windows, reference,
     assert cmp["top1_agreement"] > min_top1, cmp
     text, n_new, _ = ev.generate(model, tokenizer, "The list type", 6)
     assert n_new == 6 and isinstance(text, str)
-    assert ev.parameter_count(model) < n_params  # packed/int8 weights hold fewer elements (4-bit) or equal bytes
 
 
 @pytest.mark.parametrize("mode", ["int8", "nf4"])
@@ -201,6 +200,13 @@ def test_patch_same_device_move_fixes_gradients_through_subtraction(registered):
         assert np.all(grads[0].asnumpy() == 0)  # the mindtorch bug the patch exists for
     finally:
         registry.apply(["mindtorch-same-device-move"])
+
+
+def test_patch_element_size_of_8bit_tensors(registered):
+    t = torch.tensor(np.arange(6, dtype=np.int8))
+    assert t.element_size() == 1 and t.nbytes == 6
+    assert torch.tensor(np.arange(6, dtype=np.uint8)).nbytes == 6
+    assert torch.tensor(np.arange(6, dtype=np.float32)).nbytes == 24
 
 
 def test_patch_transformers_availability_value(registered):

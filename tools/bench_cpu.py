@@ -251,11 +251,77 @@ def bench_4bit(ctx):
                    rows, "gemv baseline: MindSpore fp32 matmul on the already dequantized weight (batch 1).")
 
 
+
+# ---------------------------------------------------------------------------------------------
+# int8 (LLM.int8()): int8 GEMM against MindSpore fp32 matmul and upstream's CPU int8 path
+# ---------------------------------------------------------------------------------------------
+@section("int8")
+def bench_int8(ctx):
+    import mindspore as ms
+
+    from bitsandbytes_ms import functional as F
+
+    rng = np.random.RandomState(0)
+    shapes = [(1024, 4096, 4096)] + ([(4096, 4096, 4096)] if ctx.big else []) + [(b, 4096, 11008) for b in (1, 4, 16)]
+    inputs = {}
+    for M, K, N in shapes:
+        inputs[f"A_{M}_{K}_{N}"] = rng.randint(-127, 128, (M, K)).astype(np.int8)
+        inputs[f"B_{M}_{K}_{N}"] = rng.randint(-127, 128, (N, K)).astype(np.int8)
+    up = ctx.upstream.run("""
+        for key in [k for k in inputs if k.startswith("A_")]:
+            A = torch.from_numpy(inputs[key]); B = torch.from_numpy(inputs["B_" + key[2:]])
+            res["mm_" + key[2:]] = timeit(lambda: F.int8_linear_matmul(A, B))
+    """, inputs)
+    rows = []
+    for M, K, N in shapes:
+        key = f"{M}_{K}_{N}"
+        A, B = ms.Tensor(inputs["A_" + key]), ms.Tensor(inputs["B_" + key])
+        Af = ms.Tensor(rng.standard_normal((M, K)).astype(np.float32))
+        Bf = ms.Tensor(rng.standard_normal((K, N)).astype(np.float32))
+        ti = timeit(lambda: F.int8_linear_matmul(A, B), ctx.repeat)
+        tf = timeit(lambda: ms.ops.matmul(Af, Bf), ctx.repeat)
+        u = up.get("mm_" + key)
+        op = 2.0 * M * N * K
+        rows.append([f"int8_linear_matmul {M}x{K}x{N}", fmt_ms(ti), f"{op / ti / 1e9:.1f}", fmt_ms(tf),
+                     f"{tf / ti:.2f}x", fmt_ms(u) if u else "-", f"{u / ti:.2f}x" if u else "-"])
+    ctx.report.add("int8 GEMM (int32 accumulation)",
+                   ["op", "ours ms", "ours GOP/s", "MindSpore fp32 matmul ms", "vs fp32 matmul", "upstream ms",
+                    "vs upstream"], rows,
+                   "Upstream's CPU int8_linear_matmul is torch._int_mm only with AVX-512; otherwise an fp32 matmul.")
+
+    import mindnlp  # noqa: F401
+    import torch
+
+    import bitsandbytes_ms as bnb
+
+    fp = torch.nn.Linear(4096, 11008)
+    layers = {}
+    for t in (0.0, 6.0):
+        q = bnb.nn.Linear8bitLt(4096, 11008, has_fp16_weights=False, threshold=t)
+        q.weight = bnb.nn.Int8Params(fp.weight.data, requires_grad=False, has_fp16_weights=False)
+        q.bias = fp.bias
+        q.quantize().eval()
+        layers[t] = q
+    rows = []
+    W = fp.weight.data
+    for b in (1, 16):
+        x = torch.tensor(rng.standard_normal((b, 4096)).astype(np.float32))
+        x[:, 7] = 20.0
+        t0 = timeit(lambda: layers[0.0](x), ctx.repeat)
+        t6 = timeit(lambda: layers[6.0](x), ctx.repeat)
+        tf = timeit(lambda: ms.ops.matmul(x, W.T), ctx.repeat)
+        rows.append([str(b), fmt_ms(t0), fmt_ms(t6), fmt_ms(tf), f"{tf / t0:.2f}x"])
+    ctx.report.add("Linear8bitLt forward, 4096 -> 11008",
+                   ["batch", "threshold 0 ms", "threshold 6 ms", "fp32 matmul (the Linear it replaces) ms",
+                    "fp32 / int8 (t=0)"], rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, from {list(SECTIONS)}")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--no-upstream", action="store_true", help="skip upstream bitsandbytes (no env is built)")
+    ap.add_argument("--big", action="store_true", help="also the 4096^3 int8 GEMM")
     ap.add_argument("--output", default=str(ROOT / "benchmarks" / "cpu.md"))
     args = ap.parse_args(argv)
 
@@ -269,6 +335,7 @@ def main(argv=None) -> int:
 
     ctx = Ctx()
     ctx.repeat = args.repeat
+    ctx.big = args.big
     ctx.report = Report()
     ctx.upstream = Upstream(not args.no_upstream, args.repeat)
     for name in args.sections.split(","):

@@ -125,3 +125,256 @@ def matmul_4bit(A, B, quant_state, out: _Optional[_Tensor] = None, bias: _Option
     if _math.prod(A.shape) == 0:
         return _F._write(out, _F._empty_np(tuple(A.shape[:-1]) + (N,), A.dtype))
     return MatMul4Bit.apply(A, B, out, bias, quant_state)
+
+# ---- int8 (LLM.int8()) ----
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn as _msnn, ops as _ops
+
+from .. import functional as F
+from ..cextension import tag_device
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class MatmulLtState:
+    """State of an LLM.int8() matmul (upstream ``bitsandbytes.autograd._functions.MatmulLtState``):
+    the quantized weight ``CB`` (int8 [N, K]) and its row scales ``SCB`` (float32 [N]), the outlier
+    ``threshold``, ``idx`` (outlier columns of the last forward), and the training flags."""
+
+    _tile_indices: Optional[Tensor] = None  # deprecated, kept for ported code
+    force_no_igemmlt: bool = False
+    CB: Optional[Tensor] = None
+    CxB: Optional[Tensor] = None  # deprecated
+    SB: Optional[Tensor] = None
+    SCB: Optional[Tensor] = None
+    CxBt: Optional[Tensor] = None  # deprecated
+    SBt: Optional[Tensor] = None
+    CBt: Optional[Tensor] = None
+    subB: Optional[Tensor] = None
+    outlier_pool = None
+    has_accumulated_gradients: bool = False
+    threshold: float = 0.0
+    idx: Optional[Tensor] = None
+    is_training: bool = True
+    has_fp16_weights: bool = True
+    use_pool: bool = False
+    formatB: str = "row"  # deprecated
+
+    def reset_grads(self):
+        self.CB = None
+        self.CxB = None
+        self.SB = None
+        self.SCB = None
+        self.CxBt = None
+        self.SBt = None
+        self.CBt = None
+
+    @property
+    def tile_indices(self):
+        warnings.warn("MatmulLtState.tile_indices is deprecated and always None", FutureWarning, stacklevel=2)
+        return None
+
+
+def _prod(shape):
+    return int(np.prod(shape)) if len(shape) else 1
+
+
+def _zeros(shape, dtype, like=()):
+    t = F._empty_np(shape, dtype)
+    tag_device(t, like=like)
+    return t
+
+
+def _quantize_weight(B: Tensor, state: MatmulLtState) -> None:
+    """Upstream's weight handling: (re)quantize B row-wise when it holds fp weights that may have changed
+    (training, has_fp16_weights) or when there is no CB/SCB yet. An int8 B is taken as already quantized."""
+    if B.dtype == ms.int8:
+        if state.CB is None:
+            state.CB = B
+        if state.SCB is None:
+            raise ValueError("matmul: `B` is int8 but `state.SCB` is None; pass the row scales in state.SCB")
+        return
+    if state.has_fp16_weights or state.CB is None or state.SCB is None:
+        if state.is_training or state.CB is None or state.SCB is None:
+            state.reset_grads()
+            state.CB, state.SCB, _ = F.int8_vectorwise_quant(F._contiguous(B))
+
+
+def _d(t, like=()):
+    """Tags an intermediate result with mindtorch's ``_device`` (mindtorch's Tensor methods require it)."""
+    tag_device(t, like=like)
+    return t
+
+
+def _dequant_weight(state: MatmulLtState) -> Tensor:
+    """CB * SCB / 127 in float32 ([N, K])."""
+    cb = _d(_ops.cast(state.CB, ms.float32))
+    scale = _d(_ops.mul(_d(_ops.reshape(state.SCB, (-1, 1))), float(np.float32(1.0 / 127.0))))
+    return _d(_ops.mul(cb, scale))
+
+
+def _int8_forward(A: Tensor, B: Tensor, bias: Optional[Tensor], state: MatmulLtState) -> Tensor:
+    """The forward of :class:`MatMul8bitLt`: out = A @ W.T (+ bias) in A's dtype, W quantized row-wise
+    and A row-wise (vector-wise, LLM.int8()); with ``state.threshold > 0`` the outlier columns of A are
+    multiplied in float32 against the dequantized weight columns. Unlike upstream (which casts A to
+    float16 first), A is quantized in its own dtype: identical for float16, and no float16 overflow for
+    bfloat16/float32 activations."""
+    _quantize_weight(B, state)
+    N = int(state.CB.shape[0])
+    shape = tuple(A.shape)
+    if _prod(shape) == 0:
+        return _zeros(shape[:-1] + (N,), A.dtype, (A,))
+    A2 = _d(_ops.reshape(F._contiguous(A), (-1, shape[-1])), (A,))
+    if state.threshold > 0.0:
+        CA, SCA, outlier_cols = F.int8_vectorwise_quant(A2, threshold=state.threshold)
+        state.idx = outlier_cols
+        out, _ = F.int8_mixed_scaled_mm(A2, CA, state.CB, SCA, state.SCB, outlier_cols, bias)
+    else:
+        CA, SCA, _ = F.int8_vectorwise_quant(A2)
+        out = F.int8_scaled_mm(CA, state.CB, SCA, state.SCB, bias=bias, dtype=A.dtype)
+    out = _d(_ops.reshape(out, shape[:-1] + (N,)), (A,))
+    return out
+
+
+def _fp_forward(A: Tensor, B: Tensor, bias: Optional[Tensor], state: MatmulLtState) -> Tensor:
+    """The forward of :class:`MatMul8bitFp`: A @ dequant(quant(W)).T (+ bias), computed in float32 and
+    returned in A's dtype (upstream's CPU training path)."""
+    _quantize_weight(B, state)
+    N = int(state.CB.shape[0])
+    shape = tuple(A.shape)
+    if _prod(shape) == 0:
+        return _zeros(shape[:-1] + (N,), A.dtype, (A,))
+    a = _d(_ops.cast(_ops.reshape(A, (-1, shape[-1])), ms.float32))
+    out = _d(_ops.matmul(a, _d(_ops.transpose(_dequant_weight(state), (1, 0)))))
+    if bias is not None:
+        out = _d(_ops.add(out, _d(_ops.reshape(_ops.cast(bias, ms.float32), (1, -1)))))
+    out = _d(_ops.reshape(_ops.cast(out, A.dtype), shape[:-1] + (N,)))
+    tag_device(out, like=(A,))
+    return out
+
+
+def _backward(A, B, bias, dout, state: MatmulLtState):
+    """Gradients of out = A @ W.T + bias: grad_A = dout @ dequant(CB) (in A's dtype), grad_B = dout.T @ A
+    (float32 matmul, in B's dtype, when B holds float weights with has_fp16_weights; zeros for an int8 B),
+    grad_bias = sum of dout over rows."""
+    N = int(state.CB.shape[0])
+    K = int(A.shape[-1])
+    d = _d(_ops.cast(_ops.reshape(dout, (-1, N)), ms.float32))
+    if _prod(A.shape) == 0:
+        gA = _d(_ops.zeros_like(A))
+        gB = _d(_ops.zeros_like(B))
+    else:
+        gA = _d(_ops.reshape(_ops.cast(_ops.matmul(d, _dequant_weight(state)), A.dtype), A.shape))
+        if B.dtype != ms.int8 and state.has_fp16_weights:
+            a = _d(_ops.cast(_ops.reshape(A, (-1, K)), ms.float32))
+            gB = _ops.matmul(_d(_ops.transpose(d, (1, 0))), a)
+            if tuple(B.shape) != tuple(gB.shape):  # B given as a transposed view
+                gB = _ops.transpose(gB, (1, 0))
+            gB = _d(_ops.reshape(_ops.cast(gB, B.dtype), B.shape))
+        else:
+            gB = _d(_ops.zeros_like(B))
+    if bias is None:
+        return gA, gB
+    gbias = _d(_ops.reshape(_ops.cast(_ops.reduce_sum(d, 0), bias.dtype), bias.shape))
+    return gA, gB, gbias
+
+
+class _Int8MatmulCell(_msnn.Cell):
+    """A MindSpore cell with a custom ``bprop``: MindSpore's autograd (``mindspore.value_and_grad``,
+    which mindtorch's ``autograd.value_and_grad`` also uses) calls ``bprop`` instead of differentiating
+    through the int8 kernels."""
+
+    def __init__(self, state: MatmulLtState, forward):
+        super().__init__(auto_prefix=False)
+        self.state = state
+        self._forward = forward
+
+    def construct(self, A, B):
+        return self._forward(A, B, None, self.state)
+
+    def bprop(self, A, B, out, dout):
+        return _backward(A, B, None, dout, self.state)
+
+
+class _Int8MatmulBiasCell(_Int8MatmulCell):
+    def construct(self, A, B, bias):
+        return self._forward(A, B, bias, self.state)
+
+    def bprop(self, A, B, bias, out, dout):
+        return _backward(A, B, bias, dout, self.state)
+
+
+class _Function:
+    """``apply(A, B, out=None, bias=None, state=None)`` as upstream's ``torch.autograd.Function``s."""
+
+    _forward = None
+
+    @classmethod
+    def apply(cls, A, B, out=None, bias=None, state=None):
+        state = state or MatmulLtState()
+        fwd = cls._forward.__func__ if hasattr(cls._forward, "__func__") else cls._forward
+        cell = _Int8MatmulBiasCell(state, fwd) if bias is not None else _Int8MatmulCell(state, fwd)
+        res = cell(A, B, bias) if bias is not None else cell(A, B)
+        tag_device(res, like=(A,))
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
+
+
+class MatMul8bitLt(_Function):
+    """LLM.int8() matmul ``A @ B.T + bias`` (upstream ``MatMul8bitLt``): int8 GEMM of row-wise quantized
+    A and W, outlier columns (``state.threshold > 0``) in float32. Backward: see :func:`_backward`."""
+
+    _forward = staticmethod(_int8_forward)
+
+
+class MatMul8bitFp(_Function):
+    """``A @ dequant(quant(B)).T + bias`` in float (upstream ``MatMul8bitFp``, its CPU training path)."""
+
+    _forward = staticmethod(_fp_forward)
+
+
+def matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, state: Optional[MatmulLtState] = None,
+           threshold: float = 0.0, bias: Optional[Tensor] = None) -> Tensor:
+    """``A @ B.T (+ bias)`` through LLM.int8() (upstream ``bitsandbytes.matmul``).
+
+    Args:
+        A: activations [..., K] (float16/bfloat16/float32).
+        B: weight [N, K], float (quantized on the fly) or int8 with ``state.SCB``/``state.CB`` set.
+        out: optional tensor that receives the result.
+        state: :class:`MatmulLtState` (a fresh one when None); it caches CB/SCB between calls.
+        threshold: outlier threshold; > 0 sets ``state.threshold``.
+        bias: optional [N].
+
+    As upstream on CPU, ``state.is_training`` selects :class:`MatMul8bitFp` (dequantized float matmul);
+    otherwise :class:`MatMul8bitLt` (int8 GEMM).
+
+    Raises:
+        ValueError: A not a float tensor, B not 2-D, inner dimensions differ.
+    """
+    fn = "matmul"
+    F._check_dtype(A, F.FLOAT_DTYPES, fn, "A")
+    F._check_dtype(B, F.FLOAT_DTYPES + (ms.int8,), fn, "B")
+    if B.ndim != 2:
+        raise ValueError(f"{fn}: `B` must be 2-D [N, K]; got shape {tuple(B.shape)}")
+    # An int8 B with state.CB set is a stand-in for the quantized weight (upstream passes CB or CB.t());
+    # the weight used is state.CB [N, K].
+    W = state.CB if (state is not None and B.dtype == ms.int8 and state.CB is not None) else B
+    if A.ndim < 1 or A.shape[-1] != W.shape[1]:
+        raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(A.shape)} @ `B`.T {tuple(W.shape)}")
+    if bias is not None:
+        F._check_dtype(bias, F.FLOAT_DTYPES, fn, "bias")
+    state = state or MatmulLtState()
+    if threshold > 0.0:
+        state.threshold = threshold
+    if state.is_training:
+        return MatMul8bitFp.apply(A, B, out, bias, state)
+    return MatMul8bitLt.apply(A, B, out, bias, state)

@@ -11,13 +11,17 @@ from typing import List, Optional
 import numpy as np
 
 
+import mindspore as ms
+
+_ITEMSIZE = {ms.float32: 4, ms.float16: 2, ms.bfloat16: 2, ms.float64: 8, ms.int8: 1, ms.uint8: 1, ms.int16: 2,
+             ms.int32: 4, ms.int64: 8, ms.bool_: 1}
+
+
 def _nbytes(t) -> int:
+    """Bytes of a tensor's elements (mindtorch's ``nbytes`` fails for int8)."""
     if t is None:
         return 0
-    try:
-        return int(t.nbytes)
-    except Exception:  # pragma: no cover
-        return int(np.prod(t.shape)) * t.itemsize
+    return int(np.prod(t.shape)) * _ITEMSIZE[t.dtype]
 
 
 def quant_state_bytes(qs) -> int:

@@ -26,3 +26,18 @@ registry.register_value(
     why="transformers decides once, when it is imported, whether a `bitsandbytes` package exists; mindnlp imports "
         "transformers before the user can call register(), so the alias arrives too late for that check. Only "
         "applied when transformers is already imported (otherwise the alias alone makes the check pass).")
+
+
+
+
+@registry.register(
+    "mindtorch-element-size-8bit", "mindtorch._tensor", "Tensor.element_size",
+    why="mindtorch's Tensor.element_size() (and so nbytes, and save_pretrained, which sizes every tensor's "
+        "storage) raises KeyError for int8 and uint8 tensors: its size table lacks them. Quantized checkpoints "
+        "are made of exactly those (int8 weights, uint8 4-bit codes and packed quant_state), so saving failed.")
+def _element_size_8bit(wrapped, instance, args, kwargs):
+    import mindspore as ms
+
+    if instance.dtype in (ms.int8, ms.uint8):
+        return 1
+    return wrapped(*args, **kwargs)

@@ -130,6 +130,7 @@ def _convert(model, make_layer, modules_to_not_convert, converted, skipped, prog
     for name in _progress(names, progress, desc):
         old = model.get_submodule(name)
         new = make_layer(old)
+        new.train(old.training)  # a layer built now is in training mode; keep the model's mode
         _set_submodule(model, name, new)
         del old
         if converted is not None:
@@ -228,6 +229,7 @@ def dequantize(model, dtype=None, progress: bool = True):
         new.weight = torch.nn.Parameter(w.astype(dtype), requires_grad=False)
         if old.bias is not None:
             new.bias = torch.nn.Parameter(old.bias.data, requires_grad=False)
+        new.train(old.training)
         _set_submodule(model, name, new)
     return model
 

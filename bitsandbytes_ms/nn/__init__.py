@@ -2,3 +2,6 @@
 
 # ---- 4-bit ----
 from .modules import Linear4bit, LinearFP4, LinearNF4, Params4bit  # noqa: E402,F401
+
+# ---- int8 ----
+from .modules import Int8Params, Linear8bitLt  # noqa: E402,F401
