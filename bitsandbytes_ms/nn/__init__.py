@@ -2,3 +2,11 @@
 
 # ---- 4-bit ----
 from .modules import Linear4bit, LinearFP4, LinearNF4, Params4bit  # noqa: E402,F401
+
+# ---- embeddings ----
+from .modules import (  # noqa: E402,F401
+    Embedding, Embedding4bit, Embedding8bit, EmbeddingFP4, EmbeddingNF4, StableEmbedding,
+)
+
+# ---- weight-only int8/int4 ----
+from .modules import LinearWeightOnly  # noqa: E402,F401
