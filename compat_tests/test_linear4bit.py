@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import bitsandbytes_ms as bnb  # PORT: was `import bitsandbytes as bnb`
+import bitsandbytes_ms.nn  # noqa: F401  PORT: make `bnb.nn` resolve
 from helpers import (  # PORT: was `from tests.helpers import`; is_supported_on_hpu is defined below
     TRUE_FALSE,
     describe_dtype,
