@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import importlib.metadata
 import math
 import platform
@@ -110,22 +111,36 @@ def quantize_job(args) -> int:
     if args.max_new_tokens < 1:
         raise CliError("--max-new-tokens must be at least 1")
 
+    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")  # mindnlp imports diffusers, which logs a banner
     with tqdm(total=2, desc="loading", unit="step", leave=False) as bar:
         import mindnlp  # noqa: F401  (torch -> mindtorch, transformers on MindSpore)
         import transformers
+
+        import bitsandbytes_ms
+
+        bitsandbytes_ms.register()  # transformers' bitsandbytes code (save/load of the result) runs on us
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         transformers.logging.set_verbosity_error()
         bar.update(1)
+        from transformers import AutoConfig
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        try:
+            config = AutoConfig.from_pretrained(str(model_dir))
+        except Exception as e:  # noqa: BLE001  (any failure here is a bad checkpoint, said in one line)
+            raise CliError(f"--model {model_dir}: cannot read its config.json ({_first_line(e)})") from e
+        if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            raise CliError(f"--model {model_dir}: not a causal language model checkpoint (model_type "
+                           f"{config.model_type!r}); pass a Llama/Qwen2/GPT-2-style causal LM")
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        except Exception as e:  # noqa: BLE001
+            raise CliError(f"--model {model_dir}: cannot load its tokenizer ({_first_line(e)})") from e
+        try:
             model = AutoModelForCausalLM.from_pretrained(str(model_dir))
-        except ValueError as e:
-            first = str(e).strip().splitlines()[0]
-            raise CliError(f"--model {model_dir}: not a causal language model checkpoint ({first[:160]})") from e
-        except OSError as e:
-            first = str(e).strip().splitlines()[0]
-            raise CliError(f"--model {model_dir}: cannot load it ({first[:160]})") from e
+        except Exception as e:  # noqa: BLE001
+            raise CliError(f"--model {model_dir}: cannot load the model weights ({_first_line(e)})") from e
         model.eval()
         bar.update(1)
 
@@ -175,12 +190,26 @@ def quantize_job(args) -> int:
     print(f"prompt            {args.prompt!r}")
     print(f"continuation      {text!r}")
     if args.save:
+        import torch
+        from transformers import BitsAndBytesConfig
+
         save_dir = Path(args.save)
         save_dir.mkdir(parents=True, exist_ok=True)
+        if args.mode == "int8":
+            model.config.quantization_config = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=args.threshold)
+        else:
+            model.config.quantization_config = BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type=args.mode, bnb_4bit_use_double_quant=args.double_quant,
+                bnb_4bit_compute_dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.compute_dtype])
         model.save_pretrained(str(save_dir), safe_serialization=True)
         tokenizer.save_pretrained(str(save_dir))
         print(f"saved             {save_dir}")
     return 0
+
+
+def _first_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return (lines[0] if lines else type(e).__name__)[:160]
 
 
 def _layer_params(module) -> int:

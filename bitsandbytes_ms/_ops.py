@@ -224,3 +224,41 @@ for _sfx, _dt in DTYPE_SUFFIX.items():
         bnb_args=("A", "row_stats", "col_stats", "out", "bias", "numRows", "numCols", "stream"),
         doc="out = float(A) * (row_stats[r] * col_stats[c]) * 6.200124e-05 (+ bias[c]), in the suffix's dtype",
     ))
+
+# ---- weight-only int8/int4 (W8A16/W4A16) ----
+# Per-output-channel symmetric absmax weights (ChatGLM's quantized-checkpoint scheme); see
+# csrc/cpu/weightonly.cpp. int4 rows are packed two signed nibbles per byte (k even: high nibble).
+def _wo_row_bytes(bits: int, K: int) -> int:
+    return K if bits == 8 else (K + 1) // 2
+
+
+for _sfx, _dt in DTYPE_SUFFIX.items():
+    for _bits in (8, 4):
+        _qdt = ms.int8 if _bits == 8 else ms.uint8
+        define(NativeOp(
+            name=f"cquantize_weight_only_int{_bits}_{_sfx}",
+            inputs=("W",),
+            outputs=("q", "scale"),
+            infer=(lambda b, qd: lambda s, d, st: (
+                ((s["W"][0], _wo_row_bytes(b, s["W"][-1])), qd),
+                ((s["W"][0],), ms.float32),
+            ))(_bits, _qdt),
+            doc=f"int{_bits} per-row absmax quantization of a [N, K] weight: scale = absmax/{127 if _bits == 8 else 7}, "
+                "q = round(W/scale)",
+        ))
+        define(NativeOp(
+            name=f"cdequantize_weight_only_int{_bits}_{_sfx}",
+            inputs=("q", "scale", "K"),
+            outputs=("out",),
+            static=("K",),
+            infer=(lambda dt: lambda s, d, st: (((s["scale"][0], int(st["K"])), dt),))(_dt),
+            doc="W'[n, k] = q[n, k] * scale[n] (fp32, rounded to the suffix's dtype)",
+        ))
+        define(NativeOp(
+            name=f"cgemm_weight_only_int{_bits}_{_sfx}",
+            inputs=("A", "q", "scale"),
+            outputs=("out",),
+            infer=(lambda dt: lambda s, d, st: ((tuple(s["A"][:-1]) + (s["scale"][0],), dt),))(_dt),
+            doc="out[..., n] = scale[n] * sum_k A[..., k] * q[n, k]: weight-only GEMM/GEMV that widens the "
+                "int weight in registers (fp32 accumulation in 16 fixed lanes)",
+        ))

@@ -335,3 +335,50 @@ def int8_mm_dequant(A: np.ndarray, row_stats: np.ndarray, col_stats: np.ndarray,
     if bias is not None:
         v = (v + np.asarray(bias, np.float32).reshape(1, -1)).astype(np.float32)
     return cast_out(v, dtype).reshape(A.shape)
+
+# ---- weight-only int8/int4 (W8A16/W4A16) ----
+from typing import Tuple  # noqa: E402
+
+
+def quantize_weight_only(W: np.ndarray, bits: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Per-row symmetric absmax: scale = max|W[n]| / qmax (qmax 127 or 7, fp32), q = round-half-even(W / scale)
+    clamped (0 where scale == 0). int8 -> int8 [N, K]; int4 -> uint8 [N, (K+1)//2], two's-complement nibbles,
+    k even in the high nibble, odd K padded with 0."""
+    W = np.asarray(W, dtype=np.float32)
+    N, K = W.shape
+    qmax = np.float32(127.0 if bits == 8 else 7.0)
+    scale = (np.abs(W).max(axis=1) if K else np.zeros(N)).astype(np.float32) / qmax
+    scale = scale.astype(np.float32)
+    with np.errstate(all="ignore"):
+        q = np.where(scale[:, None] > 0, np.rint(W / scale[:, None]), 0.0)
+    q = np.clip(q, -qmax, qmax).astype(np.int8)
+    if bits == 8:
+        return q, scale
+    if K % 2:
+        q = np.concatenate([q, np.zeros((N, 1), np.int8)], axis=1)
+    u = q.view(np.uint8) & 0xF
+    return ((u[:, 0::2] << 4) | u[:, 1::2]).astype(np.uint8), scale
+
+
+def unpack_weight_only_int4(q: np.ndarray, K: int) -> np.ndarray:
+    """uint8 [N, (K+1)//2] -> int8 [N, K] (sign-extended nibbles)."""
+    q = np.asarray(q, dtype=np.uint8)
+    out = np.empty((q.shape[0], q.shape[1] * 2), np.int8)
+    out[:, 0::2] = q.view(np.int8) >> 4
+    out[:, 1::2] = (q << 4).view(np.int8) >> 4
+    return out[:, :K]
+
+
+def dequantize_weight_only(q: np.ndarray, scale: np.ndarray, K: int, bits: int, dtype: str = "float32") -> np.ndarray:
+    qi = np.asarray(q, np.int8) if bits == 8 else unpack_weight_only_int4(q, K)
+    return cast_out((qi.astype(np.float32) * np.asarray(scale, np.float32)[:, None]).astype(np.float32), dtype)
+
+
+def gemm_weight_only(A: np.ndarray, q: np.ndarray, scale: np.ndarray, bits: int, dtype: str = "float32") -> np.ndarray:
+    """out[..., n] = scale[n] * sum_k A[..., k] q[n, k], accumulated in float64, rounded to ``dtype``
+    (the kernel's 16-lane fp32 sum differs from this by rounding only)."""
+    A = np.asarray(A, dtype=np.float32)
+    K = A.shape[-1]
+    qi = np.asarray(q, np.int8) if bits == 8 else unpack_weight_only_int4(q, K)
+    out = (A.reshape(-1, K).astype(np.float64) @ qi.astype(np.float64).T) * np.asarray(scale, np.float64)[None, :]
+    return cast_out(out.astype(np.float32), dtype).reshape(A.shape[:-1] + (qi.shape[0],))

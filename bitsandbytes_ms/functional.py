@@ -1173,3 +1173,140 @@ def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Te
     extra = _tag(ms.ops.matmul(subA32, _tag(ms.ops.transpose(subB, (1, 0)), L)), L)
     out = _tag(ms.ops.cast(ms.ops.add(out, _tag(ms.ops.reshape(extra, out.shape), L)), A.dtype), L)
     return out, subA
+
+# ---- weight-only int8/int4 (W8A16/W4A16) ----
+#: Rows of activations up to which :func:`gemm_weight_only` runs the native streaming kernel; above it
+#: the weight is dequantized once (native) and multiplied with MindSpore's matmul.
+WEIGHT_ONLY_NATIVE_MAX_ROWS = 16
+
+
+def _check_bits(bits, fn: str) -> int:
+    if bits not in (8, 4) or isinstance(bits, bool):
+        raise ValueError(f"{fn}: `bits` must be 8 or 4; got {bits!r}")
+    return int(bits)
+
+
+def quantize_weight_only(W: Tensor, bits: int = 8) -> Tuple[Tensor, Tensor]:
+    """Per-output-channel symmetric weight quantization for weight-only linears (W8A16 / W4A16, the
+    scheme of ChatGLM-6B's quantized checkpoints).
+
+    ``scale[n] = max_k |W[n, k]| / qmax`` (qmax = 127 for int8, 7 for int4), ``q = round(W / scale)``
+    (half to even; 0 for an all-zero row). int4 values are packed two per byte, row by row: ``k`` even
+    in the high nibble, ``k+1`` in the low one, as two's-complement nibbles; odd K pads each row.
+
+    Args:
+        W: [N, K] float32/float16/bfloat16 weight (out_features, in_features); non-contiguous is copied.
+        bits: 8 or 4.
+
+    Returns:
+        (q, scale): q int8 [N, K] (bits=8) or uint8 [N, (K+1)//2] (bits=4); scale fp32 [N].
+
+    Raises:
+        ValueError: W not a 2-D float tensor, bits not 8/4.
+    """
+    fn = "quantize_weight_only"
+    _check_dtype(W, FLOAT_DTYPES, fn, "W")
+    bits = _check_bits(bits, fn)
+    if len(W.shape) != 2:
+        raise ValueError(f"{fn}: `W` must be 2-D [out_features, in_features]; got shape {tuple(W.shape)}")
+    N, K = (int(s) for s in W.shape)
+    if N * K == 0:
+        q = _empty_np((N, K if bits == 8 else (K + 1) // 2), ms.int8 if bits == 8 else ms.uint8)
+        return q, _empty_np((N,), ms.float32) if N == 0 else tag_device(Tensor(np.zeros(N, np.float32)))
+    return getattr(lib, f"cquantize_weight_only_int{bits}_{_SUFFIX[W.dtype]}")(_contiguous(W))
+
+
+def _check_weight_only(q: Tensor, scale: Tensor, K: int, bits: int, fn: str) -> None:
+    _check_dtype(q, (ms.int8,) if bits == 8 else (ms.uint8,), fn, "q")
+    _check_dtype(scale, (ms.float32,), fn, "scale")
+    N = _numel(scale)
+    width = K if bits == 8 else (K + 1) // 2
+    if len(q.shape) != 2 or tuple(q.shape) != (N, width):
+        raise ValueError(f"{fn}: `q` must have shape [{N}, {width}] for {N} output channels, K={K}, bits={bits}; "
+                         f"got {tuple(q.shape)}")
+
+
+def _scale_f32(scale: Tensor, fn: str) -> Tensor:
+    _check_tensor(scale, fn, "scale")
+    if scale.dtype in (ms.float16, ms.bfloat16):  # checkpoints (ChatGLM) store the scale in half precision
+        scale = scale.astype(ms.float32)
+        tag_device(scale)
+    return _contiguous(scale.reshape(-1))
+
+
+def dequantize_weight_only(q: Tensor, scale: Tensor, in_features: Optional[int] = None, bits: int = 8,
+                           dtype=ms.float32, out: Optional[Tensor] = None) -> Tensor:
+    """``W'[n, k] = q[n, k] * scale[n]`` (fp32, rounded to ``dtype``): inverse of :func:`quantize_weight_only`.
+
+    Args:
+        q, scale: from :func:`quantize_weight_only` (scale may be fp16/bf16; it is widened to fp32).
+        in_features: K (needed for int4 with odd K; default ``q.shape[1]`` (int8) or ``2*q.shape[1]`` (int4)).
+        bits: 8 or 4. dtype: result dtype (float32/float16/bfloat16). out: optional [N, K] tensor of ``dtype``.
+
+    Raises:
+        ValueError: wrong dtypes/shapes, bits not 8/4.
+    """
+    fn = "dequantize_weight_only"
+    bits = _check_bits(bits, fn)
+    _check_tensor(q, fn, "q")
+    scale = _scale_f32(scale, fn)
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{fn}: `dtype` must be float32, float16 or bfloat16; got {dtype}")
+    K = int(in_features) if in_features is not None else (int(q.shape[-1]) * (1 if bits == 8 else 2))
+    _check_weight_only(q, scale, K, bits, fn)
+    N = _numel(scale)
+    _check_out(out, (N, K), dtype, fn)
+    if N * K == 0:
+        return _write(out, _empty_np((N, K), dtype))
+    return _write(out, getattr(lib, f"cdequantize_weight_only_int{bits}_{_SUFFIX[dtype]}")(_contiguous(q), scale, K))
+
+
+def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: Optional[Tensor] = None,
+                     out: Optional[Tensor] = None) -> Tensor:
+    """Weight-only linear ``A @ (q * scale[:, None]).T (+ bias)`` in A's dtype (W8A16 / W4A16).
+
+    Up to :data:`WEIGHT_ONLY_NATIVE_MAX_ROWS` rows of ``A`` the native kernel streams the int weight once,
+    widens it in registers and accumulates in fp32 (``scale`` applied to each dot product); more rows
+    dequantize the weight to fp32 (native) and use MindSpore's matmul (fp32), then round to A's dtype.
+
+    Args:
+        A: [..., K] float32/float16/bfloat16 activations.
+        q, scale: from :func:`quantize_weight_only` ([N, K] int8 or [N, (K+1)//2] uint8; [N] scale).
+        bits: 8 or 4. bias: optional [N] (added in fp32). out: optional [..., N] tensor of A's dtype.
+
+    Raises:
+        ValueError: wrong dtypes/shapes, bits not 8/4.
+    """
+    fn = "gemm_weight_only"
+    bits = _check_bits(bits, fn)
+    _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    _check_tensor(q, fn, "q")
+    scale = _scale_f32(scale, fn)
+    if len(A.shape) == 0:
+        raise ValueError(f"{fn}: `A` must have at least one dimension")
+    K = int(A.shape[-1])
+    _check_weight_only(q, scale, K, bits, fn)
+    tag_device([t for t in (A, q, scale, bias) if t is not None])  # tensors made before mindtorch was imported
+    N = _numel(scale)
+    if bias is not None:
+        _check_tensor(bias, fn, "bias")
+        if _numel(bias) != N:
+            raise ValueError(f"{fn}: `bias` must have {N} elements; got {_numel(bias)}")
+    out_shape = tuple(A.shape[:-1]) + (N,)
+    _check_out(out, out_shape, A.dtype, fn)
+    rows = _numel(A) // K if K else int(math.prod(A.shape[:-1]))
+    if rows * N == 0:
+        return _write(out, _empty_np(out_shape, A.dtype))
+    if rows <= WEIGHT_ONLY_NATIVE_MAX_ROWS or K == 0:
+        res = getattr(lib, f"cgemm_weight_only_int{bits}_{_SUFFIX[A.dtype]}")(_contiguous(A), _contiguous(q), scale)
+        if bias is not None:
+            res = (res.astype(ms.float32) + bias.reshape(-1).astype(ms.float32)).astype(A.dtype)
+    else:
+        W = getattr(lib, f"cdequantize_weight_only_int{bits}_fp32")(_contiguous(q), scale, K)
+        res = ms.ops.matmul(A.reshape(rows, K).astype(ms.float32), W.T)
+        tag_device(res, like=(A,))  # MindSpore ops return untagged tensors; mindtorch operators need the tag
+        if bias is not None:
+            res = res + bias.reshape(-1).astype(ms.float32)
+        res = res.reshape(out_shape).astype(A.dtype)
+    tag_device(res, like=(A,))
+    return _write(out, res)

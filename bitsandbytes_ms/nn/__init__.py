@@ -5,3 +5,11 @@ from .modules import Linear4bit, LinearFP4, LinearNF4, Params4bit  # noqa: E402,
 
 # ---- int8 ----
 from .modules import Int8Params, Linear8bitLt  # noqa: E402,F401
+
+# ---- embeddings ----
+from .modules import (  # noqa: E402,F401
+    Embedding, Embedding4bit, Embedding8bit, EmbeddingFP4, EmbeddingNF4, StableEmbedding,
+)
+
+# ---- weight-only int8/int4 ----
+from .modules import LinearWeightOnly  # noqa: E402,F401

@@ -460,3 +460,316 @@ class Linear8bitLt(torch.nn.Linear):
 
 def _np_scalar(t):
     return t.asnumpy().reshape(-1)[0] if hasattr(t, "asnumpy") else t
+
+# ---- embeddings (Embedding, StableEmbedding, Embedding8bit, Embedding4bit, EmbeddingFP4, EmbeddingNF4) ----
+import numpy as _np  # noqa: E402
+from mindspore import ops as _msops  # noqa: E402
+
+from ..cextension import tag_device as _tag_device  # noqa: E402
+from ..optim import GlobalOptimManager as _GlobalOptimManager  # noqa: E402
+
+
+def _xavier_uniform_fill(weight, padding_idx) -> None:
+    """Xavier/Glorot uniform init of a [num_embeddings, embedding_dim] weight (fan_in = dim, fan_out = num,
+    bound = sqrt(6 / (fan_in + fan_out)), as torch.nn.init.xavier_uniform_), padding row zeroed.
+    mindtorch 0.5.1 has no torch.nn.init functions, so the values come from numpy's global generator."""
+    num, dim = int(weight.shape[0]), int(weight.shape[1])
+    bound = (6.0 / max(1, num + dim)) ** 0.5
+    arr = _np.random.uniform(-bound, bound, size=(num, dim)).astype(_np.float32)
+    if padding_idx is not None:
+        arr[padding_idx] = 0.0
+    new = torch.tensor(arr)
+    if weight.dtype != _ms.float32:
+        new = new.to(weight.dtype)
+    weight.data = new
+
+
+def _zero_padding_row(weight, padding_idx) -> None:
+    if padding_idx is None:
+        return
+    arr = weight.data.astype(_ms.float32).asnumpy().copy()
+    arr[padding_idx] = 0.0
+    new = torch.tensor(arr)
+    weight.data = new.to(weight.dtype) if weight.dtype != _ms.float32 else new
+
+
+class Embedding(torch.nn.Embedding):
+    """``torch.nn.Embedding`` whose weight always gets 32-bit optimizer state (upstream ``bnb.nn.Embedding``):
+    the constructor registers ``{"optim_bits": 32}`` for ``weight`` with :class:`GlobalOptimManager`;
+    parameters are initialised Xavier-uniform (padding row zero)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: _Optional[int] = None,
+                 max_norm: _Optional[float] = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+                 sparse: bool = False, _weight=None, device=None) -> None:
+        super().__init__(num_embeddings, embedding_dim, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse,
+                         _weight, device=device)
+        _GlobalOptimManager.get_instance().register_module_override(self, "weight", {"optim_bits": 32})
+
+    def reset_parameters(self) -> None:
+        _xavier_uniform_fill(self.weight, self.padding_idx)
+
+    def _fill_padding_idx_with_zero(self) -> None:
+        _zero_padding_row(self.weight, self.padding_idx)
+
+    def forward(self, input):
+        return torch.nn.functional.embedding(input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
+                                             self.scale_grad_by_freq, self.sparse)
+
+
+class StableEmbedding(torch.nn.Embedding):
+    """Embedding + LayerNorm with 32-bit optimizer state (upstream ``bnb.nn.StableEmbedding``, from
+    "8-bit Optimizers via Block-wise Quantization", arXiv 2110.02861): Xavier-uniform init, the
+    embedding output goes through ``self.norm`` (a ``LayerNorm(embedding_dim)``) in float32 and is
+    returned in the weight's dtype; ``weight`` is registered with :class:`GlobalOptimManager` for
+    ``{"optim_bits": 32}``."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: _Optional[int] = None,
+                 max_norm: _Optional[float] = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+                 sparse: bool = False, _weight=None, device=None, dtype=None) -> None:
+        super().__init__(num_embeddings, embedding_dim, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse,
+                         _weight, device=device, dtype=dtype)
+        self.norm = torch.nn.LayerNorm(embedding_dim, device=device)
+        _GlobalOptimManager.get_instance().register_module_override(self, "weight", {"optim_bits": 32})
+
+    def reset_parameters(self) -> None:
+        _xavier_uniform_fill(self.weight, self.padding_idx)
+
+    def _fill_padding_idx_with_zero(self) -> None:
+        _zero_padding_row(self.weight, self.padding_idx)
+
+    def forward(self, input):
+        emb = torch.nn.functional.embedding(input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
+                                            self.scale_grad_by_freq, self.sparse)
+        emb = emb.to(torch.float32)  # layer norm always in full precision, as upstream
+        return self.norm(emb).to(self.weight.dtype)
+
+
+def _gather_rows(table, input):
+    """table[input] for an integer index tensor of any shape -> [*input.shape, *table.shape[1:]]."""
+    _tag_device((input, table), like=(input,))
+    idx = input.reshape(-1).astype(_ms.int64)
+    _tag_device(idx, like=(input,))
+    res = _msops.gather(table, idx, 0)
+    _tag_device(res, like=(input,))
+    res = res.reshape(tuple(input.shape) + tuple(table.shape[1:]))
+    _tag_device(res, like=(input,))
+    return res
+
+
+class _RowInt8Params(torch.nn.Parameter):
+    """Weight of :class:`Embedding8bit`: full precision until ``.to(device)`` / ``.quantize()``, then int8
+    rows ``[num, dim]`` with the fp32 row absmax in ``SCB`` (upstream's Int8Params with
+    ``has_fp16_weights=False``: ``CB = round(W * 127 / absmax_row)``)."""
+
+    def __init__(self, data=None, requires_grad: bool = False, SCB=None, **kwargs):
+        if data is None:
+            data = torch.empty(0)
+        super().__init__(data, requires_grad)
+        self.SCB = SCB
+
+    def quantize(self):
+        if self.dtype == _ms.int8:
+            return self
+        q, scale = _F.quantize_weight_only(self.data, bits=8)
+        self.data = q
+        self.SCB = scale * 127.0  # upstream keeps the absmax itself; scale = absmax / 127
+        _tag_device(self.SCB)
+        return self
+
+    def to(self, *args, **kwargs):
+        device = kwargs.get("device", args[0] if args and isinstance(args[0], (str, getattr(torch, "device", str)))
+                            else None)
+        if device is not None and str(device) != "meta":
+            return self.quantize()
+        return self
+
+
+class Embedding8bit(torch.nn.Embedding):
+    """Int8 embedding (upstream ``bnb.nn.Embedding8bit``, LLM.int8()-style row quantization): rows are
+    stored as int8 with one fp32 absmax per row (``weight.SCB``), quantized on ``.to(device)``; the
+    output is ``int8_row * absmax / 127`` in the original dtype. Saving raises NotImplementedError, as upstream."""
+
+    def __init__(self, num_embeddings, embedding_dim, device=None, dtype=None):
+        super().__init__(num_embeddings, embedding_dim, device=device, dtype=dtype)
+        self.dtype = self.weight.data.dtype
+        self.weight = _RowInt8Params(self.weight.data, requires_grad=False)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        raise NotImplementedError("Saving Embedding8bit module is not implemented")
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        key = prefix + "weight"
+        if key in state_dict:
+            w = state_dict[key]
+            if tuple(w.shape) != (self.num_embeddings, self.embedding_dim):
+                error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(w.shape)}, "
+                                  f"expected {(self.num_embeddings, self.embedding_dim)}")
+                return
+            self.weight = _RowInt8Params(torch.Tensor(w).to(self.dtype), requires_grad=False)
+        elif strict:
+            missing_keys.append(key)
+        for k in state_dict:
+            if k.startswith(prefix) and k != key and strict:
+                unexpected_keys.append(k)
+
+    def forward(self, input):
+        if getattr(self.weight, "SCB", None) is None:
+            raise RuntimeError("Embedding layer is not quantized. Please call .cuda() or .to(device) first.")
+        rows = _gather_rows(self.weight.data, input).astype(_ms.float32)
+        stats = _gather_rows(self.weight.SCB.reshape(-1, 1), input).astype(_ms.float32)
+        out = (rows * (stats / 127.0)).astype(self.dtype)
+        _tag_device(out, like=(input,))
+        return out
+
+
+class Embedding4bit(torch.nn.Embedding):
+    """4-bit (NF4/FP4) embedding (upstream ``bnb.nn.Embedding4bit``; QLoRA, arXiv 2305.14314): the weight is
+    a :class:`Params4bit` (blocksize 64, no double quantization) quantized on ``.to(device)``. When
+    ``embedding_dim`` is a multiple of the blocksize, only the looked-up rows (their packed bytes and absmax)
+    are dequantized; otherwise the whole table is (with a warning at construction, as upstream).
+    Saving raises NotImplementedError, as upstream."""
+
+    def __init__(self, num_embeddings, embedding_dim, dtype=None, quant_type="fp4", quant_storage=_ms.uint8,
+                 device=None):
+        super().__init__(num_embeddings, embedding_dim, device=device, dtype=dtype)
+        self.dtype = self.weight.data.dtype
+        self.quant_state = None
+        self.weight = Params4bit(self.weight.data, requires_grad=False, compress_statistics=None,
+                                 quant_type=quant_type, quant_storage=quant_storage, module=self)
+        if embedding_dim % self.weight.blocksize != 0:
+            _logger.warning(f"Embedding size {embedding_dim} is not divisible by block size {self.weight.blocksize}. "
+                            "This will lead to slow inference.")
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        raise NotImplementedError("Saving Embedding4bit module is not implemented")
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        key = prefix + "weight"
+        if key in state_dict:
+            w = state_dict[key]
+            if tuple(w.shape) != (self.num_embeddings, self.embedding_dim):
+                error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(w.shape)}, "
+                                  f"expected {(self.num_embeddings, self.embedding_dim)}")
+                return
+            old = self.weight
+            self.weight = Params4bit(torch.Tensor(w).to(self.dtype), requires_grad=False,
+                                     blocksize=old.blocksize, compress_statistics=old.compress_statistics,
+                                     quant_type=old.quant_type, quant_storage=old.quant_storage, module=self)
+            self.quant_state = None
+        elif strict:
+            missing_keys.append(key)
+
+    def _forward_with_partial_dequantize(self, input):
+        qs = self.weight.quant_state
+        bs = qs.blocksize
+        raw = _F._as_uint8(self.weight.data).reshape(self.num_embeddings, self.embedding_dim // 2)
+        rows = _gather_rows(raw, input).reshape(-1, 1)
+        absmax = _F._absmax_4bit(qs).reshape(self.num_embeddings, self.embedding_dim // bs)
+        amax = _gather_rows(absmax, input).reshape(-1)
+        state = _F.QuantState(absmax=amax, shape=tuple(input.shape) + (self.embedding_dim,), dtype=qs.dtype,
+                              blocksize=bs, code=qs.code, quant_type=qs.quant_type)
+        out = _F.dequantize_4bit(rows, state)
+        return out.to(self.dtype)
+
+    def forward(self, input):
+        if not self.weight.bnb_quantized:
+            self.weight.quantize()
+        fix_4bit_weight_quant_state_from_module(self)
+        if self.embedding_dim % self.weight.quant_state.blocksize == 0:
+            return self._forward_with_partial_dequantize(input)
+        W = _F.dequantize_4bit(self.weight.data, self.weight.quant_state)
+        out = _gather_rows(W, input)
+        return out.to(self.dtype)
+
+
+class EmbeddingFP4(Embedding4bit):
+    """:class:`Embedding4bit` with ``quant_type="fp4"``."""
+
+    def __init__(self, num_embeddings, embedding_dim, dtype=None, quant_storage=_ms.uint8, device=None):
+        super().__init__(num_embeddings, embedding_dim, dtype=dtype, quant_type="fp4", quant_storage=quant_storage,
+                         device=device)
+
+
+class EmbeddingNF4(Embedding4bit):
+    """:class:`Embedding4bit` with ``quant_type="nf4"``."""
+
+    def __init__(self, num_embeddings, embedding_dim, dtype=None, quant_storage=_ms.uint8, device=None):
+        super().__init__(num_embeddings, embedding_dim, dtype=dtype, quant_type="nf4", quant_storage=quant_storage,
+                         device=device)
+
+
+# ---- weight-only int8/int4 linear (LinearWeightOnly) ----
+class LinearWeightOnly(torch.nn.Linear):
+    """Weight-only quantized linear (W8A16 / W4A16; ChatGLM-6B's quantized-checkpoint scheme): the weight
+    is stored as int8 ``[out, in]`` (``bits=8``) or packed int4 ``[out, (in+1)//2]`` (``bits=4``) with one
+    fp32 scale per output channel (``weight_scale``), and dequantized on the fly in the activation's dtype
+    (:func:`bitsandbytes_ms.functional.gemm_weight_only`). Quantization happens on ``.to(device)``/``.cpu()``,
+    :meth:`quantize`, loading a float ``weight`` followed by one of those, or the first forward.
+    ``state_dict`` holds ``weight`` (int) and ``weight_scale``; loading them restores the layer exactly.
+    Inference only (no gradient w.r.t. the input through the packed weight)."""
+
+    def __init__(self, input_features: int, output_features: int, bias: bool = True, bits: int = 8, device=None,
+                 dtype=None):
+        if bits not in (8, 4):
+            raise ValueError(f"LinearWeightOnly: `bits` must be 8 or 4; got {bits!r}")
+        super().__init__(input_features, output_features, bias, device=device, dtype=dtype)
+        self.bits = bits
+        self.weight_scale = None
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.weight_scale is not None
+
+    def quantize(self):
+        if not self.is_quantized:
+            q, scale = _F.quantize_weight_only(self.weight.data, self.bits)
+            self.weight = torch.nn.Parameter(q, requires_grad=False)
+            self.weight_scale = scale
+        return self
+
+    def to(self, *args, **kwargs):
+        res = super().to(*args, **kwargs)
+        device = kwargs.get("device", args[0] if args and isinstance(args[0], (str, getattr(torch, "device", str)))
+                            else None)
+        if device is not None and str(device) != "meta":
+            self.quantize()
+        return res
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.weight_scale is not None:
+            destination[prefix + "weight_scale"] = self.weight_scale
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        wkey, skey = prefix + "weight", prefix + "weight_scale"
+        if skey in state_dict and wkey in state_dict:
+            q = torch.Tensor(state_dict[wkey])
+            self.weight = torch.nn.Parameter(q, requires_grad=False)
+            self.weight_scale = torch.Tensor(state_dict[skey])
+            rest = {k: v for k, v in state_dict.items() if k not in (wkey, skey)}
+            super()._load_from_state_dict(rest, prefix, local_metadata, False, missing_keys, unexpected_keys,
+                                          error_msgs)
+            if strict and self.bias is not None and prefix + "bias" not in state_dict:
+                missing_keys.append(prefix + "bias")
+            return
+        if wkey in state_dict and self.is_quantized:  # a float checkpoint into a quantized layer: re-quantize
+            self.weight = torch.nn.Parameter(torch.Tensor(state_dict[wkey]))
+            self.weight_scale = None
+            rest = {k: v for k, v in state_dict.items() if k != wkey}
+            super()._load_from_state_dict(rest, prefix, local_metadata, False, missing_keys, unexpected_keys,
+                                          error_msgs)
+            return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def forward(self, x):
+        self.quantize()
+        bias = self.bias
+        return _F.gemm_weight_only(x, self.weight.data, self.weight_scale, bits=self.bits,
+                                   bias=None if bias is None else bias.data)

@@ -1,0 +1,124 @@
+"""Upstream's ``torch.ops.bitsandbytes.<op>`` operators (bitsandbytes 0.50 ``_ops.py`` schemas), as plain
+callables over :mod:`bitsandbytes_ms.functional`.
+
+Upstream registers its kernels as torch custom ops and code such as its test-suite or Hugging Face
+integrations calls them directly, e.g. ``torch.ops.bitsandbytes.quantize_4bit(A, blocksize, quant_type,
+quant_storage) -> (packed, absmax)``. MindSpore has no torch op registry, so the same signatures live in
+the namespace :data:`bitsandbytes` here (``from bitsandbytes_ms.torch_ops import bitsandbytes as ops``;
+``ops.quantize_4bit(...)`` and ``ops.quantize_4bit.default(...)`` both work, as on a torch ``OpOverloadPacket``).
+
+Only the blockwise 8-bit and 4-bit operators are defined in this file; each returns plain tensors (no
+QuantState), in the dtypes/shapes of upstream's schema.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import mindspore as ms
+from mindspore import Tensor
+
+from . import functional as F
+
+
+class _Op:
+    """A callable with a ``.default`` overload (and ``.out`` where upstream has one), like torch's OpOverloadPacket."""
+
+    def __init__(self, fn, name: str):
+        self._fn = fn
+        self.default = fn
+        self.__name__ = name
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, *args, **kwargs):
+        return self._fn(*args, **kwargs)
+
+    def __repr__(self):
+        return f"bitsandbytes_ms.torch_ops.bitsandbytes.{self.__name__}"
+
+
+class _Namespace:
+    def __repr__(self):
+        return "bitsandbytes_ms.torch_ops.bitsandbytes"
+
+
+#: The ``torch.ops.bitsandbytes`` namespace.
+bitsandbytes = _Namespace()
+
+
+def _register(name: str):
+    def deco(fn):
+        setattr(bitsandbytes, name, _Op(fn, name))
+        return fn
+    return deco
+
+
+# ---- blockwise 8-bit ----
+@_register("quantize_blockwise")
+def quantize_blockwise(A: Tensor, code: Tensor, blocksize: int) -> Tuple[Tensor, Tensor]:
+    """``quantize_blockwise(Tensor A, Tensor code, int blocksize) -> (Tensor uint8 [A.shape], Tensor fp32 absmax)``."""
+    out, state = F.quantize_blockwise(A, code=code, blocksize=blocksize)
+    return out, state.absmax
+
+
+@_register("dequantize_blockwise")
+def dequantize_blockwise(A: Tensor, absmax: Tensor, code: Tensor, blocksize: int, dtype) -> Tensor:
+    """``dequantize_blockwise(Tensor A, Tensor absmax, Tensor code, int blocksize, ScalarType dtype) -> Tensor``."""
+    state = F.QuantState(absmax=absmax, code=code, blocksize=blocksize, dtype=dtype, shape=A.shape)
+    return F.dequantize_blockwise(A, state)
+
+
+# ---- 4-bit ----
+@_register("quantize_4bit")
+def quantize_4bit(A: Tensor, blocksize: int, quant_type: str, quant_storage=ms.uint8) -> Tuple[Tensor, Tensor]:
+    """``quantize_4bit(Tensor A, int blocksize, str quant_type, ScalarType quant_storage) -> (packed, fp32 absmax)``;
+    packed is ``[(n+1)//2 / itemsize(quant_storage), 1]``."""
+    packed, state = F.quantize_4bit(A, blocksize=blocksize, quant_type=quant_type, quant_storage=quant_storage)
+    return packed, state.absmax
+
+
+@_register("dequantize_4bit")
+def dequantize_4bit(A: Tensor, absmax: Tensor, blocksize: int, quant_type: str, shape: Sequence[int], dtype) -> Tensor:
+    """``dequantize_4bit(Tensor A, Tensor absmax, int blocksize, str quant_type, int[] shape, ScalarType dtype)``."""
+    state = F.QuantState(absmax=absmax, shape=tuple(int(s) for s in shape), dtype=dtype, blocksize=blocksize,
+                         quant_type=quant_type, code=F.get_4bit_type(quant_type))
+    res = F.dequantize_4bit(A.reshape(-1, 1), state)
+    return res
+
+
+@_register("gemv_4bit")
+def gemv_4bit(A: Tensor, B: Tensor, shapeB: Sequence[int], absmax: Tensor, code: Tensor, blocksize: int) -> Tensor:
+    """``gemv_4bit(Tensor A, Tensor B, int[] shapeB, Tensor absmax, Tensor code, int blocksize) -> Tensor``:
+    ``A[..., K] @ W[N, K]^T`` with W packed in ``B``."""
+    state = F.QuantState(absmax=absmax, shape=tuple(int(s) for s in shapeB), dtype=A.dtype, blocksize=blocksize,
+                         code=code, quant_type=None)
+    return F.gemv_4bit(A, B, state=state)
+
+
+@_register("gemm_4bit")
+def gemm_4bit(A: Tensor, B: Tensor, shapeB: Sequence[int], absmax: Tensor, blocksize: int, quant_type: str,
+              bias: Optional[Tensor] = None, absmax_8bit: Optional[Tensor] = None, absmax_code: Optional[Tensor] = None,
+              absmax_offset=None) -> Tensor:
+    """``gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None,
+    absmax_offset=None) -> Tensor``: ``A[..., K] @ W[N, K]^T + bias``.
+
+    With double quantization, ``absmax`` is the nested (fp32) absmax, ``absmax_8bit`` the uint8 codes,
+    ``absmax_code`` their 256-entry code and ``absmax_offset`` the offset (any float dtype, read as fp32);
+    the nested blocksize is 256, as upstream's quantize_4bit produces.
+    """
+    from .autograd._functions import matmul_4bit
+
+    code = F.get_4bit_type(quant_type)
+    shape = tuple(int(s) for s in shapeB)
+    if absmax_8bit is not None:
+        if absmax_code is None or absmax_offset is None:
+            raise ValueError("gemm_4bit: `absmax_code` and `absmax_offset` are required with `absmax_8bit`")
+        offset = absmax_offset if isinstance(absmax_offset, Tensor) else Tensor(float(absmax_offset), ms.float32)
+        offset = offset.astype(ms.float32)
+        state2 = F.QuantState(absmax=absmax, code=absmax_code, blocksize=256, dtype=ms.float32)
+        state = F.QuantState(absmax=absmax_8bit, shape=shape, dtype=A.dtype, blocksize=blocksize, code=code,
+                             quant_type=quant_type, offset=offset, state2=state2)
+    else:
+        state = F.QuantState(absmax=absmax, shape=shape, dtype=A.dtype, blocksize=blocksize, code=code,
+                             quant_type=quant_type)
+    return matmul_4bit(A, B, state, bias=bias)
