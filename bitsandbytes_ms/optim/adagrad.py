@@ -35,6 +35,8 @@ class Adagrad8bit(Optimizer1State):
             raise ValueError("Initial accumulator value != 0.0 not supported!")
         if lr_decay != 0.0:
             raise ValueError("Lr Decay != 0.0 not supported!")
+        if optim_bits != 8:
+            raise ValueError(f"Adagrad8bit: `optim_bits` must be 8; got {optim_bits}")
         super().__init__("adagrad", params, lr, (0.0, 0.0), eps, weight_decay, 8, args, min_8bit_size)
 
 class Adagrad32bit(Optimizer1State):

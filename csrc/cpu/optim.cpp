@@ -21,6 +21,8 @@
 // In place: p, state1, state2, absmax1, absmax2 (and unorm_vec) are updated in the caller's input
 // buffers, as the bitsandbytes C functions do. MindSpore hands an AOT kernel the input tensors'
 // real device (host) buffers, so the only declared output is a 1-element int32 status.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -42,9 +44,10 @@ constexpr int kLutN = 65536;
 enum Opt { ADAM, MOMENTUM, RMSPROP, LION, ADAGRAD, ADEMAMIX };
 
 // ---- quantization table (same construction as blockwise.cpp) ---------------------------------
+// The table is padded by 4 bytes so a 32-bit gather at the last index stays inside it.
 struct OptLut {
   float code[kCodeN];
-  uint8_t table[kLutN];
+  alignas(64) uint8_t table[kLutN + 4];
 };
 
 void build_opt_lut(const float *code, OptLut *lut) {
@@ -57,6 +60,7 @@ void build_opt_lut(const float *code, OptLut *lut) {
     while (c < kCodeN - 1 && mid[c] < v) ++c;
     lut->table[i] = (uint8_t)c;
   }
+  std::memset(lut->table + kLutN, 0, 4);
 }
 
 const OptLut *opt_lut(const float *code) {
@@ -270,14 +274,136 @@ BNB_MS_INLINE void blocks8_generic(const K &k, const T *g, T *p, const State8 &s
     if (two_state(O)) requant_block(st.l2, v, len, st.s2 + s, st.a2 + b);
   }
 }
+// ---- AVX2 (8 lanes; F16C for fp16, shifts for bf16) ----------------------------------------------
+namespace avx2 {
+#define SIMD_TARGET BNB_MS_TARGET_AVX2
+using F = __m256;
+constexpr int W = 8;
+SIMD_TARGET BNB_MS_INLINE F set1(float x) { return _mm256_set1_ps(x); }
+SIMD_TARGET BNB_MS_INLINE F vadd(F a, F b) { return _mm256_add_ps(a, b); }
+SIMD_TARGET BNB_MS_INLINE F vmul(F a, F b) { return _mm256_mul_ps(a, b); }
+SIMD_TARGET BNB_MS_INLINE F vdiv(F a, F b) { return _mm256_div_ps(a, b); }
+SIMD_TARGET BNB_MS_INLINE F vsqrt(F a) { return _mm256_sqrt_ps(a); }
+SIMD_TARGET BNB_MS_INLINE F vabs(F a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+// max(a, b) returns b when a is NaN, as std::max(b, a) does in the scalar absmax loop
+SIMD_TARGET BNB_MS_INLINE F vmax(F a, F b) { return _mm256_max_ps(a, b); }
+SIMD_TARGET BNB_MS_INLINE F vsign(F u) {  // 1, -1 or 0 (also for NaN)
+  const F z = _mm256_setzero_ps();
+  return _mm256_add_ps(_mm256_and_ps(_mm256_cmp_ps(u, z, _CMP_GT_OQ), _mm256_set1_ps(1.0f)),
+                       _mm256_and_ps(_mm256_cmp_ps(u, z, _CMP_LT_OQ), _mm256_set1_ps(-1.0f)));
+}
+template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p);
+template <> SIMD_TARGET BNB_MS_INLINE F load<float>(const float *p) { return _mm256_loadu_ps(p); }
+template <> SIMD_TARGET BNB_MS_INLINE F load<fp16_t>(const fp16_t *p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+template <> SIMD_TARGET BNB_MS_INLINE F load<bf16_t>(const bf16_t *p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v);
+template <> SIMD_TARGET BNB_MS_INLINE void store<float>(float *p, F v) { _mm256_storeu_ps(p, v); }
+template <> SIMD_TARGET BNB_MS_INLINE void store<fp16_t>(fp16_t *p, F v) {
+  _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+template <> SIMD_TARGET BNB_MS_INLINE void store<bf16_t>(bf16_t *p, F v) {
+  // round to nearest even; NaN kept quiet (as f32_to_bf16)
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40)), nan);
+  _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
+SIMD_TARGET BNB_MS_INLINE F gather_code(const float *code, const uint8_t *q) {
+  return _mm256_i32gather_ps(code, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q)), 4);
+}
+SIMD_TARGET BNB_MS_INLINE void quant_store(const uint8_t *table, F v, uint8_t *out) {
+  const F one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
+  v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-1.0f)), one);  // NaN -> -1, as the scalar clamp
+  v = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_add_ps(v, one), half), _mm256_set1_ps((float)(kLutN - 1)), half);
+  const __m256i idx = _mm256_cvttps_epi32(v);
+  const __m256i g = _mm256_and_si256(_mm256_i32gather_epi32((const int *)table, idx, 1), _mm256_set1_epi32(0xff));
+  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i packed = _mm256_shuffle_epi8(g, pick);
+  const uint32_t lo = (uint32_t)_mm_cvtsi128_si32(_mm256_castsi256_si128(packed));
+  const uint32_t hi = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(packed, 1));
+  std::memcpy(out, &lo, 4);
+  std::memcpy(out + 4, &hi, 4);
+}
+SIMD_TARGET BNB_MS_INLINE float hmax(F v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+#include "cpu/optim_simd.inc"
+#undef SIMD_TARGET
+}  // namespace avx2
+
+// ---- AVX-512 (16 lanes): a mirror of the AVX2 primitives (cannot run on the development machine) --
+namespace avx512 {
+#define SIMD_TARGET BNB_MS_TARGET_AVX512
+using F = __m512;
+constexpr int W = 16;
+SIMD_TARGET BNB_MS_INLINE F set1(float x) { return _mm512_set1_ps(x); }
+SIMD_TARGET BNB_MS_INLINE F vadd(F a, F b) { return _mm512_add_ps(a, b); }
+SIMD_TARGET BNB_MS_INLINE F vmul(F a, F b) { return _mm512_mul_ps(a, b); }
+SIMD_TARGET BNB_MS_INLINE F vdiv(F a, F b) { return _mm512_div_ps(a, b); }
+SIMD_TARGET BNB_MS_INLINE F vsqrt(F a) { return _mm512_sqrt_ps(a); }
+SIMD_TARGET BNB_MS_INLINE F vabs(F a) { return _mm512_andnot_ps(_mm512_set1_ps(-0.0f), a); }
+// _mm512_max_ps also returns the second operand when either is NaN
+SIMD_TARGET BNB_MS_INLINE F vmax(F a, F b) { return _mm512_max_ps(a, b); }
+SIMD_TARGET BNB_MS_INLINE F vsign(F u) {
+  const F z = _mm512_setzero_ps();
+  return _mm512_add_ps(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, z, _CMP_GT_OQ), _mm512_set1_ps(1.0f)),
+                       _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, z, _CMP_LT_OQ), _mm512_set1_ps(-1.0f)));
+}
+template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p);
+template <> SIMD_TARGET BNB_MS_INLINE F load<float>(const float *p) { return _mm512_loadu_ps(p); }
+template <> SIMD_TARGET BNB_MS_INLINE F load<fp16_t>(const fp16_t *p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+template <> SIMD_TARGET BNB_MS_INLINE F load<bf16_t>(const bf16_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v);
+template <> SIMD_TARGET BNB_MS_INLINE void store<float>(float *p, F v) { _mm512_storeu_ps(p, v); }
+template <> SIMD_TARGET BNB_MS_INLINE void store<fp16_t>(fp16_t *p, F v) {
+  _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+template <> SIMD_TARGET BNB_MS_INLINE void store<bf16_t>(bf16_t *p, F v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40)));
+  _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+}
+SIMD_TARGET BNB_MS_INLINE F gather_code(const float *code, const uint8_t *q) {
+  return _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q)), code, 4);
+}
+SIMD_TARGET BNB_MS_INLINE void quant_store(const uint8_t *table, F v, uint8_t *out) {
+  const F one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
+  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-1.0f)), one);
+  v = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_add_ps(v, one), half), _mm512_set1_ps((float)(kLutN - 1)), half);
+  const __m512i idx = _mm512_cvttps_epi32(v);
+  const __m512i g = _mm512_and_si512(_mm512_i32gather_epi32(idx, (const int *)table, 1), _mm512_set1_epi32(0xff));
+  _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(g));
+}
+SIMD_TARGET BNB_MS_INLINE float hmax(F v) { return _mm512_reduce_max_ps(v); }
+#include "cpu/optim_simd.inc"
+#undef SIMD_TARGET
+}  // namespace avx512
+
 template <class T, Opt O>
 BNB_MS_TARGET_AVX2 void blocks8_avx2(const K &k, const T *g, T *p, const State8 &st, int64_t n, int64_t b0, int64_t b1) {
-  blocks8_generic<T, O>(k, g, p, st, n, b0, b1);
+  avx2::blocks8<T, O>(k, g, p, st, n, b0, b1);
 }
 template <class T, Opt O>
 BNB_MS_TARGET_AVX512 void blocks8_avx512(const K &k, const T *g, T *p, const State8 &st, int64_t n, int64_t b0,
                                          int64_t b1) {
-  blocks8_generic<T, O>(k, g, p, st, n, b0, b1);
+  avx512::blocks8<T, O>(k, g, p, st, n, b0, b1);
 }
 
 template <class T, Opt O>
