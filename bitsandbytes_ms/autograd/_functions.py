@@ -204,7 +204,14 @@ def _quantize_weight(B: Tensor, state: MatmulLtState) -> None:
     if state.has_fp16_weights or state.CB is None or state.SCB is None:
         if state.is_training or state.CB is None or state.SCB is None:
             state.reset_grads()
-            state.CB, state.SCB, _ = F.int8_vectorwise_quant(F._contiguous(B))
+            state.CB, state.SCB, _ = F.int8_vectorwise_quant(_as_quant_input(F._contiguous(B)))
+
+
+def _as_quant_input(t: Tensor) -> Tensor:
+    """Upstream quantizes float32 weights and activations after casting them to float16 (so the int8
+    codes and scales match upstream's bytes); bfloat16 is quantized as is, since float16 could
+    overflow it (upstream casts it too)."""
+    return _d(_ops.cast(t, ms.float16), (t,)) if t.dtype == ms.float32 else t
 
 
 def _d(t, like=()):
@@ -223,21 +230,22 @@ def _dequant_weight(state: MatmulLtState) -> Tensor:
 def _int8_forward(A: Tensor, B: Tensor, bias: Optional[Tensor], state: MatmulLtState) -> Tensor:
     """The forward of :class:`MatMul8bitLt`: out = A @ W.T (+ bias) in A's dtype, W quantized row-wise
     and A row-wise (vector-wise, LLM.int8()); with ``state.threshold > 0`` the outlier columns of A are
-    multiplied in float32 against the dequantized weight columns. Unlike upstream (which casts A to
-    float16 first), A is quantized in its own dtype: identical for float16, and no float16 overflow for
-    bfloat16/float32 activations."""
+    multiplied in A's dtype against the dequantized weight columns. As upstream, float32 activations are
+    quantized after a cast to float16 (same int8 codes as upstream); bfloat16 ones in their own dtype
+    (upstream casts them to float16 too, which can overflow)."""
     _quantize_weight(B, state)
     N = int(state.CB.shape[0])
     shape = tuple(A.shape)
     if _prod(shape) == 0:
         return _zeros(shape[:-1] + (N,), A.dtype, (A,))
     A2 = _d(_ops.reshape(F._contiguous(A), (-1, shape[-1])), (A,))
+    Aq = _as_quant_input(A2)
     if state.threshold > 0.0:
-        CA, SCA, outlier_cols = F.int8_vectorwise_quant(A2, threshold=state.threshold)
+        CA, SCA, outlier_cols = F.int8_vectorwise_quant(Aq, threshold=state.threshold)
         state.idx = outlier_cols
         out, _ = F.int8_mixed_scaled_mm(A2, CA, state.CB, SCA, state.SCB, outlier_cols, bias)
     else:
-        CA, SCA, _ = F.int8_vectorwise_quant(A2)
+        CA, SCA, _ = F.int8_vectorwise_quant(Aq)
         out = F.int8_scaled_mm(CA, state.CB, SCA, state.SCB, bias=bias, dtype=A.dtype)
     out = _d(_ops.reshape(out, shape[:-1] + (N,)), (A,))
     return out

@@ -293,7 +293,9 @@ class Int8Params(torch.nn.Parameter):
         int8 ``CB`` and ``SCB`` the row scales. No-op for ``has_fp16_weights=True`` or int8 data."""
         if self.has_fp16_weights or self.is_quantized or self.numel() == 0:
             return self
-        CB, SCB, _ = _F.int8_vectorwise_quant(_F._contiguous(self.data))
+        from ..autograd._functions import _as_quant_input
+
+        CB, SCB, _ = _F.int8_vectorwise_quant(_as_quant_input(_F._contiguous(self.data)))
         self.data = _as_mindtorch(CB)
         self.CB = self.data
         self.SCB = _as_mindtorch(SCB)
