@@ -8,6 +8,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash tools/setup.sh || exit 1
 
+# CUDA sources: a compile check where nvcc exists (no GPU needed; skips sources that need cuBLAS headers)
+bash tools/cuda_syntax_check.sh || { echo "test: CUDA compile check failed" >&2; exit 1; }
+
 marker=(-m "not slow")
 args=()
 for a in "$@"; do
