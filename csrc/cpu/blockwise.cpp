@@ -19,35 +19,11 @@
 #include "aot.h"
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
+#include "cpu/quant_lut.h"
 
 namespace bnb_ms {
-namespace {
 
-constexpr int kCode = 256;
-constexpr int kLut = 65536;
-
-// Maps the 65536-bin grid on [-1, 1] to the index of the nearest code entry.  Padded by 4 bytes so
-// a 32-bit gather at the last index stays inside the allocation.
-struct QuantLut {
-  float code[kCode];
-  alignas(64) uint8_t table[kLut + 4];
-};
-
-void build_lut(const float *code, QuantLut *lut) {
-  std::memcpy(lut->code, code, sizeof(lut->code));
-  float mid[kCode - 1];
-  for (int i = 0; i < kCode - 1; ++i) mid[i] = 0.5f * (code[i] + code[i + 1]);
-  int c = 0;
-  for (int i = 0; i < kLut; ++i) {
-    const float v = -1.0f + (2.0f * (float)i) / (float)(kLut - 1);
-    while (c < kCode - 1 && mid[c] < v) ++c;
-    lut->table[i] = (uint8_t)c;
-  }
-  std::memset(lut->table + kLut, 0, 4);
-}
-
-// A small cache keyed by the code's contents (codes are reused call after call).
-const QuantLut *get_lut(const float *code) {
+const QuantLut *get_quant_lut(const float *code) {
   static std::mutex mu;
   static std::unique_ptr<QuantLut> slots[4];
   static int next = 0;
@@ -57,15 +33,27 @@ const QuantLut *get_lut(const float *code) {
   auto &slot = slots[next];
   next = (next + 1) % 4;
   if (!slot) slot.reset(new QuantLut);
-  build_lut(code, slot.get());
+  std::memcpy(slot->code, code, sizeof(slot->code));
+  float mid[kQuantCode - 1];
+  for (int i = 0; i < kQuantCode - 1; ++i) mid[i] = 0.5f * (code[i] + code[i + 1]);
+  int c = 0;
+  for (int i = 0; i < kQuantLut; ++i) {
+    const float v = -1.0f + (2.0f * (float)i) / (float)(kQuantLut - 1);
+    while (c < kQuantCode - 1 && mid[c] < v) ++c;
+    slot->table[i] = (uint8_t)c;
+  }
+  std::memset(slot->table + kQuantLut, 0, 4);
   return slot.get();
 }
 
-BNB_MS_INLINE uint32_t grid_index(float v) {
-  v = std::min(1.0f, std::max(-1.0f, v));
-  // Same operation order as upstream; the multiply-add is fused, as GCC contracts it there.
-  return (uint32_t)std::fma((v + 1.0f) * 0.5f, (float)(kLut - 1), 0.5f);
-}
+namespace {
+
+constexpr int kCode = kQuantCode;
+constexpr int kLut = kQuantLut;
+using bnb_ms::QuantLut;
+
+BNB_MS_INLINE uint32_t grid_index(float v) { return quant_grid_index(v); }
+const QuantLut *get_lut(const float *code) { return get_quant_lut(code); }
 
 // ---- portable path ------------------------------------------------------------------------------
 template <class T>

@@ -33,54 +33,22 @@
 #include "aot.h"
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
+#include "cpu/quant_lut.h"
+#include "cpu/quant_lut.h"
 
 namespace bnb_ms {
 namespace {
 
 constexpr int64_t kBlock = 256;
-constexpr int kCodeN = 256;
-constexpr int kLutN = 65536;
+constexpr int kCodeN = kQuantCode;
+constexpr int kLutN = kQuantLut;
 
 enum Opt { ADAM, MOMENTUM, RMSPROP, LION, ADAGRAD, ADEMAMIX };
 
-// ---- quantization table (same construction as blockwise.cpp) ---------------------------------
-// The table is padded by 4 bytes so a 32-bit gather at the last index stays inside it.
-struct OptLut {
-  float code[kCodeN];
-  alignas(64) uint8_t table[kLutN + 4];
-};
-
-void build_opt_lut(const float *code, OptLut *lut) {
-  std::memcpy(lut->code, code, sizeof(lut->code));
-  float mid[kCodeN - 1];
-  for (int i = 0; i < kCodeN - 1; ++i) mid[i] = 0.5f * (code[i] + code[i + 1]);
-  int c = 0;
-  for (int i = 0; i < kLutN; ++i) {
-    const float v = -1.0f + (2.0f * (float)i) / (float)(kLutN - 1);
-    while (c < kCodeN - 1 && mid[c] < v) ++c;
-    lut->table[i] = (uint8_t)c;
-  }
-  std::memset(lut->table + kLutN, 0, 4);
-}
-
-const OptLut *opt_lut(const float *code) {
-  static std::mutex mu;
-  static std::unique_ptr<OptLut> slots[4];
-  static int next = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  for (auto &s : slots)
-    if (s && std::memcmp(s->code, code, sizeof(s->code)) == 0) return s.get();
-  auto &slot = slots[next];
-  next = (next + 1) % 4;
-  if (!slot) slot.reset(new OptLut);
-  build_opt_lut(code, slot.get());
-  return slot.get();
-}
-
-BNB_MS_INLINE uint8_t lut_quant(const OptLut *lut, float v) {
-  v = std::min(1.0f, std::max(-1.0f, v));
-  return lut->table[(uint32_t)std::fma((v + 1.0f) * 0.5f, (float)(kLutN - 1), 0.5f)];
-}
+// ---- quantization table: shared with blockwise.cpp (cpu/quant_lut.h) ------------------------
+using OptLut = QuantLut;
+inline const OptLut *opt_lut(const float *code) { return get_quant_lut(code); }
+BNB_MS_INLINE uint8_t lut_quant(const OptLut *lut, float v) { return quant_lookup(lut, v); }
 
 // ---- hyper-parameters, rounded to float as upstream's CPU code sees them -----------------------
 struct Hyper {
