@@ -34,7 +34,6 @@
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
 #include "cpu/quant_lut.h"
-#include "cpu/quant_lut.h"
 
 namespace bnb_ms {
 namespace {
