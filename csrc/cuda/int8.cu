@@ -1,0 +1,527 @@
+// int8.cu -- LLM.int8() on CUDA: the same entry points, checks and bytes as csrc/cpu/int8.cpp (read its
+// header comment for the numerics, which follow upstream bitsandbytes 0.50.2's default backend).
+//
+//  * cint8_vector_quant: with threshold > 0 a first kernel flags the columns holding an outlier
+//    (|x| >= threshold rounded to A's dtype; flags zeroed on the stream first; without a threshold
+//    the row kernel zeroes them, so that case is one launch).  Then one thread
+//    block per row: absmax over the non-outliers (NaN ignored, as the CPU's max does), row_stats,
+//    q = round_half_even(x * ((1 / absmax) * 127)) in fp32 with explicit _rn intrinsics; outliers,
+//    and (when there is more than one row) flagged columns, give 0; a row with absmax 0 gives 0.
+//    A product that is NaN or out of int32 range converts to 0, which is what the CPU's
+//    (int8_t)(int)nearbyint(...) gives on x86 (the "integer indefinite" 0x80000000 truncated).
+//    Whether any column is flagged need not be known: without outliers the outlier tests are void.
+//  * cigemmlt_32: C[M, N] = A[M, K] . B[N, K]^T in int32 through cuBLASLt (column-major view:
+//    C^T[N, M] = op_T(B as K x N) . (A as K x M), the "TN" int8 layout Hopper's IMMA kernels take),
+//    one handle + workspace per process/device/stream (aot_cuda.cuh), bound to the caller's stream.
+//    The heuristic's pick is cached per (device, M, N, K, pointer alignments).  Shapes or pointers
+//    cuBLASLt rejects (no algorithm, a failed call, K or N not a multiple of 4, pointers not 4-byte
+//    aligned) take a SIMT kernel (64x64 tiles, __dp4a); both are exact (|sum| < 2^31 for K < 2^17).
+//    BNB_MS_IGEMM=simt forces the SIMT kernel, BNB_MS_IGEMM=lt forbids it (E_UNSUPPORTED when
+//    cuBLASLt cannot run the call) -- for tests.
+//  * cdequant_mm_int32_{fp16,fp32,bf16}: out = ((float(A) * (row * col)) * 6.200124e-05f) (+ bias),
+//    every step rounded in fp32 as on the CPU (NaNs with the x86 bits), then rounded to the output
+//    dtype; 4 elements a thread.
+//
+// Every launch, memset and cuBLASLt call goes on the entry point's stream.  Must not be compiled with
+// --use_fast_math (denormals, 1/x).
+#define BNB_MS_NEEDS_CUBLASLT 1
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "cuda/aot_cuda.cuh"
+
+namespace bnb_ms {
+namespace cuda {
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// vector quant
+// ------------------------------------------------------------------------------------------------
+constexpr int kVqThreads = 256;
+
+template <class T>
+__global__ void __launch_bounds__(256) vq_col_flags(const T *__restrict__ A, uint8_t *__restrict__ flags,
+                                                    int64_t rows, int64_t cols, float thr) {
+  const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  bool hit = false;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) hit |= fabsf(to_float(A[r * cols + c])) >= thr;
+  if (hit) flags[c] = 1;
+}
+
+// x * s -> int8 as the CPU's (int8_t)(int)nearbyint(x * s) on x86.
+__device__ __forceinline__ int8_t q8(float x, float s) {
+  const float p = __fmul_rn(x, s);
+  if (!(fabsf(p) < 2147483648.0f)) return 0;  // NaN, +-inf, out of int32 range: 0x80000000 -> 0
+  return (int8_t)__float2int_rn(p);
+}
+
+template <class T>
+__device__ __forceinline__ float block_max(float v, float *red) {
+  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  if (l == 0) red[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    v = l < (int)(blockDim.x >> 5) ? red[l] : 0.0f;
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (l == 0) red[32] = v;
+  }
+  __syncthreads();
+  v = red[32];
+  __syncthreads();  // red is reused by the next row
+  return v;
+}
+
+// One block per row (grid-stride over rows).  VEC: 16-byte loads of A (V elements) and V-byte stores.
+template <class T, bool VEC>
+__global__ void __launch_bounds__(kVqThreads) vq_rows(const T *__restrict__ A, int8_t *__restrict__ out,
+                                                      float *__restrict__ row_stats,
+                                                      const uint8_t *__restrict__ flags, uint8_t *clear_flags,
+                                                      int64_t rows, int64_t cols, float thr, bool split,
+                                                      bool zero_cols) {
+  constexpr int V = 16 / sizeof(T);
+  __shared__ float red[33];
+  if (clear_flags)  // no threshold: the flags are all 0, written here instead of a separate memset
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x)
+      clear_flags[c] = 0;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T *a = A + r * cols;
+    int8_t *o = out + r * cols;
+    float amax = 0.0f;
+    if (VEC) {
+      const int64_t nv = cols / V;
+      for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+        union { uint4 u; T t[V]; } x;
+        x.u = reinterpret_cast<const uint4 *>(a)[i];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float v = fabsf(to_float(x.t[j]));
+          if (!(split && v >= thr)) amax = fmaxf(amax, v);
+        }
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float v = fabsf(to_float(a[c]));
+        if (!(split && v >= thr)) amax = fmaxf(amax, v);
+      }
+    }
+    amax = block_max<T>(amax, red);
+    if (threadIdx.x == 0) row_stats[r] = amax;
+    const bool zero = amax == 0.0f;
+    const float s = zero ? 0.0f : __fmul_rn(__fdiv_rn(1.0f, amax), 127.0f);
+    if (VEC) {
+      const int64_t nv = cols / V;
+      for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+        union { uint4 u; T t[V]; } x;
+        x.u = reinterpret_cast<const uint4 *>(a)[i];
+        union { uint2 u2; uint32_t u1; int8_t q[8]; } y;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float v = to_float(x.t[j]);
+          int8_t q = 0;
+          if (!zero && !(split && fabsf(v) >= thr) && !(zero_cols && flags[i * V + j])) q = q8(v, s);
+          y.q[j] = q;
+        }
+        if (V == 8) reinterpret_cast<uint2 *>(o)[i] = y.u2;
+        else reinterpret_cast<uint32_t *>(o)[i] = y.u1;
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float v = to_float(a[c]);
+        int8_t q = 0;
+        if (!zero && !(split && fabsf(v) >= thr) && !(zero_cols && flags[c])) q = q8(v, s);
+        o[c] = q;
+      }
+    }
+  }
+}
+
+template <class H>
+int vector_quant(cudaStream_t st, const void *Av, int8_t *out, float *rs, uint8_t *flags, int64_t rows,
+                 int64_t cols, float threshold) {
+  using T = typename DevType<H>::type;
+  const T *A = static_cast<const T *>(Av);
+  const bool split = threshold > 0.0f;
+  // the threshold rounded to A's dtype (torch compares in that dtype), as the CPU does
+  const float thr = split ? to_f32<H>(from_f32<H>(threshold)) : 0.0f;
+  const int sms = sm_count();
+  if (split) {
+    if (cudaMemsetAsync(flags, 0, (size_t)cols, st) != cudaSuccess) { (void)cudaGetLastError(); return E_DEVICE; }
+    const int64_t gx = (cols + 255) / 256;
+    const int64_t gy = std::min<int64_t>(rows, std::max<int64_t>(1, (int64_t)sms * 16 / gx));
+    vq_col_flags<T><<<dim3((unsigned)gx, (unsigned)gy), 256, 0, st>>>(A, flags, rows, cols, thr);
+    if (launch_status() != OK) return E_DEVICE;
+  }
+  const bool zero_cols = split && rows > 1;
+  constexpr int V = 16 / sizeof(T);
+  const bool vec = cols % V == 0 && aligned16(A) && (reinterpret_cast<uintptr_t>(out) % V) == 0;
+  const unsigned grid = (unsigned)std::min<int64_t>(rows, (int64_t)sms * 64);
+  uint8_t *clear = split ? nullptr : flags;
+  if (vec) vq_rows<T, true><<<grid, kVqThreads, 0, st>>>(A, out, rs, flags, clear, rows, cols, thr, split, zero_cols);
+  else vq_rows<T, false><<<grid, kVqThreads, 0, st>>>(A, out, rs, flags, clear, rows, cols, thr, split, zero_cols);
+  return launch_status();
+}
+
+// params: A T[..., K], threshold f32 -> out i8[like A], row_stats f32[rows], col_flags u8[K]
+int vector_quant_entry(BNB_MS_AOT_ARGS) {
+  CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
+  if (nparam != 5) return E_NPARAM;
+  enum { A, THR, OUT, ROWS, FLAGS };
+  const DType dt = c.dtype(A);
+  if ((dt != DType::f32 && dt != DType::f16 && dt != DType::bf16) || c.dtype(OUT) != DType::i8 ||
+      c.dtype(ROWS) != DType::f32 || c.dtype(FLAGS) != DType::u8)
+    return E_DTYPE;
+  float thr;
+  if (!c.scalar_f32(THR, &thr) || !(thr >= 0.0f)) return E_VALUE;
+  if (c.rank(A) < 1) return E_SHAPE;
+  const int64_t cols = c.cols(A), n = c.numel(A), rows = cols ? n / cols : 0;
+  if (c.numel(OUT) != n || c.numel(ROWS) != rows || c.numel(FLAGS) != cols) return E_SHAPE;
+  if (n == 0) return OK;
+  if (!c.params[A] || !c.params[OUT] || !c.params[ROWS] || !c.params[FLAGS]) return E_NULL;
+  int8_t *o = c.ptr<int8_t>(OUT);
+  float *rs = c.ptr<float>(ROWS);
+  uint8_t *fl = c.ptr<uint8_t>(FLAGS);
+  const cudaStream_t st = c.cu_stream();
+  if (dt == DType::f32) return vector_quant<float>(st, c.params[A], o, rs, fl, rows, cols, thr);
+  if (dt == DType::f16) return vector_quant<fp16_t>(st, c.params[A], o, rs, fl, rows, cols, thr);
+  return vector_quant<bf16_t>(st, c.params[A], o, rs, fl, rows, cols, thr);
+}
+
+// ------------------------------------------------------------------------------------------------
+// int8 GEMM
+// ------------------------------------------------------------------------------------------------
+constexpr int64_t kMaxK = 131071;  // same limit as the CPU: |sum| <= K * 2^14 < 2^31
+
+// SIMT fallback: 64x64 output tile per 256-thread block, K in steps of 32 bytes staged in shared
+// memory as packed int8x4 words, 4x4 outputs per thread with __dp4a (exact int32 arithmetic).
+constexpr int kTM = 64, kTN = 64, kTK = 32;
+
+__device__ __forceinline__ void load8(const int8_t *__restrict__ X, int64_t r, int64_t rows, int64_t K, int64_t k,
+                                      bool vec8, uint32_t w[2]) {
+  w[0] = w[1] = 0;
+  if (r >= rows || k >= K) return;
+  const int8_t *p = X + r * K + k;
+  if (vec8 && k + 8 <= K) {
+    const uint2 v = *reinterpret_cast<const uint2 *>(p);
+    w[0] = v.x;
+    w[1] = v.y;
+    return;
+  }
+  const int64_t e = K - k < 8 ? K - k : 8;
+  for (int t = 0; t < e; ++t) w[t >> 2] |= (uint32_t)(uint8_t)p[t] << (8 * (t & 3));
+}
+
+__global__ void __launch_bounds__(256) igemm_simt(const int8_t *__restrict__ A, const int8_t *__restrict__ B,
+                                                  int32_t *__restrict__ C, int64_t M, int64_t N, int64_t K,
+                                                  bool vec8) {
+  __shared__ int32_t As[kTM][kTK / 4 + 1];
+  __shared__ int32_t Bs[kTN][kTK / 4 + 1];
+  const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+  const int lr = threadIdx.x >> 2, lw = (threadIdx.x & 3) * 2;  // loader: tile row, first word
+  const int64_t n0 = (int64_t)blockIdx.x * kTN;
+  for (int64_t m0 = (int64_t)blockIdx.y * kTM; m0 < M; m0 += (int64_t)gridDim.y * kTM) {
+    int32_t acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = 0;
+    for (int64_t k0 = 0; k0 < K; k0 += kTK) {
+      uint32_t a[2], b[2];
+      load8(A, m0 + lr, M, K, k0 + lw * 4, vec8, a);
+      load8(B, n0 + lr, N, K, k0 + lw * 4, vec8, b);
+      __syncthreads();
+      As[lr][lw] = (int32_t)a[0];
+      As[lr][lw + 1] = (int32_t)a[1];
+      Bs[lr][lw] = (int32_t)b[0];
+      Bs[lr][lw + 1] = (int32_t)b[1];
+      __syncthreads();
+#pragma unroll
+      for (int w = 0; w < kTK / 4; ++w) {
+        int av[4], bv[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) av[i] = As[ty + 16 * i][w];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) bv[j] = Bs[tx + 16 * j][w];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[i][j] = __dp4a(av[i], bv[j], acc[i][j]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t m = m0 + ty + 16 * i;
+      if (m >= M) continue;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t n = n0 + tx + 16 * j;
+        if (n < N) C[m * N + n] = acc[i][j];
+      }
+    }
+    __syncthreads();
+  }
+}
+
+int igemm_simt_launch(cudaStream_t st, const int8_t *A, const int8_t *B, int32_t *C, int64_t M, int64_t N,
+                      int64_t K) {
+  const bool vec8 = K % 8 == 0 && (reinterpret_cast<uintptr_t>(A) & 7) == 0 && (reinterpret_cast<uintptr_t>(B) & 7) == 0;
+  const int64_t gx = (N + kTN - 1) / kTN, gy = std::min<int64_t>((M + kTM - 1) / kTM, 65535);
+  if (gx > INT_MAX) return E_SHAPE;
+  igemm_simt<<<dim3((unsigned)gx, (unsigned)gy), 256, 0, st>>>(A, B, C, M, N, K, vec8);
+  return launch_status();
+}
+
+// ---- cuBLASLt path ------------------------------------------------------------------------------
+uint32_t align_of(const void *p) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && (v & (a - 1))) a >>= 1;
+  return a;
+}
+
+struct AlgoKey {
+  int dev;
+  int64_t m, n, k;
+  uint32_t al_a, al_b, al_c;
+  bool operator==(const AlgoKey &o) const {
+    return dev == o.dev && m == o.m && n == o.n && k == o.k && al_a == o.al_a && al_b == o.al_b && al_c == o.al_c;
+  }
+};
+struct AlgoEntry {
+  AlgoKey key;
+  bool ok;
+  cublasLtMatmulAlgo_t algo;
+};
+
+// RAII for the per-call descriptors (cheap host objects; the expensive heuristic is cached).
+struct LtDescs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  ~LtDescs() {
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// Returns true when cuBLASLt computed C (enqueued on the stream); false leaves C untouched.
+bool igemm_lt(cudaStream_t st, const int8_t *A, const int8_t *B, int32_t *C, int64_t M, int64_t N, int64_t K) {
+  if (K % 4 || N % 4) return false;
+  const uint32_t al_a = align_of(A), al_b = align_of(B), al_c = align_of(C);
+  if (al_a < 4 || al_b < 4 || al_c < 4) return false;
+  LtContext ctx;
+  if (lt_context(st, &ctx) != OK) return false;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) { (void)cudaGetLastError(); return false; }
+  LtDescs d;
+  // column-major: C^T (N x M, ld N) = op_T(W: K x N, ld K) . (X: K x M, ld K)
+  if (cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32I, CUDA_R_32I) != CUBLAS_STATUS_SUCCESS) return false;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  if (cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) != CUBLAS_STATUS_SUCCESS)
+    return false;
+  if (cublasLtMatrixLayoutCreate(&d.la, CUDA_R_8I, (uint64_t)K, (uint64_t)N, K) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutCreate(&d.lb, CUDA_R_8I, (uint64_t)K, (uint64_t)M, K) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutCreate(&d.lc, CUDA_R_32I, (uint64_t)N, (uint64_t)M, N) != CUBLAS_STATUS_SUCCESS)
+    return false;
+
+  static std::mutex mu;
+  static std::vector<AlgoEntry> cache;
+  const AlgoKey key{dev, M, N, K, al_b, al_a, al_c};  // cuBLASLt's "A" is our B (the weight)
+  AlgoEntry entry{};
+  bool found = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto &e : cache)
+      if (e.key == key) { entry = e; found = true; break; }
+  }
+  if (!found) {
+    entry.key = key;
+    entry.ok = false;
+    cublasLtMatmulPreference_t pref = nullptr;
+    if (cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS) {
+      const uint64_t ws = ctx.workspace_size;
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_b, sizeof al_b);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_a, sizeof al_a);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
+      cublasLtMatmulHeuristicResult_t res;
+      int count = 0;
+      if (cublasLtMatmulAlgoGetHeuristic(ctx.handle, d.op, d.la, d.lb, d.lc, d.lc, pref, 1, &res, &count) ==
+              CUBLAS_STATUS_SUCCESS &&
+          count > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
+        entry.ok = true;
+        entry.algo = res.algo;
+      }
+      cublasLtMatmulPreferenceDestroy(pref);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (cache.size() < 4096) cache.push_back(entry);
+  }
+  if (!entry.ok) return false;
+  const int32_t alpha = 1, beta = 0;
+  const cublasStatus_t s = cublasLtMatmul(ctx.handle, d.op, &alpha, B, d.la, A, d.lb, &beta, C, d.lc, C, d.lc,
+                                          &entry.algo, ctx.workspace, ctx.workspace_size, st);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+// params: A i8[..., K], B i8[N, K] -> out i32[..., N]
+int igemm_entry(BNB_MS_AOT_ARGS) {
+  CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
+  if (nparam != 3) return E_NPARAM;
+  enum { A, B, OUT };
+  if (c.dtype(A) != DType::i8 || c.dtype(B) != DType::i8 || c.dtype(OUT) != DType::i32) return E_DTYPE;
+  if (c.rank(A) < 1 || c.rank(B) != 2) return E_SHAPE;
+  const int64_t K = c.cols(A), N = c.dim(B, 0);
+  if (c.dim(B, 1) != K || K > kMaxK) return E_SHAPE;
+  const int64_t M = K ? c.numel(A) / K : 0;
+  if (c.numel(OUT) != M * N || c.cols(OUT) != N) return E_SHAPE;
+  if (M == 0 || N == 0) return OK;
+  if (!c.params[OUT]) return E_NULL;
+  int32_t *C = c.ptr<int32_t>(OUT);
+  const cudaStream_t st = c.cu_stream();
+  if (K == 0) {
+    if (cudaMemsetAsync(C, 0, sizeof(int32_t) * (size_t)(M * N), st) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return E_DEVICE;
+    }
+    return OK;
+  }
+  if (!c.params[A] || !c.params[B]) return E_NULL;
+  const int8_t *a = c.ptr<int8_t>(A), *b = c.ptr<int8_t>(B);
+  const char *mode = std::getenv("BNB_MS_IGEMM");
+  const bool force_simt = mode && std::strcmp(mode, "simt") == 0;
+  const bool lt_only = mode && std::strcmp(mode, "lt") == 0;
+  if (!force_simt && igemm_lt(st, a, b, C, M, N, K)) return OK;
+  if (lt_only) return E_UNSUPPORTED;
+  return igemm_simt_launch(st, a, b, C, M, N, K);
+}
+
+// ------------------------------------------------------------------------------------------------
+// mm dequant
+// ------------------------------------------------------------------------------------------------
+constexpr float kMmDequant = 6.200124e-05f;
+
+// a * b and a + b with the NaN the CPU library's x86 SSE arithmetic produces (source operand order):
+// the first NaN operand, made quiet, or the x86 default NaN 0xffc00000 for an invalid operation
+// (inf * 0, inf - inf), where CUDA would give 0x7fffffff.  Matters for fp32/bf16 outputs.
+__device__ __forceinline__ float nan_x86(float a, float b) {
+  if (a != a) return __uint_as_float(__float_as_uint(a) | 0x400000u);
+  if (b != b) return __uint_as_float(__float_as_uint(b) | 0x400000u);
+  return __uint_as_float(0xffc00000u);
+}
+__device__ __forceinline__ float mul_x86(float a, float b) {
+  const float r = __fmul_rn(a, b);
+  return r == r ? r : nan_x86(a, b);
+}
+__device__ __forceinline__ float add_x86(float a, float b) {
+  const float r = __fadd_rn(a, b);
+  return r == r ? r : nan_x86(a, b);
+}
+
+template <class T, class BT>
+__device__ __forceinline__ T dq1(int32_t a, float rv, float cv, const BT *bias, int64_t j) {
+  float v = mul_x86(__int2float_rn(a), mul_x86(rv, cv));
+  v = mul_x86(v, kMmDequant);
+  if (bias) v = add_x86(v, to_float(bias[j]));
+  return from_float<T>(v);
+}
+
+// 4 consecutive outputs per thread; grid.x over column groups, grid.y (strided) over rows.
+// VEC: cols % 4 == 0 and A, col_stats 16-byte aligned, out aligned to 4 elements.
+template <class T, class BT, bool VEC>
+__global__ void __launch_bounds__(256) mm_dequant_k(const int32_t *__restrict__ A, const float *__restrict__ rs,
+                                                    const float *__restrict__ cs, const BT *__restrict__ bias,
+                                                    T *__restrict__ out, int64_t rows, int64_t cols) {
+  const int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+  if (c >= cols) return;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float rv = rs[r];
+    const int32_t *a = A + r * cols;
+    T *o = out + r * cols;
+    if (VEC) {
+      const int4 av = *reinterpret_cast<const int4 *>(a + c);
+      const float4 cv = *reinterpret_cast<const float4 *>(cs + c);
+      union { T t[4]; uint2 u2; uint4 u4; } y;
+      y.t[0] = dq1<T, BT>(av.x, rv, cv.x, bias, c);
+      y.t[1] = dq1<T, BT>(av.y, rv, cv.y, bias, c + 1);
+      y.t[2] = dq1<T, BT>(av.z, rv, cv.z, bias, c + 2);
+      y.t[3] = dq1<T, BT>(av.w, rv, cv.w, bias, c + 3);
+      if (sizeof(T) == 4) *reinterpret_cast<uint4 *>(o + c) = y.u4;
+      else *reinterpret_cast<uint2 *>(o + c) = y.u2;
+    } else {
+      const int64_t e = cols - c < 4 ? cols - c : 4;
+      for (int64_t j = 0; j < e; ++j) o[c + j] = dq1<T, BT>(a[c + j], rv, cs[c + j], bias, c + j);
+    }
+  }
+}
+
+template <class T, class BT>
+int mm_dequant(cudaStream_t st, const int32_t *A, const float *rs, const float *cs, const BT *bias, T *out,
+               int64_t rows, int64_t cols) {
+  const int64_t groups = (cols + 3) / 4;
+  const int64_t gx = (groups + 255) / 256, gy = std::min<int64_t>(rows, 65535);
+  if (gx > INT_MAX) return E_SHAPE;
+  const bool vec = cols % 4 == 0 && aligned16(A) && aligned16(cs) &&
+                   (reinterpret_cast<uintptr_t>(out) % (4 * sizeof(T))) == 0;
+  const dim3 grid((unsigned)gx, (unsigned)gy);
+  if (vec) mm_dequant_k<T, BT, true><<<grid, 256, 0, st>>>(A, rs, cs, bias, out, rows, cols);
+  else mm_dequant_k<T, BT, false><<<grid, 256, 0, st>>>(A, rs, cs, bias, out, rows, cols);
+  return launch_status();
+}
+
+// params: A i32[..., N], row_stats f32[rows], col_stats f32[N], bias (f32|f16|bf16)[N] | none -> out T[like A]
+template <class H>
+int mm_dequant_entry(BNB_MS_AOT_ARGS) {
+  using T = typename DevType<H>::type;
+  CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
+  if (nparam != 5) return E_NPARAM;
+  enum { A, RS, CS, BIAS, OUT };
+  if (c.dtype(A) != DType::i32 || c.dtype(RS) != DType::f32 || c.dtype(CS) != DType::f32 ||
+      c.dtype(OUT) != dtype_of<H>())
+    return E_DTYPE;
+  const bool has_bias = !c.is_none(BIAS);
+  const DType bdt = has_bias ? c.dtype(BIAS) : DType::none;
+  if (has_bias && bdt != DType::f32 && bdt != DType::f16 && bdt != DType::bf16) return E_DTYPE;
+  if (c.rank(A) < 1) return E_SHAPE;
+  const int64_t cols = c.cols(A), n = c.numel(A), rows = cols ? n / cols : 0;
+  if (c.numel(OUT) != n || c.numel(RS) != rows || c.numel(CS) != cols || (has_bias && c.numel(BIAS) != cols))
+    return E_SHAPE;
+  if (n == 0) return OK;
+  if (!c.params[A] || !c.params[RS] || !c.params[CS] || !c.params[OUT]) return E_NULL;
+  const int32_t *a = c.ptr<int32_t>(A);
+  const float *rs = c.ptr<float>(RS), *cs = c.ptr<float>(CS);
+  T *o = c.ptr<T>(OUT);
+  const cudaStream_t st = c.cu_stream();
+  if (!has_bias) return mm_dequant<T, float>(st, a, rs, cs, nullptr, o, rows, cols);
+  if (bdt == DType::f32) return mm_dequant<T, float>(st, a, rs, cs, c.ptr<float>(BIAS), o, rows, cols);
+  if (bdt == DType::f16) return mm_dequant<T, __half>(st, a, rs, cs, c.ptr<__half>(BIAS), o, rows, cols);
+  return mm_dequant<T, __nv_bfloat16>(st, a, rs, cs, c.ptr<__nv_bfloat16>(BIAS), o, rows, cols);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace bnb_ms
+
+using bnb_ms::bf16_t;
+using bnb_ms::fp16_t;
+#define BNB_ARGS nparam, params, ndims, shapes, dtypes, stream, extra
+BNB_MS_EXPORT int cint8_vector_quant(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::vector_quant_entry(BNB_ARGS); }
+BNB_MS_EXPORT int cigemmlt_32(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::igemm_entry(BNB_ARGS); }
+BNB_MS_EXPORT int cdequant_mm_int32_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mm_dequant_entry<fp16_t>(BNB_ARGS); }
+BNB_MS_EXPORT int cdequant_mm_int32_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mm_dequant_entry<float>(BNB_ARGS); }
+BNB_MS_EXPORT int cdequant_mm_int32_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mm_dequant_entry<bf16_t>(BNB_ARGS); }
+#undef BNB_ARGS
