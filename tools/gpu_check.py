@@ -1362,6 +1362,401 @@ def int8_section(cuda: Aot, cpu: Aot, quick: bool, card: str) -> str:
             f"\n### Timings\n\n{table}")
 
 
+# ---- weight-only int8/int4 (W8A16/W4A16, csrc/cuda/weightonly.cu) ---------------------------------
+WO_SFX = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def wo_rb(bits: int, K: int) -> int:
+    return K if bits == 8 else (K + 1) // 2
+
+
+def wo_weight(N: int, K: int, dt, seed: int, special: bool = False) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    W = torch.randn(N, K, generator=g) * torch.exp(torch.randn(N, 1, generator=g))
+    if special and N >= 6 and K >= 4:
+        W[0] = 0.0                      # zero row -> scale 0, q 0
+        W[1] = -0.0
+        W[2, 1] = float("nan")          # NaN ignored by the max, coded -qmax
+        W[3, 0] = float("inf")          # scale inf: finite -> 0, inf -> NaN -> -qmax
+        W[4, :] = 1e-40 if dt == torch.float32 else 1e-6   # subnormal / tiny row
+        W[5, :] = torch.arange(K, dtype=torch.float32) - K / 2  # ties after division
+    return W.to(dt)
+
+
+def wo_quant(lib: Aot, W, bits, stream=None, offset: int = 0):
+    N, K = W.shape
+    rb = wo_rb(bits, K)
+    qdt = torch.int8 if bits == 8 else torch.uint8
+    buf = torch.full((N * rb + offset,), 0x5A, dtype=torch.uint8, device=W.device)
+    q = buf[offset:].view(qdt).view(N, rb)
+    sc = torch.full((N,), -7.0, device=W.device)
+    rc = lib(f"cquantize_weight_only_int{bits}_{WO_SFX[W.dtype]}", [W, q, sc], stream)
+    return rc, q, sc
+
+
+def wo_dequant(lib: Aot, q, sc, K, bits, dt, scalar, stream=None, offset: int = 0):
+    N = sc.numel()
+    buf = torch.full((N * K + offset,), 3, dtype=dt, device=q.device)
+    o = buf[offset:].view(N, K)
+    rc = lib(f"cdequantize_weight_only_int{bits}_{WO_SFX[dt]}", [q, sc, scalar, o], stream)
+    return rc, o
+
+
+def wo_gemm(lib: Aot, A, q, sc, bits, stream=None):
+    o = torch.full(tuple(A.shape[:-1]) + (sc.numel(),), 7, dtype=A.dtype, device=A.device)
+    rc = lib(f"cgemm_weight_only_int{bits}_{WO_SFX[A.dtype]}", [A, q, sc, o], stream)
+    return rc, o
+
+
+def wo_unpack(q: torch.Tensor, bits: int, K: int) -> torch.Tensor:
+    if bits == 8:
+        return q.to(torch.int8)
+    b = q.to(torch.int16)
+    hi = torch.where(b >= 128, b - 256, b) >> 4
+    lo = ((b & 0xF) ^ 8) - 8
+    return torch.stack([hi, lo], -1).reshape(q.shape[0], -1)[:, :K].to(torch.int8)
+
+
+def misaligned(t: torch.Tensor, elems: int = 1) -> torch.Tensor:
+    """Same values at an address `elems` elements past a fresh allocation (breaks 4/16-byte alignment)."""
+    buf = torch.empty(t.numel() + elems, dtype=t.dtype, device=t.device)
+    v = buf[elems:].view(t.shape)
+    v.copy_(t)
+    return v
+
+
+def check_weightonly(cuda: Aot, cpu: Aot, quick: bool) -> list[str]:
+    st = stream_ptr()
+    res = []
+    # quantize + dequantize: bit-exact (q bytes, scale, dequantized values), device and host K scalar
+    shapes = [(1, 1), (3, 7), (6, 33), (7, 16), (64, 4096), (17, 4099), (300, 130), (1000, 1000)]
+    if not quick:
+        shapes.append((11008, 4096))
+    okq = okd = tq = td = 0
+    for dt, sfx in WO_SFX.items():
+        for bits in (8, 4):
+            for i, (N, K) in enumerate(shapes):
+                W = wo_weight(N, K, dt, seed=N * 7 + K + bits, special=True)
+                for off in ((0, 1) if N * K < 10 ** 6 else (0,)):
+                    tq += 1
+                    rc1, q1, s1 = wo_quant(cuda, W.cuda(), bits, st, offset=off)
+                    rc2, q2, s2 = wo_quant(cpu, W, bits)
+                    torch.cuda.synchronize()
+                    if rc1 or rc2:
+                        fail(f"wo quantize int{bits} {sfx} {N}x{K}: status cuda={rc1} cpu={rc2}"); continue
+                    if not same_bits(s1, s2):
+                        fail(f"wo quantize int{bits} {sfx} {N}x{K} off={off}: scale {mismatch(s1, s2)}"); continue
+                    if not torch.equal(q1.cpu().view(torch.uint8), q2.view(torch.uint8)):
+                        fail(f"wo quantize int{bits} {sfx} {N}x{K} off={off}: q differs "
+                             f"({int((q1.cpu().view(torch.uint8) != q2.view(torch.uint8)).sum())} bytes)"); continue
+                    okq += 1
+                    # dequantize the CPU's q (and, once, q with random bytes and odd scales)
+                    qs = [(q2, s2)]
+                    if off == 0 and i % 2 == 0:
+                        g = torch.Generator().manual_seed(N + K)
+                        qr = torch.randint(0, 256, q2.shape, generator=g, dtype=torch.uint8).view(q2.dtype)
+                        sr = torch.randn(N, generator=g) * 1e3
+                        sr[:: max(1, N // 3)] = torch.tensor([0.0, float("inf"), float("nan"), -0.0, 1e-40])[: len(sr[:: max(1, N // 3)])]
+                        qs.append((qr, sr))
+                    for (qq, ss) in qs:
+                        for mk in ((dscalar, hscalar) if N * K < 10 ** 6 else (dscalar,)):
+                            td += 1
+                            qd = qq.cuda() if off == 0 else misaligned(qq.cuda().view(-1), 1).view(qq.shape)
+                            rc1, o1 = wo_dequant(cuda, qd, ss.cuda(), K, bits, dt, mk(K), st, offset=off)
+                            rc2, o2 = wo_dequant(cpu, qq, ss, K, bits, dt, hscalar(K))
+                            torch.cuda.synchronize()
+                            if rc1 or rc2:
+                                fail(f"wo dequantize int{bits} {sfx} {N}x{K}: status cuda={rc1} cpu={rc2}")
+                            elif not same_bits(o1, o2):
+                                fail(f"wo dequantize int{bits} {sfx} {N}x{K} off={off}: {mismatch(o1, o2)}")
+                            else:
+                                okd += 1
+    res.append(f"weight-only quantize (int8/int4 x fp32/fp16/bf16, {len(shapes)} shapes incl. zero/-0/NaN/inf/"
+               f"subnormal rows, odd K, misaligned q): {okq}/{tq} bit-exact with the CPU library (q bytes, scale)")
+    res.append(f"weight-only dequantize (CPU's q and random bytes with 0/inf/NaN/-0/subnormal scales, device and "
+               f"host K scalar, misaligned q/out): {okd}/{td} bit-exact")
+    # GEMM: tolerance = 2*K*2^-24 * sum_k |a_k q_k| |s| + 1 ulp of the output type (fp32 accumulation of K
+    # terms in another order, then one rounding to T); we also count how many are bit-identical (the
+    # kernel reproduces the CPU's 16-lane fma order, so all should be).
+    gshapes = [(1, 64, 4096), (2, 64, 4096), (3, 37, 100), (4, 300, 4099), (5, 128, 512), (8, 96, 1024),
+               (9, 33, 48), (16, 200, 4096), (17, 50, 256), (33, 20, 64), (1, 11008, 4096), (16, 4096, 11008),
+               (2, 7, 15), (1, 5, 0)]
+    ulp = {torch.float32: 2.0 ** -23, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+    okg = exact = tg = 0
+    worst = 0.0
+    for dt, sfx in WO_SFX.items():
+        for bits in (8, 4):
+            for j, (M, N, K) in enumerate(gshapes):
+                W = wo_weight(N, max(K, 1), torch.float32, seed=M + N + K)[:, :K].contiguous()
+                _, q, s = wo_quant(cpu, W.to(dt), bits)
+                g = torch.Generator().manual_seed(j + bits)
+                A = (torch.randn(M, K, generator=g) * 3).to(dt)
+                variants = [("2d", A, q)]
+                if j % 3 == 0:
+                    variants.append(("3d", A.view(1, M, K), q))
+                if j % 4 == 1 and K:
+                    variants.append(("misaligned", A, q))
+                for tag, AA, qq in variants:
+                    tg += 1
+                    Ad, qd = AA.cuda(), qq.cuda()
+                    if tag == "misaligned":
+                        Ad = misaligned(Ad, 1)
+                        qd = misaligned(qd.view(-1), 1).view(qq.shape)
+                    if K == 0:  # empty A: give both libraries the same non-null pointer situation
+                        dummy_d, dummy_h = torch.zeros(8, dtype=dt, device="cuda"), torch.zeros(8, dtype=dt)
+                        Ad = (dummy_d.data_ptr(), tuple(AA.shape), SDT[dt])
+                        Ah = (dummy_h.data_ptr(), tuple(AA.shape), SDT[dt])
+                        o1 = torch.full(tuple(AA.shape[:-1]) + (N,), 7, dtype=dt, device="cuda")
+                        o2 = torch.full(tuple(AA.shape[:-1]) + (N,), 7, dtype=dt)
+                        rc1 = cuda(f"cgemm_weight_only_int{bits}_{sfx}", [Ad, qd, s.cuda(), o1], st)
+                        rc2 = cpu(f"cgemm_weight_only_int{bits}_{sfx}", [Ah, qq, s, o2])
+                    else:
+                        rc1, o1 = wo_gemm(cuda, Ad, qd, s.cuda(), bits, st)
+                        rc2, o2 = wo_gemm(cpu, AA, qq, s, bits)
+                    torch.cuda.synchronize()
+                    if rc1 or rc2:
+                        if rc1 != rc2:
+                            fail(f"wo gemm int{bits} {sfx} M={M} N={N} K={K} {tag}: status cuda={rc1} cpu={rc2}")
+                        else:
+                            okg += 1; exact += 1
+                        continue
+                    o1c = o1.cpu()
+                    if same_bits(o1c, o2):
+                        okg += 1; exact += 1
+                        continue
+                    qi = wo_unpack(qq.cpu(), bits, K).double()
+                    S = (AA.reshape(-1, K).double().abs() @ qi.abs().T) * s.double().abs()
+                    tol = 2 * K * 2.0 ** -24 * S + ulp[dt] * o2.reshape(S.shape).double().abs() + 1e-30
+                    err = (o1c.reshape(S.shape).double() - o2.reshape(S.shape).double()).abs()
+                    worst = max(worst, float((err / tol).max()))
+                    if bool((err <= tol).all()):
+                        okg += 1
+                    else:
+                        fail(f"wo gemm int{bits} {sfx} M={M} N={N} K={K} {tag}: beyond tolerance; {mismatch(o1c, o2)}")
+    res.append(f"weight-only GEMM ({len(gshapes)} shapes, M 1..33, K incl. 0/15/4099/11008, 3-D A, misaligned A/q "
+               f"-> generic kernel): {okg}/{tg} within tolerance (2K*2^-24*sum|a q s| + 1 output ulp), "
+               f"{exact}/{tg} bit-identical to the CPU library" + (f"; worst err/tol {worst:.2f}" if worst else ""))
+    return res
+
+
+def check_bad_calls_wo(cuda: Aot, cpu: Aot) -> list[str]:
+    st = stream_ptr()
+    results = {}
+    for d, lib in (("cuda", cuda), ("cpu", cpu)):
+        W = torch.randn(8, 64, device=d).half()
+        q8 = torch.zeros(8, 64, dtype=torch.int8, device=d)
+        q4 = torch.zeros(8, 32, dtype=torch.uint8, device=d)
+        sc = torch.ones(8, device=d)
+        o = torch.empty(8, 64, dtype=torch.float16, device=d)
+        A = torch.randn(2, 64, device=d).half()
+        go = torch.empty(2, 8, dtype=torch.float16, device=d)
+        K = dscalar(64) if d == "cuda" else hscalar(64)
+        Kneg = dscalar(-1) if d == "cuda" else hscalar(-1)
+        Kf = torch.tensor(64.5, device=d)
+        qn, dqn, gm = "cquantize_weight_only_int8_fp16", "cdequantize_weight_only_int8_fp16", "cgemm_weight_only_int8_fp16"
+        q4n, dq4n, gm4 = "cquantize_weight_only_int4_fp16", "cdequantize_weight_only_int4_fp16", "cgemm_weight_only_int4_fp16"
+        cases = {
+            "q nparam": (qn, [W, q8]),
+            "q W dtype": (qn, [W.float(), q8, sc]),
+            "q q dtype (uint8 for int8)": (qn, [W, q8.view(torch.uint8), sc]),
+            "q4 q dtype (int8 for int4)": (q4n, [W, q4.view(torch.int8), sc]),
+            "q scale dtype": (qn, [W, q8, sc.half()]),
+            "q W rank 3": (qn, [W.view(2, 4, 64), q8, sc]),
+            "q q size": (qn, [W, q8[:7], sc]),
+            "q4 q size": (q4n, [W, q8.view(torch.uint8), sc]),
+            "q scale size": (qn, [W, q8, sc[:7]]),
+            "q null W": (qn, [(None, (8, 64), "float16"), q8, sc]),
+            "dq nparam": (dqn, [q8, sc, K]),
+            "dq out dtype": (dqn, [q8, sc, K, o.float()]),
+            "dq K negative": (dqn, [q8, sc, Kneg, o]),
+            "dq K not integral": (dqn, [q8, sc, Kf, o]),
+            "dq K not 0-d": (dqn, [q8, sc, torch.tensor([64], device=d), o]),
+            "dq q size": (dqn, [q8[:7], sc, K, o]),
+            "dq4 q size": (dq4n, [q8.view(torch.uint8), sc, K, o]),
+            "dq out size": (dqn, [q8, sc, K, o[:7]]),
+            "dq null out": (dqn, [q8, sc, K, (None, (8, 64), "float16")]),
+            "gemm nparam": (gm, [A, q8, sc]),
+            "gemm A dtype": (gm, [A.float(), q8, sc, go]),
+            "gemm out dtype": (gm, [A, q8, sc, go.float()]),
+            "gemm 0-d A": (gm, [A[0, 0], q8, sc, go]),
+            "gemm K mismatch": (gm, [A[:, :32].contiguous(), q8, sc, go]),
+            "gemm4 q size": (gm4, [A, q8.view(torch.uint8), sc, go]),
+            "gemm out size": (gm, [A, q8, sc, go[:1]]),
+            "gemm null A": (gm, [(None, (2, 64), "float16"), q8, sc, go]),
+            "gemm null q": (gm, [A, (None, (8, 64), "int8"), sc, go]),
+        }
+        for k, (nm, args) in cases.items():
+            results.setdefault(k, {})[d] = lib(nm, args, st if d == "cuda" else None)
+    torch.cuda.synchronize()
+    n_ok = 0
+    for k, r in results.items():
+        if r["cuda"] != 0 and r["cuda"] == r["cpu"]:
+            n_ok += 1
+        else:
+            fail(f"weight-only malformed call '{k}': cuda={r['cuda']} cpu={r['cpu']}")
+    return [f"weight-only malformed calls: {n_ok}/{len(results)} return the CPU library's nonzero status; "
+            f"no CUDA error after"]
+
+
+def bench_weightonly(cuda: Aot, quick: bool):
+    st = stream_ptr()
+    nan = float("nan")
+    rows = []
+    big = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(big)
+    copy_bw = 2 * big.numel() * 4 / time_gpu(lambda: dst.copy_(big), 10) / 1e6
+    del big, dst
+
+    def row(op, dtype, shape, t, traffic, base=nan, base_name="", note=""):
+        rows.append(dict(op=op, dtype=dtype, shape=shape, us=t * 1e3, gbs=traffic / t / 1e6,
+                         pct=100 * traffic / t / 1e6 / copy_bw, base_us=base * 1e3 if base == base else nan,
+                         base_name=base_name, note=note))
+
+    def copy_time(nbytes):
+        a = torch.empty(nbytes // 4 + 1, dtype=torch.float32, device="cuda")
+        b = torch.empty_like(a)
+        t = time_gpu(lambda: b.copy_(a))
+        return t
+
+    # quantize / dequantize (fp16 weights; 11008x4096 and 32768x8192 = 268M params)
+    for (N, K) in [(11008, 4096), (32768, 8192)]:
+        for bits in (8, 4):
+            rb = wo_rb(bits, K)
+            W = torch.randn(N, K, device="cuda").half()
+            q = torch.empty(N, rb, dtype=torch.int8 if bits == 8 else torch.uint8, device="cuda")
+            sc = torch.empty(N, device="cuda")
+            o = torch.empty(N, K, dtype=torch.float16, device="cuda")
+            fq = cuda.prepare(f"cquantize_weight_only_int{bits}_fp16", [W, q, sc], st)
+            fd = cuda.prepare(f"cdequantize_weight_only_int{bits}_fp16", [q, sc, hscalar(K), o], st)
+            tq, td = time_gpu(fq), time_gpu(fd)
+            traffic = N * K * 2 + N * rb + 4 * N
+            tc = copy_time(N * K * 2)
+            row(f"quantize int{bits}", "fp16", f"{N}x{K}", tq, traffic, tc, "copy of W",
+                note="reads W twice (absmax, then codes); the 2nd read mostly from L2")
+            row(f"dequantize int{bits}", "fp16", f"{N}x{K}", td, traffic, tc, "copy of W")
+            del W, q, o
+    # GEMM: batch 1..16 against fp16 weights [N, K]; weight copies rotated (> L2)
+    for (N, K) in [(11008, 4096), (4096, 11008)]:
+        for bits in (8, 4):
+            rb = wo_rb(bits, K)
+            R = 8
+            qs = [torch.randint(-128, 128, (N, rb), dtype=torch.int8, device="cuda") for _ in range(R)]
+            if bits == 4:
+                qs = [x.view(torch.uint8) for x in qs]
+            sc = torch.rand(N, device="cuda") * 0.01
+            for M in (1, 2, 4, 8, 16):
+                for dt in ((torch.float16, torch.bfloat16, torch.float32) if M == 1 else (torch.float16,)):
+                    A = torch.randn(M, K, device="cuda").to(dt)
+                    o = torch.empty(M, N, dtype=dt, device="cuda")
+                    fns = [cuda.prepare(f"cgemm_weight_only_int{bits}_{WO_SFX[dt]}", [A, qs[r], sc, o], st)
+                           for r in range(R)]
+                    t = time_rot(fns)
+                    traffic = N * rb + 4 * N + M * K * A.element_size() + M * N * A.element_size()
+                    base, bname, note = nan, "", ""
+                    if dt == torch.float16:
+                        # torch fp16 matmul on the dequantized weight (what the int weight replaces): 4 copies
+                        Wd = [(wo_unpack(qs[r][:, :], bits, K).half() * sc[:, None].half()) for r in range(4)]
+                        base = time_rot([lambda r=r: torch.matmul(A, Wd[r].T) for r in range(4)])
+                        bname = "torch fp16 A @ W.T"
+                        ref = A.float() @ (wo_unpack(qs[0], bits, K).float() * sc[:, None]).T
+                        fns[0]()
+                        torch.cuda.synchronize()
+                        rel = float((o.float() - ref).abs().max() / ref.abs().max())
+                        note = f"max|ours - fp32 ref|/max|ref| = {rel:.1e}"
+                        del Wd
+                    row(f"gemm int{bits} M={M}", WO_SFX[dt], f"N={N} K={K}", t, traffic, base, bname, note)
+            del qs
+    return rows, copy_bw
+
+
+def fmt_table_wo(rows) -> str:
+    f = lambda v, p=1: "n/a" if v != v else f"{v:.{p}f}"
+    head = ("| op | dtype | shape | ours (us) | ours GB/s | % of copy BW | baseline | baseline (us) | speed-up | note |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n")
+    body = ""
+    for r in rows:
+        sp = r["base_us"] / r["us"] if r["base_us"] == r["base_us"] else float("nan")
+        body += (f"| {r['op']} | {r['dtype']} | {r['shape']} | {f(r['us'])} | {f(r['gbs'], 0)} | {f(r['pct'])}% | "
+                 f"{r['base_name'] or 'n/a'} | {f(r['base_us'])} | {f(sp, 2)}x | {r['note']} |\n")
+    return head + body
+
+
+def op_names(path: str | None) -> list[str]:
+    """Names of every row of bitsandbytes_ms/_ops.py: the table module loaded standalone (needs MindSpore),
+    else a names file (one a line) generated where MindSpore is installed."""
+    try:
+        spec = importlib.util.spec_from_file_location("bnb_ms_ops_table", ROOT / "bitsandbytes_ms" / "_ops.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["bnb_ms_ops_table"] = mod
+        spec.loader.exec_module(mod)
+        return list(mod.OPS)
+    except Exception as e:
+        if not path:
+            raise RuntimeError(f"_ops.py not loadable ({type(e).__name__}: {e}) and no --op-names file") from e
+        return [l.strip() for l in Path(path).read_text().splitlines() if l.strip()]
+
+
+def check_completeness(cuda: Aot, names_file: str | None) -> str:
+    names = op_names(names_file)
+    missing = [n for n in names if not cuda.has(n)]
+    for n in missing:
+        print("MISSING from the CUDA library:", n, flush=True)
+    if not names:
+        fail("op table completeness: no op names")
+    if missing:
+        fail(f"op table completeness: {len(missing)} of {len(names)} rows not exported: {', '.join(missing)}")
+    return (f"op table completeness: {len(names) - len(missing)}/{len(names)} rows of bitsandbytes_ms/_ops.py are "
+            f"exported by {Path(cuda.path).name} (dlsym)" + (f"; MISSING: {', '.join(missing)}" if missing else ""))
+
+
+def weightonly_section(cuda: Aot, cpu: Aot, quick: bool, card: str, names_file: str | None) -> str:
+    """Weight-only checks + timings + the op-table completeness check; markdown starting '## weight-only'."""
+    n_fail0 = len(FAILURES)
+    results = []
+    try:
+        results.append(check_completeness(cuda, names_file))
+    except Exception as e:
+        fail(f"check_completeness raised {type(e).__name__}: {e}")
+    for sec in (check_weightonly, check_bad_calls_wo):
+        try:
+            results += sec(cuda, cpu, quick) if sec is check_weightonly else sec(cuda, cpu)
+        except Exception as e:
+            import traceback; traceback.print_exc()
+            fail(f"{sec.__name__} raised {type(e).__name__}: {e}")
+    for r in results:
+        print(r, flush=True)
+    try:
+        rows, copy_bw = bench_weightonly(cuda, quick)
+    except Exception as e:
+        import traceback; traceback.print_exc()
+        fail(f"bench_weightonly raised {type(e).__name__}: {e}")
+        rows, copy_bw = [], float("nan")
+    table = fmt_table_wo(rows)
+    print(table, flush=True)
+    fails = FAILURES[n_fail0:]
+    return (f"## weight-only int8/int4 (W8A16/W4A16) and op-table completeness\n\n"
+            f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; card: {card}\n"
+            f"- no upstream baseline (bitsandbytes has no weight-only int8/int4 op); baselines: a device copy of W "
+            f"(quantize/dequantize) and torch's fp16 matmul on the dequantized fp16 weight (GEMM); copy bandwidth "
+            f"(1 GiB copy_) {copy_bw:.0f} GB/s\n"
+            f"- times: CUDA-event medians of 25 calls with a busy queue; GEMM rows rotate 8 weight copies (4 for torch's "
+            f"fp16 weights) so nothing is L2-resident; GB/s counts bytes read + written (weight, scales, A, out)\n\n"
+            f"### Checks\n\n" + "".join(f"- {r}\n" for r in results) +
+            (f"- FAILURES: {len(fails)}\n" + "".join(f"  - {x}\n" for x in fails[:20]) if fails else
+             "- all weight-only and completeness checks passed\n") +
+            f"\n### Timings\n\n{table}")
+
+
+def replace_section(old: str, header: str, sec: str) -> str:
+    """old markdown with the section starting at `header` (up to the next '\n## ') replaced by sec (or appended)."""
+    i = old.find("\n" + header)
+    if i < 0:
+        return old.rstrip("\n") + "\n\n" + sec
+    j = old.find("\n## ", i + 1)
+    tail = old[j:] if j >= 0 else ""
+    return old[:i].rstrip("\n") + "\n\n" + sec.rstrip("\n") + "\n" + tail
+
+
 def fmt_table(rows) -> str:
     head = "| op | dtype | blocksize / shape | ours (us) | upstream (us) | speed-up | ours GB/s | % of copy BW | note |\n|---|---|---|---|---|---|---|---|---|\n"
     body = ""
@@ -1382,6 +1777,10 @@ def main() -> int:
     ap.add_argument("--cpu-ref-only", action="store_true", help="only the CPU-vs-reference check (for BNB_MS_SIMD runs)")
     ap.add_argument("--int8-only", action="store_true",
                     help="only the int8 section; the other sections of --out are kept as they are")
+    ap.add_argument("--weightonly-only", action="store_true",
+                    help="only the weight-only + op-table completeness section; the rest of --out is kept")
+    ap.add_argument("--op-names", default=None,
+                    help="file with the op table's names, one a line (used when _ops.py cannot be imported)")
     a = ap.parse_args()
     if a.cpu_ref_only:
         print(cpu_vs_reference(a.cpu_lib), flush=True)
@@ -1391,13 +1790,25 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     card = f"{props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}, torch {torch.__version__}"
     print("card:", card, flush=True)
+    if a.weightonly_only:
+        sec = weightonly_section(cuda, cpu, a.quick, card, a.op_names)
+        old = Path(a.out).read_text() if Path(a.out).exists() else "# CUDA library: checks and timings\n"
+        note = ("(The other sections are from the earlier runs dated in them; this run (`--weightonly-only`) "
+                "re-ran only this section.)\n\n")
+        hdr = "## weight-only"
+        Path(a.out).write_text(replace_section(old, hdr, sec.replace("\n\n", "\n\n" + note, 1)))
+        print(f"wrote {a.out}; failures: {len(FAILURES)}")
+        return 1 if FAILURES else 0
     if a.int8_only:
         sec = int8_section(cuda, cpu, a.quick, card)
         old = Path(a.out).read_text() if Path(a.out).exists() else "# CUDA library: checks and timings\n"
+        wo_keep = ""
+        if "\n## weight-only" in old:
+            wo_keep = "\n" + old[old.index("\n## weight-only"):].lstrip("\n")
         old = old.split("\n## int8", 1)[0].rstrip("\n")
         note = ("\n\n(The sections above are from the earlier run dated at the top; this run (`--int8-only`) "
                 "re-ran only the int8 section below.)\n\n")
-        Path(a.out).write_text(old + note + sec)
+        Path(a.out).write_text(old + note + sec.rstrip("\n") + "\n" + wo_keep)
         print(f"wrote {a.out}; failures: {len(FAILURES)}")
         return 1 if FAILURES else 0
     results = []
@@ -1448,6 +1859,7 @@ def main() -> int:
           f"\n## Timings\n\n{table}")
     if not a.skip_new:
         md += "\n" + int8_section(cuda, cpu, a.quick, card)
+        md += "\n" + weightonly_section(cuda, cpu, a.quick, card, a.op_names)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(md)
     print(f"wrote {a.out}; failures: {len(FAILURES)}")
