@@ -1468,7 +1468,11 @@ def check_weightonly(cuda: Aot, cpu: Aot, quick: bool) -> list[str]:
                             if rc1 or rc2:
                                 fail(f"wo dequantize int{bits} {sfx} {N}x{K}: status cuda={rc1} cpu={rc2}")
                             elif not same_bits(o1, o2):
-                                fail(f"wo dequantize int{bits} {sfx} {N}x{K} off={off}: {mismatch(o1, o2)}")
+                                a1, a2 = o1.cpu().reshape(-1), o2.reshape(-1)
+                                diff = a1.view(BITS[a1.dtype]) != a2.view(BITS[a2.dtype])
+                                nan_only = bool((a1[diff].isnan() & a2[diff].isnan()).all())
+                                fail(f"wo dequantize int{bits} {sfx} {N}x{K} off={off}: {mismatch(o1, o2)}"
+                                     + (" (NaN bits only)" if nan_only else ""))
                             else:
                                 okd += 1
     res.append(f"weight-only quantize (int8/int4 x fp32/fp16/bf16, {len(shapes)} shapes incl. zero/-0/NaN/inf/"

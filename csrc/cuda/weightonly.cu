@@ -92,6 +92,16 @@ __global__ void __launch_bounds__(kQThreads) wo_quantize(const T *__restrict__ W
 // ---- dequantize ---------------------------------------------------------------------------------
 constexpr int kDThreads = 256;
 
+// q * scale with the NaN the CPU library's x86 multiply produces (as fourbit.cu's mul_x86): the first
+// NaN operand made quiet, or the x86 default NaN 0xffc00000 for 0 * inf (CUDA would give 0x7fffffff).
+__device__ __forceinline__ float mul_x86(float a, float b) {
+  const float r = __fmul_rn(a, b);
+  if (r == r) return r;
+  if (a != a) return __uint_as_float(__float_as_uint(a) | 0x400000u);
+  if (b != b) return __uint_as_float(__float_as_uint(b) | 0x400000u);
+  return __uint_as_float(0xffc00000u);
+}
+
 template <class T>
 __device__ __forceinline__ void store8(T *dst, const float *v) {  // dst 16-byte aligned
   if (sizeof(T) == 4) {
@@ -119,13 +129,13 @@ __global__ void __launch_bounds__(kDThreads) wo_dequant_fast(const uint8_t *__re
       const uint2 w = __ldcs(reinterpret_cast<const uint2 *>(q) + g);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        v[e] = byte_s8(w.x, e) * s;
-        v[4 + e] = byte_s8(w.y, e) * s;
+        v[e] = mul_x86(byte_s8(w.x, e), s);
+        v[4 + e] = mul_x86(byte_s8(w.y, e), s);
       }
     } else {
       const uint32_t w = __ldcs(reinterpret_cast<const unsigned int *>(q) + g);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = nib(w, e) * s;
+      for (int e = 0; e < 8; ++e) v[e] = mul_x86(nib(w, e), s);
     }
     store8<T>(out + g * 8, v);
   }
@@ -137,7 +147,7 @@ __global__ void __launch_bounds__(kDThreads) wo_dequant_generic(const uint8_t *_
   const int64_t total = N * K;
   for (int64_t i = (int64_t)blockIdx.x * kDThreads + threadIdx.x; i < total; i += (int64_t)gridDim.x * kDThreads) {
     const int64_t n = i / K, k = i - n * K;
-    out[i] = from_float<T>(wq<BITS>(q + n * rb, k) * sc[n]);
+    out[i] = from_float<T>(mul_x86(wq<BITS>(q + n * rb, k), sc[n]));
   }
 }
 
