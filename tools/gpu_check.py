@@ -19,6 +19,10 @@ What it does:
      bit-exact, malformed calls, timings vs upstream's int8_linear_matmul / int8_vectorwise_quant /
      int8_mm_dequant (TOP/s for the GEMM); `--int8-only` re-runs just that section and keeps the rest
      of --out.
+  6. weight-only int8/int4 section (quantize/dequantize bit-exact, GEMM bit-identical or within
+     2K*2^-24*sum|a q s| + 1 ulp, malformed calls, timings vs a copy of W and torch's fp16 matmul on the
+     dequantized weight) plus the op-table completeness check (every row of _ops.py exported by the CUDA
+     library; `--op-names FILE` where MindSpore is not installed); `--weightonly-only` re-runs just that.
 Exit status 1 when any comparison or status check fails.
 """
 from __future__ import annotations
