@@ -318,13 +318,14 @@ def bench_int8(ctx):
 # ---- optim ----
 @section("optim")
 def bench_optim(ctx):
-    """Adam step on 10M fp32 parameters: 8-bit blockwise state vs 32-bit state, and upstream's
-    Adam8bit / Adam (bitsandbytes 0.50.2 on torch 2.13, p.grad set, opt.step()) and torch.optim.Adam."""
+    """Adam step on ``--optim-params`` fp32 parameters (default 100M): 8-bit blockwise state vs 32-bit
+    state, and upstream's Adam8bit / Adam (bitsandbytes 0.50.2 on torch 2.13, p.grad set, opt.step())
+    and torch.optim.Adam."""
     import mindspore as ms
 
     import bitsandbytes_ms as bnb
 
-    n = 10_000_000
+    n = ctx.optim_params
     rng = np.random.RandomState(0)
     inputs = {"p": rng.randn(n).astype(np.float32), "g": (rng.randn(n) * 0.01).astype(np.float32)}
     up = ctx.upstream.run("""
@@ -352,7 +353,7 @@ def bench_optim(ctx):
                      f"{u / t:.2f}x" if u else "-", f"{t / t32:.2f}"])
     u = up.get("torch_adam")
     rows.append(["torch.optim.Adam (upstream env)", "-", "-", fmt_ms(u) if u else "-", "-", "-"])
-    ctx.report.add("Optimizer step (Adam, 10M fp32 parameters)",
+    ctx.report.add(f"Optimizer step (Adam, {n / 1e6:.0f}M fp32 parameters)",
                    ["optimizer", "ours ms", "ours throughput", "upstream ms", "speed-up vs upstream",
                     "ours / our 32-bit"], rows,
                    "Ours: bitsandbytes_ms.optim step(grads=...) (fused native kernel, in place). Upstream: the same "
@@ -366,6 +367,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--no-upstream", action="store_true", help="skip upstream bitsandbytes (no env is built)")
     ap.add_argument("--big", action="store_true", help="also the 4096^3 int8 GEMM")
+    ap.add_argument("--optim-params", type=int, default=100_000_000, help="parameters in the optimizer benchmark")
     ap.add_argument("--output", default=str(ROOT / "benchmarks" / "cpu.md"))
     args = ap.parse_args(argv)
 
@@ -380,6 +382,7 @@ def main(argv=None) -> int:
     ctx = Ctx()
     ctx.repeat = args.repeat
     ctx.big = args.big
+    ctx.optim_params = args.optim_params
     ctx.report = Report()
     ctx.upstream = Upstream(not args.no_upstream, args.repeat)
     for name in args.sections.split(","):
