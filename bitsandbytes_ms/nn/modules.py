@@ -411,6 +411,11 @@ class Linear8bitLt(torch.nn.Linear):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         scb_key, w_key, fmt_key = prefix + "SCB", prefix + "weight", prefix + "weight_format"
+        if scb_key in state_dict and not isinstance(self.weight, Int8Params):
+            # tied/replaced plain weight: loading row scales into it would silently mis-scale it (upstream
+            # raises the same error when the weight has no SCB slot)
+            raise RuntimeError("Loading a quantized checkpoint into non-quantized Linear8bitLt is not supported: "
+                               f"{w_key} is a plain {type(self.weight).__name__} (tied or replaced), not Int8Params")
         if scb_key in state_dict and w_key in state_dict:
             fmt = state_dict.get(fmt_key)
             if fmt is not None and int(_np_scalar(fmt)) != 0:
