@@ -319,6 +319,12 @@ class Int8Params(torch.nn.Parameter):
         return Int8Params(self.data, requires_grad=self.requires_grad, has_fp16_weights=self.has_fp16_weights,
                           CB=self.CB, SCB=self.SCB)
 
+    def __reduce_ex__(self, protocol):
+        # pickle / torch.save: keep the class, the flags and SCB (mindtorch's Parameter pickles as a plain
+        # tensor, which would drop them); CB is the data itself once quantized
+        return (_rebuild_int8params, (self.data, self.requires_grad, self.has_fp16_weights,
+                                      self.CB is not None, self.SCB))
+
     def cpu(self):
         return self.to("cpu")
 
@@ -339,6 +345,15 @@ class Int8Params(torch.nn.Parameter):
         if dtype is not None and not self.is_quantized and dtype != self.dtype:
             return self._with_attrs(_as_mindtorch(self.data.to(dtype)))
         return self
+
+
+def _rebuild_int8params(data, requires_grad, has_fp16_weights, has_cb, SCB):
+    """Unpickles an :class:`Int8Params` (see ``Int8Params.__reduce_ex__``)."""
+    p = Int8Params(_as_mindtorch(data), requires_grad=requires_grad, has_fp16_weights=has_fp16_weights,
+                   SCB=_as_mindtorch(SCB))
+    if has_cb:
+        p.CB = p.data
+    return p
 
 
 def _weight_scb(weight):
