@@ -468,9 +468,10 @@ class Linear8bitLt(torch.nn.Linear):
             raise RuntimeError("Linear8bitLt: int8 weight without SCB row scales")
         if w.dtype == _ms.int8:
             self.state.CB = w
+        # as upstream, the bias is cast to the activations' dtype once, in place (weights are int8 already)
+        if self.bias is not None and self.bias.dtype != x.dtype:
+            self.bias.data = _as_mindtorch(self.bias.data.to(x.dtype))
         bias = self.bias
-        if bias is not None and bias.dtype != x.dtype:
-            bias = bias.to(x.dtype)
         out = matmul(x, w, bias=bias, state=self.state)
         # keep SCB reachable from the weight too (transformers reads `weight.SCB`)
         if w.dtype == _ms.int8 and getattr(w, "SCB", None) is None:
