@@ -122,3 +122,61 @@ def gemm_4bit(A: Tensor, B: Tensor, shapeB: Sequence[int], absmax: Tensor, block
         state = F.QuantState(absmax=absmax, shape=shape, dtype=A.dtype, blocksize=blocksize, code=code,
                              quant_type=quant_type)
     return matmul_4bit(A, B, state, bias=bias)
+
+
+# ---- int8 (LLM.int8()) ----
+# Upstream schemas (bitsandbytes 0.50 _ops.py): int8_linear_matmul(A, B) / .out(A, B, out);
+# int8_vectorwise_quant(A, threshold=0.0) -> (int8, fp32 row_stats, outlier_cols?);
+# int8_vectorwise_dequant(A, stats); int8_mm_dequant(A, row_stats, col_stats, dtype=None, bias=None);
+# int8_scaled_mm(A, B, row_stats, col_stats, bias=None, dtype=None);
+# int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None) -> (out, subA?).
+@_register("int8_linear_matmul")
+def int8_linear_matmul(A: Tensor, B: Tensor) -> Tensor:
+    """``int8_linear_matmul(Tensor A int8 [..., K], Tensor B int8 [N, K]) -> Tensor int32 [..., N]``."""
+    return F.int8_linear_matmul(A, B)
+
+
+def _int8_linear_matmul_out(A: Tensor, B: Tensor, out: Tensor) -> Tensor:
+    """``int8_linear_matmul.out(Tensor A, Tensor B, Tensor(a!) out) -> Tensor(a!)``: writes into ``out``."""
+    return F.int8_linear_matmul(A, B, out=out)
+
+
+bitsandbytes.int8_linear_matmul.out = _int8_linear_matmul_out
+
+
+@_register("int8_vectorwise_quant")
+def int8_vectorwise_quant(A: Tensor, threshold: float = 0.0):
+    """``int8_vectorwise_quant(Tensor A, float threshold=0.0) -> (Tensor int8, Tensor fp32, Tensor?)``."""
+    return F.int8_vectorwise_quant(A, threshold=threshold)
+
+
+@_register("int8_vectorwise_dequant")
+def int8_vectorwise_dequant(A: Tensor, stats: Tensor) -> Tensor:
+    """``int8_vectorwise_dequant(Tensor A int8, Tensor stats fp32) -> Tensor fp32``."""
+    return F.int8_vectorwise_dequant(A, stats)
+
+
+@_register("int8_mm_dequant")
+def int8_mm_dequant(A: Tensor, row_stats: Tensor, col_stats: Tensor, dtype=None, bias: Optional[Tensor] = None):
+    """``int8_mm_dequant(Tensor A int32, Tensor row_stats, Tensor col_stats, ScalarType? dtype=None,
+    Tensor? bias=None) -> Tensor`` (float16 unless ``dtype``)."""
+    res = F.int8_mm_dequant(A, row_stats, col_stats, bias=bias)
+    if dtype is not None and dtype != res.dtype:
+        res = F._tag(res.astype(ms.float32).astype(dtype), (A,))
+    return res
+
+
+@_register("int8_scaled_mm")
+def int8_scaled_mm(A: Tensor, B: Tensor, row_stats: Tensor, col_stats: Tensor, bias: Optional[Tensor] = None,
+                   dtype=None) -> Tensor:
+    """``int8_scaled_mm(Tensor A, Tensor B, Tensor row_stats, Tensor col_stats, Tensor? bias=None,
+    ScalarType? dtype=None) -> Tensor``."""
+    return F.int8_scaled_mm(A, B, row_stats, col_stats, bias=bias, dtype=dtype)
+
+
+@_register("int8_mixed_scaled_mm")
+def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Tensor,
+                         outlier_cols: Optional[Tensor] = None, bias: Optional[Tensor] = None):
+    """``int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, Tensor? outlier_cols=None, Tensor? bias=None)
+    -> (Tensor, Tensor?)``."""
+    return F.int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols, bias)

@@ -709,3 +709,249 @@ class TestQuantize4BitFunctional:
         with pytest.warns(DeprecationWarning, match="Re-quantize from the weight"):
             out_kn = bnb.matmul_4bit(A, qB_kn, qs_kn)
         assert (ref.float() - out_kn.float()).abs().mean().item() < 0.115
+
+
+# ---- int8 (LLM.int8()) ----
+# Port of upstream's TestLLMInt8Functional (LLM.int8() section of tests/test_functional.py).
+k = 20  # noqa: E305  (upstream's module-level iteration count)
+
+
+def _randint8(*size):
+    # PORT: torch.randint(-128, 127, size=..., dtype=torch.int8) -> seeded numpy (mindtorch's randint
+    # ignores the seed; int8 randint is not available on the CPU)
+    return torch.tensor(np.random.randint(-128, 127, size=size).astype(np.int8))
+
+
+class TestLLMInt8Functional:
+    @staticmethod
+    def vectorwise_mm_dequant(xq, S1, S2, dtype=torch.half):
+        """Reference implementation for the F.int8_mm_dequant function."""
+        C = 127.0
+
+        x = xq.float()
+        if len(S1.shape) == 3 and len(x.shape) == 2:
+            S1 = S1.squeeze(0)
+        if len(S2.shape) == 3 and len(x.shape) == 2:
+            S2 = S2.squeeze(0)
+        # PORT: `x *= ...` -> `x = x * ...` (in-place ops on mindtorch tensors rebind, same values)
+        if len(S1.shape) == 2:
+            x = x * (S1 / C)
+        else:
+            x = x * (S1 / C)
+        x = x * (S2 / C)
+        return x.to(dtype)
+
+    @staticmethod
+    def vectorwise_quant(x, dim=1):
+        """Reference implementation"""
+        max1 = torch.amax(torch.abs(x), dim=dim, keepdim=True)
+        xq = torch.round(x * (127.0 / max1)).to(torch.int8)
+        return xq, max1
+
+    @pytest.mark.parametrize("device", get_available_devices())
+    @pytest.mark.parametrize("dim1", [128], ids=id_formatter("dim1"))
+    @pytest.mark.parametrize("dim2", [256], ids=id_formatter("dim2"))
+    @pytest.mark.parametrize("dim3", [499, 512], ids=id_formatter("dim3"))
+    @pytest.mark.parametrize("dim4", [512], ids=id_formatter("dim4"))
+    @pytest.mark.parametrize("dims", (2, pytest.param(3, marks=pytest.mark.slow)), ids=id_formatter("dims"))  # PORT: dims=3 slow
+    @pytest.mark.parametrize("ldb", (0,), ids=id_formatter("ldb"))
+    def test_int8_linear_matmul(self, device, dim1, dim2, dim3, dim4, dims, ldb):
+        for i in range(k):
+            if dims == 2:
+                A = _randint8(dim1, dim3)  # PORT: see _randint8
+            elif dims == 3:
+                A = _randint8(dim1, dim2, dim3)  # PORT: see _randint8
+            B = _randint8(dim4, dim3)  # PORT: see _randint8
+            C1 = torch.matmul(A.float(), B.t().float())
+
+            C2 = F.int8_linear_matmul(A, B)
+            torch.testing.assert_close(C1, C2.float())
+
+    @pytest.mark.parametrize("device", get_available_devices())
+    @pytest.mark.parametrize("dim1", [32], ids=id_formatter("dim1"))
+    @pytest.mark.parametrize("dim2", [32], ids=id_formatter("dim2"))
+    @pytest.mark.parametrize("dim3", [32], ids=id_formatter("dim3"))
+    @pytest.mark.parametrize("dim4", [32], ids=id_formatter("dim4"))
+    @pytest.mark.parametrize("dims", (2,), ids=id_formatter("dims"))
+    def test_int8_linear_matmul_half(self, device, dim1, dim2, dim3, dim4, dims):
+        for i in range(k):
+            # PORT: torch.normal(0, 0.5, size=...) -> 0.5 * seeded randn (same distribution)
+            if dims == 2:
+                A = (0.5 * torch.randn(dim1, dim3)).half()
+            elif dims == 3:
+                A = (0.5 * torch.randn(dim1, dim2, dim3)).half()
+            # PORT: torch.nn.init.xavier_uniform_(B) on an fp16 tensor -> the same distribution via numpy
+            bound = float(np.sqrt(6.0 / (dim4 + dim3)))
+            B = torch.tensor(np.random.uniform(-bound, bound, (dim4, dim3)).astype(np.float32)).half()
+            C1 = torch.matmul(A, B.t())
+
+            A = A.view(-1, A.shape[-1])
+
+            CA, statsA, _ = F.int8_vectorwise_quant(A)
+            CB, statsB, _ = F.int8_vectorwise_quant(B)
+            output = F.int8_mm_dequant(F.int8_linear_matmul(CA, CB), statsA, statsB)
+
+            torch.testing.assert_close(C1.view(-1, C1.shape[-1]), output, atol=0.025, rtol=0.05)
+
+    @pytest.mark.parametrize("device", get_available_devices())
+    @pytest.mark.parametrize("dim1", (64, 256), ids=id_formatter("dim1"))
+    @pytest.mark.parametrize("dim4", (64, 1024), ids=id_formatter("dim4"))
+    @pytest.mark.parametrize("dims", (2,), ids=id_formatter("dims"))
+    @pytest.mark.parametrize("has_bias", TRUE_FALSE, ids=id_formatter("has_bias"))
+    def test_dequant_mm(self, device, dim1, dim4, dims, has_bias):
+        inner = 128
+        bias = None
+        if has_bias:
+            bias = torch.randn(dim4, device=device, dtype=torch.float16)
+
+        for i in range(1):
+            A = torch.randn(dim1, inner, device=device)
+            B = torch.randn(dim4, inner, device=device)
+            C1 = torch.matmul(A.half(), B.t().half())
+            if has_bias:
+                C1 = C1 + bias  # PORT: `+=` -> `= ... +` (see vectorwise_mm_dequant)
+
+            A1, maxA = self.vectorwise_quant(A, dim=1)
+            B1, maxB = self.vectorwise_quant(B, dim=1)
+
+            C2 = F.int8_linear_matmul(A1, B1)
+
+            C4 = self.vectorwise_mm_dequant(C2.float(), maxA, maxB.t())
+            if has_bias:
+                C4 = C4 + bias  # PORT: as above
+
+            # TODO: is something wrong here? If so, the problem goes deeper
+            # n = C1.numel()
+            # p = 0.06
+            std = C1.std(0).view(1, -1)
+            C1 = C1 / std  # PORT: as above
+            C4 = C4 / std  # PORT: as above
+            # assert_all_approx_close(C1, C4, atol=0.02, rtol=0.1, count=int(n*0.06))
+            # assert (count / n < p), f"error in more than {p} of elements: {count}/{n}={count/n}"
+
+            C5 = F.int8_mm_dequant(C2, maxA, maxB, bias=bias)
+            C5 = C5 / std  # PORT: as above
+            torch.testing.assert_close(C5, C4, atol=0.015, rtol=0.1)
+            n = C5.numel()
+            assert_all_approx_close(C1, C4, atol=0.015, rtol=0.1, count=int(0.01 * n))
+
+    # Keep CUDA-only coverage for int8_double_quant during deprecation cycle.
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is required")
+    @pytest.mark.parametrize("dim1", [2048, 4096], ids=id_formatter("dim1"))
+    @pytest.mark.parametrize("dim2", [512, 1024], ids=id_formatter("dim2"))
+    def test_int8_double_quant(self, dim1, dim2):
+        for i in range(k):
+            A = torch.randn(dim1, dim2, device="cuda").half()
+            out_col1, Scol = self.vectorwise_quant(A, dim=0)
+            out_row1, Srow = self.vectorwise_quant(A, dim=1)
+
+            CA, CAt, statsA, statsAt, _ = F.int8_double_quant(A)
+
+            # max difference is 1 due to rounding differences
+            torch.testing.assert_close(CA, out_row1, atol=1, rtol=0)
+            torch.testing.assert_close(CAt, out_col1, atol=1, rtol=0)
+
+            n = CAt.numel()
+            num_not_close_rows = (torch.isclose(CA, out_row1, atol=1) == 0).sum().item()
+            num_not_close_cols = (torch.isclose(CAt, out_col1, atol=1) == 0).sum().item()
+
+            # allow for 1:500 error due to rounding differences
+            min_error = 1 / 500
+            if num_not_close_cols > (min_error * n):
+                print(
+                    f"Min error exceeded {num_not_close_cols} elements are different. Error: {num_not_close_cols / n:.4f}"
+                )
+                assert False
+            if num_not_close_rows > (min_error * n):
+                print(
+                    f"Min error exceeded {num_not_close_rows} elements are different. Error: {num_not_close_rows / n:.4f}"
+                )
+                assert False
+
+            torch.testing.assert_close(Srow.flatten().float(), statsA)
+            torch.testing.assert_close(Scol.flatten().float(), statsAt)
+
+    @pytest.mark.parametrize("device", get_available_devices())
+    @pytest.mark.parametrize(
+        ("dim1", "dim4", "inner"),
+        (
+            pytest.param(dim1, dim4, inner, id=f"{dim1=},{dim4=},{inner=}",
+                         marks=[pytest.mark.slow] if dim1 >= 2048 else [])  # PORT: 2048 case slow on 2 cores
+            for (dim1, dim4, inner) in zip(
+                (1, 8, 2048, 4096),
+                (2, 128, 2048, 4096),
+                (4, 256, 512, 4096),
+            )
+        ),
+    )
+    def test_integrated_int8_linear_matmul(self, device, dim1, dim4, inner):
+        if device == "cpu" and inner > 2048:
+            pytest.skip("Slow on CPU")
+
+        for i in range(k):
+            A = torch.randn(dim1, inner, device=device).half()
+            B = torch.randn(dim4, inner, device=device).half()
+
+            out1 = torch.matmul(A.half(), B.t().half())
+
+            C1a, stats1a, _ = F.int8_vectorwise_quant(A)
+            C2a, stats2a, _ = F.int8_vectorwise_quant(B)
+            A1, maxA = self.vectorwise_quant(A, dim=1)
+            B1, maxB = self.vectorwise_quant(B, dim=1)
+
+            torch.testing.assert_close(maxA.flatten().float(), stats1a)
+            torch.testing.assert_close(maxB.flatten().float(), stats2a)
+            torch.testing.assert_close(C1a, A1, rtol=0, atol=1)
+            torch.testing.assert_close(C2a, B1, rtol=0, atol=1)
+
+            out2 = F.int8_linear_matmul(A1, B1)
+
+            C2 = F.int8_linear_matmul(A1, B1)
+
+            out3 = self.vectorwise_mm_dequant(C2.float(), maxA, maxB.t())
+
+            err1 = torch.abs(out1 - out2).mean().item()
+            err2 = torch.abs(out1 - out3).mean().item()
+            assert err2 <= err1 * 1.025
+
+    @pytest.mark.parametrize("device", get_available_devices())
+    @pytest.mark.parametrize("dim1", [512, pytest.param(2048, marks=pytest.mark.slow)], ids=id_formatter("dim1"))  # PORT: slow
+    @pytest.mark.parametrize("dim2", [1024, pytest.param(4096, marks=pytest.mark.slow)], ids=id_formatter("dim2"))  # PORT: slow
+    def test_coo_double_quant(self, device, dim1, dim2):
+        threshold = 2.00
+        for i in range(k):
+            A = torch.randn(dim1, dim2, device=device).half()
+
+            idx = torch.abs(A) >= threshold
+            CA, statsA, outlier_cols = F.int8_vectorwise_quant(A, threshold=threshold)
+
+            if outlier_cols is not None:
+                A1 = A * idx
+                A2 = torch.zeros_like(A) + A1
+                torch.testing.assert_close(A1, A2)
+
+                # PORT: `A[:, outlier_cols] = 0` through numpy (index writes into mindtorch tensors)
+                a = A.float().numpy().copy()
+                a[:, outlier_cols.numpy()] = 0
+                A = torch.tensor(a).half()
+                A2 = (CA.float() * statsA.unsqueeze(1) / 127).half()
+                torch.testing.assert_close(A, A2, rtol=0.05, atol=1.5e-2)
+
+    @pytest.mark.parametrize("device", get_available_devices())
+    @pytest.mark.parametrize("dim1", [512, pytest.param(2048, marks=pytest.mark.slow)], ids=id_formatter("dim1"))  # PORT: slow
+    @pytest.mark.parametrize("dim2", [1024, pytest.param(4096, marks=pytest.mark.slow)], ids=id_formatter("dim2"))  # PORT: slow
+    def test_coo_int8_vectorwise_quant(self, device, dim1, dim2):
+        threshold = 3.00
+        for i in range(k):
+            A = torch.randn(dim1, dim2, device=device).half()
+
+            idx = torch.abs(A) >= threshold
+            CA, statsA, outlier_cols = F.int8_vectorwise_quant(A, threshold=threshold)
+
+            if outlier_cols is not None:
+                A2 = (CA.float() * statsA.unsqueeze(1) / 127).half()
+                # PORT: `A[:, outlier_cols] = 0` through numpy (index writes into mindtorch tensors)
+                a = A.float().numpy().copy()
+                a[:, outlier_cols.numpy()] = 0
+                A = torch.tensor(a).half()
+                torch.testing.assert_close(A * (idx == 0), A2, rtol=0.05, atol=1.5e-2)

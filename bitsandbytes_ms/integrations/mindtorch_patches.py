@@ -41,3 +41,32 @@ def _element_size_8bit(wrapped, instance, args, kwargs):
     if instance.dtype in (ms.int8, ms.uint8):
         return 1
     return wrapped(*args, **kwargs)
+
+
+# ---- int8 (LLM.int8()) ----
+def _with_int8_storage():
+    import numpy as np
+    import mindspore as ms
+    import mindtorch.serialization as ser
+
+    save_map = dict(ser.storage_map)
+    save_map.setdefault(ms.int8, "CharStorage")  # PyTorch's name for int8 storage
+    load_map = dict(ser.dtype_map)
+    load_map.setdefault("CharStorage", np.int8)
+    return save_map, load_map
+
+
+try:
+    _SAVE_MAP, _LOAD_MAP = _with_int8_storage()
+except Exception:  # pragma: no cover - mindtorch layout changed; the patch is then not registered
+    _SAVE_MAP = _LOAD_MAP = None
+
+if _SAVE_MAP is not None:
+    _WHY_INT8_SAVE = (
+        "mindtorch's torch.save/torch.load have no storage type for int8 tensors (KeyError: mindspore.int8 in "
+        "serialization.storage_map / dtype_map), so a Linear8bitLt (int8 weight) or its state_dict cannot be "
+        "saved with torch.save. Adds PyTorch's 'CharStorage' name for int8 to both tables.")
+    registry.register_value("mindtorch-save-int8", "mindtorch.serialization", "storage_map", _SAVE_MAP,
+                            why=_WHY_INT8_SAVE, only_if_imported=False)
+    registry.register_value("mindtorch-load-int8", "mindtorch.serialization", "dtype_map", _LOAD_MAP,
+                            why=_WHY_INT8_SAVE, only_if_imported=False)

@@ -321,6 +321,12 @@ class Int8Params(torch.nn.Parameter):
         return Int8Params(self.data, requires_grad=self.requires_grad, has_fp16_weights=self.has_fp16_weights,
                           CB=self.CB, SCB=self.SCB)
 
+    def __reduce_ex__(self, protocol):
+        # pickle / torch.save: keep the class, the flags and SCB (mindtorch's Parameter pickles as a plain
+        # tensor, which would drop them); CB is the data itself once quantized
+        return (_rebuild_int8params, (self.data, self.requires_grad, self.has_fp16_weights,
+                                      self.CB is not None, self.SCB))
+
     def cpu(self):
         return self.to("cpu")
 
@@ -341,6 +347,15 @@ class Int8Params(torch.nn.Parameter):
         if dtype is not None and not self.is_quantized and dtype != self.dtype:
             return self._with_attrs(_as_mindtorch(self.data.to(dtype)))
         return self
+
+
+def _rebuild_int8params(data, requires_grad, has_fp16_weights, has_cb, SCB):
+    """Unpickles an :class:`Int8Params` (see ``Int8Params.__reduce_ex__``)."""
+    p = Int8Params(_as_mindtorch(data), requires_grad=requires_grad, has_fp16_weights=has_fp16_weights,
+                   SCB=_as_mindtorch(SCB))
+    if has_cb:
+        p.CB = p.data
+    return p
 
 
 def _weight_scb(weight):
@@ -413,6 +428,11 @@ class Linear8bitLt(torch.nn.Linear):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         scb_key, w_key, fmt_key = prefix + "SCB", prefix + "weight", prefix + "weight_format"
+        if scb_key in state_dict and not isinstance(self.weight, Int8Params):
+            # tied/replaced plain weight: loading row scales into it would silently mis-scale it (upstream
+            # raises the same error when the weight has no SCB slot)
+            raise RuntimeError("Loading a quantized checkpoint into non-quantized Linear8bitLt is not supported: "
+                               f"{w_key} is a plain {type(self.weight).__name__} (tied or replaced), not Int8Params")
         if scb_key in state_dict and w_key in state_dict:
             fmt = state_dict.get(fmt_key)
             if fmt is not None and int(_np_scalar(fmt)) != 0:
@@ -450,9 +470,10 @@ class Linear8bitLt(torch.nn.Linear):
             raise RuntimeError("Linear8bitLt: int8 weight without SCB row scales")
         if w.dtype == _ms.int8:
             self.state.CB = w
+        # as upstream, the bias is cast to the activations' dtype once, in place (weights are int8 already)
+        if self.bias is not None and self.bias.dtype != x.dtype:
+            self.bias.data = _as_mindtorch(self.bias.data.to(x.dtype))
         bias = self.bias
-        if bias is not None and bias.dtype != x.dtype:
-            bias = bias.to(x.dtype)
         out = matmul(x, w, bias=bias, state=self.state)
         # keep SCB reachable from the weight too (transformers reads `weight.SCB`)
         if w.dtype == _ms.int8 and getattr(w, "SCB", None) is None:
