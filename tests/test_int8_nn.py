@@ -56,10 +56,17 @@ def _int8_linear(W, b, threshold=0.0, has_fp16_weights=False, training=False):
     return m.to("cpu")
 
 
+def _f16(a):
+    """float32 values as upstream quantizes them: after a cast to float16 (weights and float32
+    activations; float16/bfloat16 values are unchanged by it)."""
+    return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
+
+
 def _row_quant(a):
-    """Numpy LLM.int8() row-wise quantization: (int values, absmax per row)."""
+    """Numpy LLM.int8() row-wise quantization of float32 weights: (int values, absmax per row)."""
+    a = _f16(a)
     amax = np.abs(a).max(axis=-1, keepdims=True).astype(np.float32)
-    q = np.rint(a * (127.0 / np.where(amax == 0, 1, amax)))
+    q = np.rint(a * ((np.float32(1.0) / np.where(amax == 0, np.float32(1), amax)) * np.float32(127.0)))
     return q, amax
 
 
@@ -203,8 +210,8 @@ def _emulate(xr, W, b, cols=()):
     cols = np.asarray(cols, dtype=np.int64)
     xi = xr.copy()
     xi[:, cols] = 0
-    qa, sa, _ = R.int8_vector_quant(xi)
-    qw, sw, _ = R.int8_vector_quant(W)
+    qa, sa, _ = R.int8_vector_quant(_f16(xi))
+    qw, sw, _ = R.int8_vector_quant(_f16(W))
     qa, qw, sa, sw = (v.astype(np.float64) for v in (qa, qw, sa, sw))
     out = (qa @ qw.T) * (sa[:, None] * sw[None, :]) / (127.0 * 127.0) + b
     if cols.size:
