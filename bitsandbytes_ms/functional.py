@@ -706,7 +706,8 @@ def _storage_view(packed_u8: Tensor, quant_storage) -> Tensor:
     arr = packed_u8.asnumpy().reshape(-1)
     if quant_storage == ms.bfloat16:
         from ._reference import np_bfloat16
-        t = Tensor(arr.view(np.uint16).view(np_bfloat16).astype(np.float32)).astype(ms.bfloat16)  # exact bits
+        # straight from the bytes: a round trip through float32 would canonicalise NaN bit patterns
+        t = Tensor(arr.view(np.uint16).view(np_bfloat16).copy())
     else:
         t = Tensor(arr.view(ms.dtype_to_nptype(quant_storage)).copy())
     t = t.reshape(-1, 1)
@@ -719,8 +720,7 @@ def _as_uint8(A: Tensor) -> Tensor:
     if A.dtype == ms.uint8:
         return A.reshape(-1)
     if A.dtype == ms.bfloat16:
-        from ._reference import np_bfloat16
-        raw = A.astype(ms.float32).asnumpy().astype(np_bfloat16).view(np.uint8)
+        raw = A.asnumpy().view(np.uint8)  # bf16 bits as stored (not via float32: NaN patterns would change)
     else:
         raw = A.asnumpy().view(np.uint8)
     t = Tensor(np.ascontiguousarray(raw).reshape(-1))

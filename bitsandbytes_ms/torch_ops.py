@@ -19,6 +19,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from . import functional as F
+from .cextension import tag_device
 
 
 class _Op:
@@ -48,7 +49,14 @@ bitsandbytes = _Namespace()
 
 def _register(name: str):
     def deco(fn):
-        setattr(bitsandbytes, name, _Op(fn, name))
+        def op(*args, **kwargs):
+            # results (and tensors taken from a QuantState) carry the inputs' mindtorch device, as torch ops' do
+            res = fn(*args, **kwargs)
+            tag_device(res, like=tuple(a for a in args if isinstance(a, Tensor)))
+            return res
+
+        op.__doc__, op.__name__ = fn.__doc__, name
+        setattr(bitsandbytes, name, _Op(op, name))
         return fn
     return deco
 

@@ -71,7 +71,8 @@ class PatchRegistry:
             owner = mod
             for part in filter(None, owner_path.split(".")):
                 owner = getattr(owner, part)
-            original = getattr(owner, attr)
+            # a value patch may add an attribute the owner lacks (e.g. a missing CPU kernel); remove() deletes it again
+            original = getattr(owner, attr) if p.value is _NO_VALUE else owner.__dict__.get(attr, _NO_VALUE)
             if p.value is not _NO_VALUE:
                 setattr(owner, attr, p.value)
             else:
@@ -84,7 +85,10 @@ class PatchRegistry:
         for name in list(self._originals):
             if names is None or name in names:
                 owner, attr, original = self._originals.pop(name)
-                setattr(owner, attr, original)
+                if original is _NO_VALUE:
+                    delattr(owner, attr)
+                else:
+                    setattr(owner, attr, original)
 
 
 registry = PatchRegistry()

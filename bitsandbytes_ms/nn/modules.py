@@ -52,6 +52,56 @@ class Params4bit(torch.nn.Parameter):
         state["requires_grad"] = self.requires_grad
         return state
 
+    def __setstate__(self, state):
+        state = dict(state)
+        state.pop("data", None)
+        self.requires_grad = state.pop("requires_grad", False)
+        self.__dict__.update(state)
+
+    def __reduce_ex__(self, protocol):
+        # pickle / torch.save keep the subclass and its attributes (upstream relies on torch's Tensor pickling
+        # for that; mindtorch's rebuilds a plain tensor). The state goes in the third slot so that a module
+        # referring back to this parameter (``self.module``) pickles without a cycle.
+        state = self.__getstate__()
+        del state["data"]
+        return (_rebuild_params4bit, (type(self), torch.Tensor(self.data), self.requires_grad), state)
+
+    # Pass-through properties for the QuantState entries that appear as ``weight.<key>`` in a state dict,
+    # so that code resolving dotted state-dict names with getattr (FSDP's _get_fqns) finds them (upstream #1405).
+    def _qs_attr(self, name, nested=False):
+        qs = self.__dict__.get("quant_state")
+        if qs is None or (nested and qs.state2 is None):
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        return qs
+
+    absmax = property(lambda self: self._qs_attr("absmax").absmax)
+    code = property(lambda self: self._qs_attr("code").code)
+    quant_map = property(lambda self: self._qs_attr("quant_map").code)
+    offset = property(lambda self: self._qs_attr("offset").offset)
+    state2 = property(lambda self: self._qs_attr("state2").state2)
+    nested_absmax = property(lambda self: self._qs_attr("nested_absmax", True).state2.absmax)
+    nested_blocksize = property(lambda self: self._qs_attr("nested_blocksize", True).state2.blocksize)
+    nested_quant_map = property(lambda self: self._qs_attr("nested_quant_map", True).state2.code)
+    nested_dtype = property(lambda self: self._qs_attr("nested_dtype", True).state2.dtype)
+    nested_offset = property(lambda self: self._qs_attr("nested_offset").offset)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """torch.chunk / torch.split of a Params4bit give Params4bit pieces with the same attributes (as upstream,
+        for FSDP-style sharding). mindtorch dispatches here only with the patches
+        ``mindtorch-torch-function-chunk``/``-split`` applied (``bitsandbytes_ms.register()``)."""
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if getattr(func, "__name__", None) not in ("chunk", "split"):
+            return result
+        src = args[0] if args else kwargs.get("input", kwargs.get("tensor"))
+        attrs = src._attrs()
+
+        def wrap(t):
+            return cls(t, **attrs)
+
+        return tuple(wrap(t) for t in result) if isinstance(result, (tuple, list)) else wrap(result)
+
     def __copy__(self):
         return type(self)(torch.Tensor(self.data), **self._attrs())
 
@@ -118,6 +168,11 @@ class Params4bit(torch.nn.Parameter):
 
     def cuda(self, device=None, non_blocking=False):
         return self.to("cuda" if device is None else device)
+
+
+def _rebuild_params4bit(cls, data, requires_grad):
+    """Unpickling helper of :class:`Params4bit` (its attributes arrive through ``__setstate__``)."""
+    return cls(data, requires_grad=requires_grad)
 
 
 def fix_4bit_weight_quant_state_from_module(module) -> None:
