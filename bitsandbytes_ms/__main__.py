@@ -110,6 +110,23 @@ def quantize_job(args) -> int:
         raise CliError(f"--model {model_dir}: no config.json there; it is not a Hugging Face-format checkpoint")
     if args.max_new_tokens < 1:
         raise CliError("--max-new-tokens must be at least 1")
+    if not math.isfinite(args.threshold) or args.threshold < 0:
+        raise CliError(f"--threshold must be a finite number >= 0 (0 disables the outlier split); got {args.threshold}")
+    if args.eval_window < 2:
+        raise CliError(f"--eval-window must be at least 2 tokens; got {args.eval_window}")
+    if args.eval_windows < 1:
+        raise CliError(f"--eval-windows must be at least 1; got {args.eval_windows}")
+    if args.eval_file is not None and not Path(args.eval_file).is_file():
+        raise CliError(f"--eval-file {args.eval_file}: no such file")
+    if args.save:
+        save_dir = Path(args.save)
+        if save_dir.exists() and not save_dir.is_dir():
+            raise CliError(f"--save {save_dir}: exists and is not a directory")
+        if save_dir.resolve() == model_dir.resolve():
+            raise CliError(f"--save {save_dir}: is the --model directory; pick another directory")
+        parent = save_dir if save_dir.exists() else save_dir.parent
+        if not parent.exists() or not os.access(parent, os.W_OK):
+            raise CliError(f"--save {save_dir}: cannot write there (no such parent directory or no permission)")
 
     os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")  # mindnlp imports diffusers, which logs a banner
     with tqdm(total=2, desc="loading", unit="step", leave=False) as bar:
@@ -130,6 +147,9 @@ def quantize_job(args) -> int:
             config = AutoConfig.from_pretrained(str(model_dir))
         except Exception as e:  # noqa: BLE001  (any failure here is a bad checkpoint, said in one line)
             raise CliError(f"--model {model_dir}: cannot read its config.json ({_first_line(e)})") from e
+        if getattr(config, "quantization_config", None):
+            raise CliError(f"--model {model_dir}: the checkpoint is already quantized; pass a full-precision one "
+                           f"(or load it with from_pretrained after bitsandbytes_ms.register())")
         if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
             raise CliError(f"--model {model_dir}: not a causal language model checkpoint (model_type "
                            f"{config.model_type!r}); pass a Llama/Qwen2/GPT-2-style causal LM")
@@ -149,7 +169,12 @@ def quantize_job(args) -> int:
 
     eval_text = (Path(__file__).resolve().parent / "default_model" / "heldout.txt").read_text() \
         if args.eval_file is None else Path(args.eval_file).read_text()
+    max_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    if max_pos and args.eval_window > max_pos:
+        raise CliError(f"--eval-window {args.eval_window}: longer than the model's context ({max_pos} tokens)")
     windows = ev.eval_windows(tokenizer, eval_text, args.eval_window, args.eval_windows)
+    if not windows or sum(len(w) - 1 for w in windows) < 16:
+        raise CliError("the evaluation text is too short: it needs at least 17 tokens (--eval-file)")
     n_params = ev.parameter_count(model)
     mem_before = ev.weight_memory(model)
     fp16_bytes = 2 * n_params
@@ -164,6 +189,8 @@ def quantize_job(args) -> int:
     else:
         quant_4bit(model, quant_type=args.mode, compute_dtype=args.compute_dtype,
                    compress_statistics=args.double_quant, converted=converted, skipped=skipped, progress=True)
+    if not converted:
+        raise CliError(f"--model {model_dir}: no linear layers to quantize (all {len(skipped)} kept in full precision)")
 
     mem_after = ev.weight_memory(model)
     lin_params = sum(_layer_params(model.get_submodule(n)) for n in converted)

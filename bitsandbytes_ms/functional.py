@@ -78,12 +78,18 @@ def _numel(t: Tensor) -> int:
     return int(math.prod(t.shape))
 
 
+# numpy dtypes of MindSpore dtypes (mindspore.dtype_to_nptype is deprecated and logs a warning per call)
+_NP_DTYPE = {ms.float32: np.float32, ms.float16: np.float16, ms.float64: np.float64, ms.int8: np.int8,
+             ms.uint8: np.uint8, ms.int16: np.int16, ms.uint16: np.uint16, ms.int32: np.int32,
+             ms.uint32: np.uint32, ms.int64: np.int64, ms.bool_: np.bool_}
+
+
 def _empty_np(shape, dtype) -> Tensor:
     """A zero-filled tensor (used for zero-size results, where there is nothing to compute)."""
     if dtype == ms.bfloat16:
         t = Tensor(np.zeros(tuple(shape), dtype=np.float32)).astype(dtype)
     else:
-        t = Tensor(np.zeros(tuple(shape), dtype=ms.dtype_to_nptype(dtype)))
+        t = Tensor(np.zeros(tuple(shape), dtype=_NP_DTYPE[dtype]))
     tag_device(t)
     return t
 
@@ -709,7 +715,7 @@ def _storage_view(packed_u8: Tensor, quant_storage) -> Tensor:
         # straight from the bytes: a round trip through float32 would canonicalise NaN bit patterns
         t = Tensor(arr.view(np.uint16).view(np_bfloat16).copy())
     else:
-        t = Tensor(arr.view(ms.dtype_to_nptype(quant_storage)).copy())
+        t = Tensor(arr.view(_NP_DTYPE[quant_storage]).copy())
     t = t.reshape(-1, 1)
     tag_device(t, like=(packed_u8,))
     return t

@@ -122,3 +122,42 @@ def test_zero_size_gives_empty_results():
     assert q.shape == (0, 7) and q.dtype == ms.uint8 and state.absmax.shape == (0,)
     back = F.dequantize_blockwise(q, state)
     assert back.shape == (0, 7) and back.dtype == ms.float32
+
+
+@pytest.mark.parametrize("level", ["scalar", "avx2", "best"])
+def test_nan_and_inf_inputs_never_crash_and_agree_across_simd_levels(level):
+    """NaN/inf in a block must not reach the 65536-bin table as an out-of-range index (a crash in
+    the AVX2 path once). Run in a subprocess so a crash fails the test instead of the run; every SIMD
+    level must give the portable path's bytes, and finite blocks are unaffected."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, mindspore as ms; ms.set_device('CPU');"
+        "import bitsandbytes_ms.functional as F;"
+        "x = np.random.RandomState(3).randn(4, 256).astype(np.float32);"
+        "x[0, 5] = np.nan; x[1, :] = np.nan; x[2, 7] = np.inf; x[2, 9] = -np.inf;"
+        "out = [];"
+        "[out.append(b''.join(a.asnumpy().tobytes() for a in (lambda r: (r[0], r[1].absmax))("
+        "F.quantize_blockwise(ms.Tensor(x).astype(dt), blocksize=64)))) for dt in (ms.float32, ms.float16, ms.bfloat16)];"
+        "import hashlib, sys; sys.stdout.write(hashlib.sha256(b''.join(out)).hexdigest())"
+    )
+
+    def run(lvl):
+        env = dict(os.environ)
+        env.pop("BNB_MS_SIMD", None)
+        if lvl != "best":
+            env["BNB_MS_SIMD"] = lvl
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, (lvl, r.returncode, r.stderr[-1000:])
+        return r.stdout.strip()
+
+    assert run(level) == run("scalar")
+    # finite rows: the same bytes as without the non-finite rows
+    x = np.random.RandomState(3).randn(4, 256).astype(np.float32)
+    ref, _ = F.quantize_blockwise(ms.Tensor(x[3:]), blocksize=64)
+    x[0, 5] = np.nan
+    got, _ = F.quantize_blockwise(ms.Tensor(x), blocksize=64)
+    np.testing.assert_array_equal(got.asnumpy()[3], ref.asnumpy()[0])

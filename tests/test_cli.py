@@ -22,6 +22,9 @@ def test_quantize_job_reports_every_field(mode, tmp_path):
     for f in FIELDS:
         assert f in r.stdout, (f, r.stdout)
     assert (tmp_path / "q" / "model.safetensors").exists() and (tmp_path / "q" / "config.json").exists()
+    # a quantized checkpoint is not something to quantize again: one line, no traceback
+    line = _one_line_error(run("quantize", "--model", str(tmp_path / "q")))
+    assert "already quantized" in line
 
 
 def _one_line_error(r):
@@ -48,3 +51,33 @@ def test_not_a_causal_lm(tmp_path):
 def test_unknown_mode():
     line = _one_line_error(run("quantize", "--mode", "int3"))
     assert "--mode" in line and "int8" in line
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--threshold", "-1"], "--threshold must be a finite number"),
+    (["--threshold", "nan"], "--threshold must be a finite number"),
+    (["--eval-window", "0"], "--eval-window must be at least 2"),
+    (["--eval-windows", "0"], "--eval-windows must be at least 1"),
+    (["--eval-file", "/nonexistent/eval.txt"], "no such file"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+])
+def test_bad_options_fail_in_one_line_before_any_work(args, message):
+    line = _one_line_error(run("quantize", *args))
+    assert message in line
+
+
+def test_save_onto_the_model_directory_is_refused():
+    from pathlib import Path
+
+    import bitsandbytes_ms
+
+    model_dir = Path(bitsandbytes_ms.__file__).resolve().parent / "default_model"
+    line = _one_line_error(run("quantize", "--save", str(model_dir)))
+    assert "is the --model directory" in line
+
+
+def test_save_into_an_existing_file_is_refused(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    line = _one_line_error(run("quantize", "--save", str(f)))
+    assert "not a directory" in line

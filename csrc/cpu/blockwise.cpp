@@ -124,7 +124,7 @@ BNB_MS_TARGET_AVX2 void quantize_blocks_avx2(const QuantLut *lut, const T *A, fl
     const T *a = A + s;
     int64_t i = 0;
     __m256 vmax = _mm256_setzero_ps();
-    for (; i + 8 <= len; i += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, load8<T>(a + i)));
+    for (; i + 8 <= len; i += 8) vmax = _mm256_max_ps(_mm256_andnot_ps(sign, load8<T>(a + i)), vmax);  // NaN lanes keep vmax (as std::max)
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
@@ -141,7 +141,7 @@ BNB_MS_TARGET_AVX2 void quantize_blocks_avx2(const QuantLut *lut, const T *A, fl
     i = 0;
     for (; i + 8 <= len; i += 8) {
       __m256 v = _mm256_mul_ps(load8<T>(a + i), vinv);
-      v = _mm256_min_ps(one, _mm256_max_ps(neg_one, v));
+      v = _mm256_min_ps(_mm256_max_ps(v, neg_one), one);  // NaN -> -1 (MAXPS returns its 2nd operand), never an out-of-range index
       v = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_add_ps(v, one), half), scale, half);
       __m256i idx = _mm256_cvttps_epi32(v);
       __m256i g = _mm256_and_si256(_mm256_i32gather_epi32((const int *)lut->table, idx, 1), low_byte);
