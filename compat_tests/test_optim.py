@@ -327,7 +327,8 @@ def test_optimizer32bit(dim1, dim2, gtype, optim_name, device):
         pytest.skip("Paged optimizers can have issues on Windows.")
 
     if gtype == torch.bfloat16 and optim_name in ["momentum", "lars", "rmsprop"]:
-        pytest.skip()
+        # PORT: upstream skips these without a reason (it has no bf16 32-bit kernels for them); kept, reason added
+        pytest.skip("upstream has no bf16 32-bit momentum/lars/rmsprop kernels to compare against")
     if dim1 == 1 and dim2 == 1:
         return
     p1 = (torch.randn(dim1, dim2, device=device) * 0.1).to(gtype)  # PORT: mindtorch CPU has no bf16 Mul; scale in fp32
