@@ -113,6 +113,20 @@ def simd_level() -> str:
     return _SIMD_LEVELS[_dll.bnb_ms_simd_level()]
 
 
+def int8_gemm_path(rows: Optional[int] = None) -> str:
+    """The int8 GEMM kernel path of the CPU library (``int8_linear_matmul``): scalar, avx2, avx512, avxvnni,
+    avx512vnni or amx. ``BNB_MS_INT8_GEMM=<path>`` forces one the CPU has (for every M); otherwise the
+    best within the SIMD level is used, AMX only from 8 rows of A on (``rows`` asks for a given M)."""
+    if rows is not None and hasattr(_dll, "bnb_ms_int8_gemm_path_for_rows"):
+        f = _dll.bnb_ms_int8_gemm_path_for_rows
+        f.restype, f.argtypes = ct.c_char_p, [ct.c_int64]
+        return f(int(rows)).decode()
+    if not hasattr(_dll, "bnb_ms_int8_gemm_path"):
+        return "n/a"
+    _dll.bnb_ms_int8_gemm_path.restype = ct.c_char_p
+    return _dll.bnb_ms_int8_gemm_path().decode()
+
+
 # ---------------------------------------------------------------------------------------------
 # get_ptr: handles for bitsandbytes-style calls
 # ---------------------------------------------------------------------------------------------

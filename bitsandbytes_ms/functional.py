@@ -1064,8 +1064,9 @@ def int8_double_quant(A: Tensor, col_stats=None, row_stats=None, out_col=None, o
 
 def int8_linear_matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, dtype=ms.int32) -> Tensor:
     """``A @ B.T`` for int8 ``A [..., K]`` and int8 ``B [N, K]`` with exact int32 accumulation
-    (upstream ``int8_linear_matmul``). Native GEMM: AVX-512 VNNI / AVX-512 / AVX2 / portable,
-    chosen at run time.
+    (upstream ``int8_linear_matmul``). Native GEMM: AMX-INT8 (from 8 rows of A) / AVX-512 VNNI /
+    AVX-512 / AVX-VNNI / AVX2 / portable, chosen at run time (``cextension.int8_gemm_path()``;
+    ``BNB_MS_INT8_GEMM`` forces one); every path gives the same exact result.
 
     Returns:
         int32 ``[..., N]`` (written into ``out`` when given).

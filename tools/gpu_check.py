@@ -28,7 +28,6 @@ Exit status 1 when any comparison or status check fails.
 from __future__ import annotations
 
 import argparse
-import ctypes as ct
 import datetime
 import importlib.util
 import os
@@ -55,50 +54,9 @@ def fail(msg: str) -> None:
     print("FAIL:", msg, flush=True)
 
 
-# ---- the AOT calling convention -------------------------------------------------------------------
-class Aot:
-    """One native library; ``prepare(name, args, stream)`` binds the AOT arrays once and returns a
-    zero-argument callable returning the status. ``args``: tensors (host or device), ``None`` (null,
-    dtype "none") or ``(ptr, shape, dtype_str)`` tuples for hand-made malformed calls."""
-
-    ARGTYPES = [ct.c_int, ct.POINTER(ct.c_void_p), ct.POINTER(ct.c_int), ct.POINTER(ct.POINTER(ct.c_int64)),
-                ct.POINTER(ct.c_char_p), ct.c_void_p, ct.c_void_p]
-
-    def __init__(self, path: str):
-        self.path = path
-        self.dll = ct.CDLL(path)
-
-    def has(self, name: str) -> bool:
-        return hasattr(self.dll, name)
-
-    def prepare(self, name: str, args, stream: int | None = None):
-        fn = getattr(self.dll, name)
-        fn.restype, fn.argtypes = ct.c_int, self.ARGTYPES
-        items = []
-        for a in args:
-            if a is None:
-                items.append((None, (), "none"))
-            elif isinstance(a, tuple):
-                items.append(a)
-            else:
-                items.append((a.data_ptr(), tuple(a.shape), SDT[a.dtype]))
-        n = len(items)
-        params = (ct.c_void_p * n)(*[p for p, _, _ in items])
-        ndims = (ct.c_int * n)(*[len(s) for _, s, _ in items])
-        keep = [(ct.c_int64 * max(1, len(s)))(*s) for _, s, _ in items]
-        shapes = (ct.POINTER(ct.c_int64) * n)(*[ct.cast(k, ct.POINTER(ct.c_int64)) for k in keep])
-        dtypes = (ct.c_char_p * n)(*[d.encode() for _, _, d in items])
-        st = ct.c_void_p(stream)
-        ref = (args, keep, params, ndims, shapes, dtypes)  # keep everything alive
-
-        def call() -> int:
-            _ = ref
-            return fn(n, params, ndims, shapes, dtypes, st, None)
-
-        return call
-
-    def __call__(self, name, args, stream=None) -> int:
-        return self.prepare(name, args, stream)()
+# ---- the AOT calling convention: tools/aot_ctypes.py (torch-free, shared with tools/cpu_isa_check.py) ----
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from aot_ctypes import Aot  # noqa: E402  (accepts torch tensors, host or device, duck-typed)
 
 
 def stream_ptr() -> int:

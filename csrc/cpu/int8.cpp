@@ -14,13 +14,24 @@
 //    matmul, inexact once partial sums pass 2^24; its AVX-512 path uses torch._int_mm, exact).
 //  * mm dequant: out = float(A) * (row * col) * 6.200124e-05f (+ float(bias)), each step rounded in
 //    fp32, then rounded to the output dtype (upstream's default-backend constant, not CUDA's 6.200012e-05).
+//
+// Kernel paths (chosen at run time from CPUID; BNB_MS_SIMD=scalar|avx2|avx512 lowers the level):
+//  * vector quant and mm dequant: portable, AVX2 (F16C for fp16) and AVX-512 variants that do the same
+//    fp32 operations in the same order per element, so every level gives the same bytes.
+//  * GEMM: scalar, AVX2 (vpmaddwd on int16-widened A), AVX-512 (same), AVX-VNNI and AVX-512 VNNI
+//    (vpdpbusd: u8 x s8 with B fed as b + 128 and 128 * sum_k A[m, k] subtracted per output; the
+//    non-saturating instruction wraps mod 2^32 and the true result fits int32, so it is exact), and
+//    AMX-INT8 (tdpbssd, s8 x s8, for M >= 8).  BNB_MS_INT8_GEMM=scalar|avx2|avx512|avxvnni|avx512vnni|amx
+//    forces one path when the CPU has it (for every M); bnb_ms_int8_gemm_path() names the path in use.
 #include <immintrin.h>
 
 // GCC 12's _mm512_reduce_add_epi32 trips a false -Wuninitialized inside its own header.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -32,55 +43,253 @@ namespace bnb_ms {
 namespace {
 
 // ------------------------------------------------------------------------------------------------
+// SIMD loads/stores of fp32/fp16/bf16 (same values and roundings as to_f32/from_f32 in aot.h)
+// ------------------------------------------------------------------------------------------------
+template <class T> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8(const T *p);
+template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8<float>(const float *p) { return _mm256_loadu_ps(p); }
+template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8<fp16_t>(const fp16_t *p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8<bf16_t>(const bf16_t *p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+template <class T> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8(T *p, __m256 v);
+template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<float>(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
+template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<fp16_t>(fp16_t *p, __m256 v) {
+  // vcvtps2ph rounds to nearest even like f32_to_fp16, but keeps NaN payload bits: f32_to_fp16 gives
+  // sign | 0x7e00 for every NaN, so NaN lanes are rewritten to that.
+  __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x7c00));
+  const __m128i canon = _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16((short)0x8000)), _mm_set1_epi16(0x7e00));
+  _mm_storeu_si128((__m128i *)p, _mm_blendv_epi8(h, canon, nan));
+}
+template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<bf16_t>(bf16_t *p, __m256 v) {
+  // round to nearest even; NaN -> (bits >> 16) | 0x40 (same as f32_to_bf16)
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40)), nan);
+  _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
+
+template <class T> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16(const T *p);
+template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16<float>(const float *p) { return _mm512_loadu_ps(p); }
+template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16<fp16_t>(const fp16_t *p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16<bf16_t>(const bf16_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+template <class T> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16(T *p, __m512 v);
+template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<float>(float *p, __m512 v) { _mm512_storeu_ps(p, v); }
+template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<fp16_t>(fp16_t *p, __m512 v) {
+  __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  const __m256i canon = _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi16((short)0x8000)), _mm256_set1_epi16(0x7e00));
+  _mm256_storeu_si256((__m256i *)p, _mm256_mask_mov_epi16(h, nan, canon));
+}
+template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<bf16_t>(bf16_t *p, __m512 v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40)));
+  _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+}
+
+// ------------------------------------------------------------------------------------------------
 // vector quant
 // ------------------------------------------------------------------------------------------------
+// One element: outliers (|x| >= thr when `any`) give 0; else round_half_even(x * s) converted to int32
+// and truncated to its low byte (NaN/inf give INT_MIN from the conversion, so 0).
+BNB_MS_INLINE int8_t vq_elem(float x, float s, bool any, float thr) {
+  if (any && std::fabs(x) >= thr) return 0;
+  return (int8_t)(int)std::nearbyint(x * s);
+}
+
+// One row: absmax (outliers and NaN left out) into *stat, then the int8 codes; `zf` (the column
+// flags, or null) zeroes whole outlier columns.
+template <class T>
+void vq_row_generic(const T *a, int8_t *o, int64_t cols, bool any, float thr, const uint8_t *zf, float *stat) {
+  float amax = 0.0f;
+  if (any) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = std::fabs(to_f32<T>(a[c]));
+      if (!(v >= thr) && v > amax) amax = v;
+    }
+  } else {
+    for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(to_f32<T>(a[c])));
+  }
+  *stat = amax;
+  if (amax == 0.0f) {
+    std::memset(o, 0, (size_t)cols);
+    return;
+  }
+  // torch evaluates `127.0 / row_stats` (scalar / tensor) as reciprocal(row_stats) * 127: two roundings.
+  const float s = (1.0f / amax) * 127.0f;
+  for (int64_t c = 0; c < cols; ++c) o[c] = vq_elem(to_f32<T>(a[c]), s, any, thr);
+  if (zf)
+    for (int64_t c = 0; c < cols; ++c)
+      if (zf[c]) o[c] = 0;
+}
+
+BNB_MS_TARGET_AVX2 BNB_MS_INLINE float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+template <class T>
+BNB_MS_TARGET_AVX2 void vq_row_avx2(const T *a, int8_t *o, int64_t cols, bool any, float thr, const uint8_t *zf,
+                                    float *stat) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), vthr = _mm256_set1_ps(thr);
+  __m256 vmax = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 8 <= cols; c += 8) {
+    __m256 v = _mm256_andnot_ps(sign, load8<T>(a + c));
+    if (any) v = _mm256_and_ps(v, _mm256_cmp_ps(v, vthr, _CMP_LT_OQ));  // outliers and NaN -> 0
+    vmax = _mm256_max_ps(v, vmax);  // NaN lanes keep vmax (MAXPS returns its second operand)
+  }
+  float amax = hmax8(vmax);
+  for (; c < cols; ++c) {
+    const float v = std::fabs(to_f32<T>(a[c]));
+    if (any) {
+      if (!(v >= thr) && v > amax) amax = v;
+    } else {
+      amax = std::max(amax, v);
+    }
+  }
+  *stat = amax;
+  if (amax == 0.0f) {
+    std::memset(o, 0, (size_t)cols);
+    return;
+  }
+  const float s = (1.0f / amax) * 127.0f;
+  const __m256 vs = _mm256_set1_ps(s);
+  const __m256i low = _mm256_set1_epi32(0xff);
+  c = 0;
+  for (; c + 8 <= cols; c += 8) {
+    const __m256 x = load8<T>(a + c);
+    __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(x, vs));  // MXCSR rounding: nearest even, as nearbyint
+    if (any) q = _mm256_andnot_si256(_mm256_castps_si256(_mm256_cmp_ps(_mm256_andnot_ps(sign, x), vthr, _CMP_GE_OQ)), q);
+    q = _mm256_and_si256(q, low);  // the low byte, as the (int8_t) cast
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+    __m128i b = _mm_packus_epi16(w, w);
+    if (zf) b = _mm_and_si128(b, _mm_cmpeq_epi8(_mm_loadl_epi64((const __m128i *)(zf + c)), _mm_setzero_si128()));
+    _mm_storel_epi64((__m128i *)(o + c), b);
+  }
+  for (; c < cols; ++c) o[c] = (zf && zf[c]) ? (int8_t)0 : vq_elem(to_f32<T>(a[c]), s, any, thr);
+}
+
+template <class T>
+BNB_MS_TARGET_AVX512 void vq_row_avx512(const T *a, int8_t *o, int64_t cols, bool any, float thr, const uint8_t *zf,
+                                        float *stat) {
+  const __m512 vthr = _mm512_set1_ps(thr);
+  __m512 vmax = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    __m512 v = _mm512_abs_ps(load16<T>(a + c));
+    if (any) v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, vthr, _CMP_LT_OQ), v);  // outliers and NaN -> 0
+    vmax = _mm512_max_ps(v, vmax);  // NaN lanes keep vmax
+  }
+  float amax = _mm512_reduce_max_ps(vmax);
+  for (; c < cols; ++c) {
+    const float v = std::fabs(to_f32<T>(a[c]));
+    if (any) {
+      if (!(v >= thr) && v > amax) amax = v;
+    } else {
+      amax = std::max(amax, v);
+    }
+  }
+  *stat = amax;
+  if (amax == 0.0f) {
+    std::memset(o, 0, (size_t)cols);
+    return;
+  }
+  const float s = (1.0f / amax) * 127.0f;
+  const __m512 vs = _mm512_set1_ps(s);
+  c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    const __m512 x = load16<T>(a + c);
+    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(x, vs));
+    if (any) q = _mm512_mask_mov_epi32(q, _mm512_cmp_ps_mask(_mm512_abs_ps(x), vthr, _CMP_GE_OQ), _mm512_setzero_si512());
+    __m128i b = _mm512_cvtepi32_epi8(q);  // truncation to the low byte
+    if (zf) b = _mm_mask_mov_epi8(b, _mm_cmpneq_epi8_mask(_mm_loadu_si128((const __m128i *)(zf + c)), _mm_setzero_si128()),
+                                  _mm_setzero_si128());
+    _mm_storeu_si128((__m128i *)(o + c), b);
+  }
+  for (; c < cols; ++c) o[c] = (zf && zf[c]) ? (int8_t)0 : vq_elem(to_f32<T>(a[c]), s, any, thr);
+}
+
+// Column flags: flags[c] = 1 where some row has |x| >= thr, for columns [c0, c1).
+template <class T>
+void flag_cols_generic(const T *A, int64_t rows, int64_t cols, int64_t c0, int64_t c1, float thr, uint8_t *flags) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *a = A + r * cols;
+    for (int64_t c = c0; c < c1; ++c)
+      if (std::fabs(to_f32<T>(a[c])) >= thr) flags[c] = 1;
+  }
+}
+
+template <class T>
+BNB_MS_TARGET_AVX2 void flag_cols_avx2(const T *A, int64_t rows, int64_t cols, int64_t c0, int64_t c1, float thr,
+                                       uint8_t *flags) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), vthr = _mm256_set1_ps(thr);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *a = A + r * cols;
+    int64_t c = c0;
+    for (; c + 8 <= c1; c += 8) {
+      unsigned m = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, load8<T>(a + c)), vthr, _CMP_GE_OQ));
+      for (; m; m &= m - 1) flags[c + __builtin_ctz(m)] = 1;
+    }
+    for (; c < c1; ++c)
+      if (std::fabs(to_f32<T>(a[c])) >= thr) flags[c] = 1;
+  }
+}
+
+template <class T>
+BNB_MS_TARGET_AVX512 void flag_cols_avx512(const T *A, int64_t rows, int64_t cols, int64_t c0, int64_t c1, float thr,
+                                           uint8_t *flags) {
+  const __m512 vthr = _mm512_set1_ps(thr);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *a = A + r * cols;
+    int64_t c = c0;
+    for (; c + 16 <= c1; c += 16) {
+      unsigned m = (unsigned)_mm512_cmp_ps_mask(_mm512_abs_ps(load16<T>(a + c)), vthr, _CMP_GE_OQ);
+      for (; m; m &= m - 1) flags[c + __builtin_ctz(m)] = 1;
+    }
+    for (; c < c1; ++c)
+      if (std::fabs(to_f32<T>(a[c])) >= thr) flags[c] = 1;
+  }
+}
+
 template <class T>
 void vector_quant(const T *A, int8_t *out, float *row_stats, uint8_t *col_flags, int64_t rows, int64_t cols,
                   float threshold) {
   const bool split = threshold > 0.0f;
   const float thr = split ? to_f32<T>(from_f32<T>(threshold)) : 0.0f;
+  const SimdLevel lvl = simd_level();
   std::memset(col_flags, 0, (size_t)cols);
   bool any = false;
   if (split) {
     // Column flags: one pass, rows in parallel would race on flags, so columns are split instead.
     parallel_for(cols, 1024, [&](int64_t c0, int64_t c1) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const T *a = A + r * cols;
-        for (int64_t c = c0; c < c1; ++c)
-          if (std::fabs(to_f32<T>(a[c])) >= thr) col_flags[c] = 1;
-      }
+      if (lvl >= SimdLevel::avx512) flag_cols_avx512<T>(A, rows, cols, c0, c1, thr, col_flags);
+      else if (lvl >= SimdLevel::avx2) flag_cols_avx2<T>(A, rows, cols, c0, c1, thr, col_flags);
+      else flag_cols_generic<T>(A, rows, cols, c0, c1, thr, col_flags);
     });
     for (int64_t c = 0; c < cols; ++c) any |= col_flags[c] != 0;
   }
-  const bool zero_cols = any && rows > 1;
+  const uint8_t *zf = (any && rows > 1) ? col_flags : nullptr;
   parallel_for(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T *a = A + r * cols;
       int8_t *o = out + r * cols;
-      float amax = 0.0f;
-      if (any) {
-        for (int64_t c = 0; c < cols; ++c) {
-          float v = std::fabs(to_f32<T>(a[c]));
-          if (!(v >= thr) && v > amax) amax = v;
-        }
-      } else {
-        for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(to_f32<T>(a[c])));
-      }
-      row_stats[r] = amax;
-      if (amax == 0.0f) {
-        std::memset(o, 0, (size_t)cols);
-        continue;
-      }
-      // torch evaluates `127.0 / row_stats` (scalar / tensor) as reciprocal(row_stats) * 127: two roundings.
-      const float s = (1.0f / amax) * 127.0f;
-      for (int64_t c = 0; c < cols; ++c) {
-        const float x = to_f32<T>(a[c]);
-        if (any && std::fabs(x) >= thr) { o[c] = 0; continue; }
-        o[c] = (int8_t)(int)std::nearbyint(x * s);
-      }
-      if (zero_cols)
-        for (int64_t c = 0; c < cols; ++c)
-          if (col_flags[c]) o[c] = 0;
+      if (lvl >= SimdLevel::avx512) vq_row_avx512<T>(a, o, cols, any, thr, zf, row_stats + r);
+      else if (lvl >= SimdLevel::avx2) vq_row_avx2<T>(a, o, cols, any, thr, zf, row_stats + r);
+      else vq_row_generic<T>(a, o, cols, any, thr, zf, row_stats + r);
     }
   });
 }
@@ -110,23 +319,70 @@ int vector_quant_entry(BNB_MS_AOT_ARGS) {
   return OK;
 }
 
+
 // ------------------------------------------------------------------------------------------------
 // int8 GEMM: C[M, N] = A[M, K] . B[N, K]^T, int32 accumulation (exact: |sum| <= K * 2^14 < 2^31 for
 // K < 131072, which the entry point enforces).
 //
-// Layout: A is first widened to int16 (M*K*2 bytes, once per call); B stays int8 and each 16-byte
-// chunk is widened in registers.  Work is split over N (B rows) between threads; each thread walks
-// N in blocks of kNB rows (kNB*KC bytes of B stay in L2) and K in blocks of kKC, and inside a block
-// runs an MR x NR register tile of int32 accumulators over all M.
+// Paths (see the header): scalar / AVX2 / AVX-512 widen A to int16 once per call and multiply with
+// vpmaddwd; AVX-VNNI / AVX-512 VNNI take B as u8 (b ^ 0x80 = b + 128, in registers) and A as s8 in
+// vpdpbusd, then subtract 128 * sum_k A[m, k] (per row of A and K block, computed once per call);
+// AMX-INT8 runs tdpbssd on 16 x 16 tiles (see int8_gemm_amx).
+//
+// Layout of the non-AMX paths: B stays int8 and is read in place. Work is split over N (B rows) in
+// chunks handed out dynamically to the threads (a thread that is descheduled on a busy machine does
+// not hold up the others); each chunk walks K in blocks of kKC and inside a block runs an MR x NR
+// register tile of int32 accumulators over all M.
 // ------------------------------------------------------------------------------------------------
-constexpr int64_t kKC = 2048;  // K block (A tile 4 x 2048 x 2 bytes = 16 KiB stays in L1)
-constexpr int64_t kNB = 96;    // B rows per L2 block (96 x 2048 = 192 KiB)
-constexpr int64_t kMaxK = 131071;
+#define BNB_MS_TARGET_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#define BNB_MS_TARGET_AVXVNNI __attribute__((target("avxvnni,avx2,fma,f16c")))
+#ifndef BNB_MS_TARGET_AMX  // (a test harness may predefine it, to run the AMX driver on emulated tiles)
+#define BNB_MS_TARGET_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#endif
 
-void widen_a(const int8_t *A, int16_t *A16, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) A16[i] = A[i];
+constexpr int64_t kKC = 2048;  // K block (A tile 4 x 2048 x 2 bytes = 16 KiB stays in L1)
+constexpr int64_t kNB = 96;    // most B rows per chunk (96 x 2048 = 192 KiB in L2)
+constexpr int64_t kMaxK = 131071;
+// The automatic choice uses AMX from this many rows of A on (measured on a 16-core Sapphire Rapids,
+// K = 4096, N = 4096/11008: AVX-512 VNNI is faster at M = 1, level at M = 4, AMX 1.1-1.4x at M = 8,
+// 1.4-2.2x at M = 16 and 3-4x from M = 64 on).
+constexpr int64_t kAmxMinRows = 8;
+
+int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
 }
 
+// Runs f(begin, end) over [0, n) in chunks of `chunk`, handed out to the threads one at a time.
+template <class F>
+void parallel_chunks(int64_t n, int64_t chunk, bool parallel, F &&f) {
+  if (n <= 0) return;
+  chunk = std::max<int64_t>(1, chunk);
+  const int64_t nchunks = (n + chunk - 1) / chunk;
+#ifdef _OPENMP
+  if (parallel && nchunks > 1 && omp_get_max_threads() > 1 && !omp_in_parallel()) {
+    std::atomic<int64_t> next{0};
+    const int nt = (int)std::min<int64_t>(omp_get_max_threads(), nchunks);
+#pragma omp parallel num_threads(nt)
+    {
+      for (;;) {
+        const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
+        if (c >= nchunks) break;
+        f(c * chunk, std::min(n, (c + 1) * chunk));
+      }
+    }
+    return;
+  }
+#endif
+  (void)nchunks;
+  (void)parallel;
+  f(0, n);
+}
+
+// ---- scalar / AVX2 / AVX-512: int16 A x int8 B ---------------------------------------------------
 // portable tile: any mr <= 4, nr <= 3
 void tile_generic(const int16_t *A16, const int8_t *B, int32_t *C, int64_t K, int64_t ldc, int64_t k0, int64_t k1,
                   int64_t m0, int64_t mr, int64_t n0, int64_t nr, bool first) {
@@ -148,7 +404,7 @@ BNB_MS_TARGET_AVX2 BNB_MS_INLINE int32_t hsum256(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-// AVX2 4x3 tile: per 16 k, 3 sign-extending loads of B (vpmovsxbw), 12 vpmaddwd against int16 A.
+// AVX2 MR x NR tile: per 16 k, NR sign-extending loads of B (vpmovsxbw), MR*NR vpmaddwd against int16 A.
 template <int MR, int NR>
 BNB_MS_TARGET_AVX2 void tile_avx2(const int16_t *A16, const int8_t *B, int32_t *C, int64_t K, int64_t ldc,
                                   int64_t k0, int64_t k1, int64_t m0, int64_t n0, bool first) {
@@ -177,11 +433,11 @@ BNB_MS_TARGET_AVX2 void tile_avx2(const int16_t *A16, const int8_t *B, int32_t *
     }
 }
 
-// AVX-512 (+VNNI when present) 4x3 tile, same structure with 32 k per step.
-template <int MR, int NR, bool VNNI>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
-void tile_avx512(const int16_t *A16, const int8_t *B, int32_t *C, int64_t K, int64_t ldc, int64_t k0, int64_t k1,
-                 int64_t m0, int64_t n0, bool first) {
+// AVX-512 (no VNNI) tile, same structure with 32 k per step. (Its target has no avx512vnni, so the
+// compiler cannot fuse vpmaddwd + vpaddd into a VNNI instruction on CPUs without it.)
+template <int MR, int NR>
+BNB_MS_TARGET_AVX512 void tile_avx512(const int16_t *A16, const int8_t *B, int32_t *C, int64_t K, int64_t ldc,
+                                      int64_t k0, int64_t k1, int64_t m0, int64_t n0, bool first) {
   __m512i acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_si512();
@@ -195,9 +451,7 @@ void tile_avx512(const int16_t *A16, const int8_t *B, int32_t *C, int64_t K, int
     for (int j = 0; j < NR; ++j) vb[j] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b[j] + k)));
     for (int i = 0; i < MR; ++i) {
       const __m512i va = _mm512_loadu_si512((const void *)(a[i] + k));
-      for (int j = 0; j < NR; ++j)
-        acc[i][j] = VNNI ? _mm512_dpwssd_epi32(acc[i][j], va, vb[j])
-                         : _mm512_add_epi32(acc[i][j], _mm512_madd_epi16(va, vb[j]));
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_add_epi32(acc[i][j], _mm512_madd_epi16(va, vb[j]));
     }
   }
   for (int i = 0; i < MR; ++i)
@@ -209,55 +463,386 @@ void tile_avx512(const int16_t *A16, const int8_t *B, int32_t *C, int64_t K, int
     }
 }
 
-enum class GemmPath { scalar, avx2, avx512, avx512vnni };
+// ---- VNNI: u8 (b + 128) x s8 A, minus 128 * sum_k A ------------------------------------------------
+// vpdpbusd multiplies unsigned by signed bytes. B is fed as u8 b ^ 0x80 = b + 128 (one vpxor per B
+// vector, in registers: the weight is read once, in place) and A as s8, so each lane accumulates
+// sum_k (b + 128) * a = sum_k a * b + 128 * sum_k a; the row sums of A (M per K block, computed once per
+// call) are subtracted at the end.
+// sum_k a[k] for k in [0, n) (AVX2: sum of the bytes a ^ 0x80 = a + 128 with vpsadbw, minus 128 n).
+BNB_MS_TARGET_AVX2 int32_t row_sum_i8(const int8_t *a, int64_t n) {
+  const __m256i flip = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
+  __m256i acc = _mm256_setzero_si256();
+  int64_t k = 0;
+  for (; k + 32 <= n; k += 32)
+    acc = _mm256_add_epi64(acc, _mm256_sad_epu8(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(a + k)), flip), zero));
+  const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+  int64_t s = _mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1) - 128 * k;
+  for (; k < n; ++k) s += a[k];
+  return (int32_t)s;
+}
 
-GemmPath gemm_path() {
-  const SimdLevel l = simd_level();
-  if (l >= SimdLevel::avx512) return (cpu_features() & CPU_AVX512VNNI) ? GemmPath::avx512vnni : GemmPath::avx512;
-  if (l >= SimdLevel::avx2) return GemmPath::avx2;
-  return GemmPath::scalar;
+// Adds (first: stores) the exact block result: `raw` = sum_k (b[k] + 128) * a[k] mod 2^32 over the
+// block, `asum` = sum_k a[k] over the same k. Unsigned arithmetic wraps mod 2^32 (so does vpdpbusd,
+// the non-saturating form), and the true value fits int32, so the conversion back is exact.
+BNB_MS_INLINE void vnni_store(int32_t *c, uint32_t raw, int32_t asum, bool first) {
+  const uint32_t s = raw - 128u * (uint32_t)asum;
+  *c = first ? (int32_t)s : (int32_t)((uint32_t)*c + s);
+}
+
+// asum: sums of A over this K block, indexed by the row of A.
+template <int MR, int NR>
+BNB_MS_TARGET_AVX512VNNI void tile_avx512vnni(const int8_t *A, const int8_t *B, const int32_t *asum, int32_t *C,
+                                              int64_t K, int64_t ldc, int64_t k0, int64_t k1, int64_t m0, int64_t n0,
+                                              bool first) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  __m512i acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_si512();
+  const int8_t *a[MR];
+  const int8_t *b[NR];
+  for (int i = 0; i < MR; ++i) a[i] = A + (m0 + i) * K;
+  for (int j = 0; j < NR; ++j) b[j] = B + (n0 + j) * K;
+  int64_t k = k0;
+  for (; k + 64 <= k1; k += 64) {
+    __m512i vb[NR];
+    for (int j = 0; j < NR; ++j) vb[j] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(b[j] + k)), flip);
+    for (int i = 0; i < MR; ++i) {
+      const __m512i va = _mm512_loadu_si512((const void *)(a[i] + k));
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], vb[j], va);
+    }
+  }
+  if (k < k1) {  // 1..63 bytes left: masked loads (no fault past the end); A's masked lanes are 0
+    const __mmask64 mk = (__mmask64)((1ull << (k1 - k)) - 1);
+    __m512i vb[NR];
+    for (int j = 0; j < NR; ++j) vb[j] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, b[j] + k), flip);
+    for (int i = 0; i < MR; ++i) {
+      const __m512i va = _mm512_maskz_loadu_epi8(mk, a[i] + k);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], vb[j], va);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j)
+      vnni_store(C + (m0 + i) * ldc + n0 + j, (uint32_t)_mm512_reduce_add_epi32(acc[i][j]), asum[m0 + i], first);
 }
 
 template <int MR, int NR>
-void run_tile(GemmPath p, const int16_t *A16, const int8_t *B, int32_t *C, int64_t K, int64_t ldc, int64_t k0,
-              int64_t k1, int64_t m0, int64_t n0, bool first) {
+BNB_MS_TARGET_AVXVNNI void tile_avxvnni(const int8_t *A, const int8_t *B, const int32_t *asum, int32_t *C, int64_t K,
+                                        int64_t ldc, int64_t k0, int64_t k1, int64_t m0, int64_t n0, bool first) {
+  const __m256i flip = _mm256_set1_epi8((char)0x80);
+  __m256i acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_si256();
+  const int8_t *a[MR];
+  const int8_t *b[NR];
+  for (int i = 0; i < MR; ++i) a[i] = A + (m0 + i) * K;
+  for (int j = 0; j < NR; ++j) b[j] = B + (n0 + j) * K;
+  int64_t k = k0;
+  for (; k + 32 <= k1; k += 32) {
+    __m256i vb[NR];
+    for (int j = 0; j < NR; ++j) vb[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b[j] + k)), flip);
+    for (int i = 0; i < MR; ++i) {
+      const __m256i va = _mm256_loadu_si256((const __m256i *)(a[i] + k));
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_dpbusd_avx_epi32(acc[i][j], vb[j], va);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      uint32_t raw = (uint32_t)hsum256(acc[i][j]);
+      for (int64_t kk = k; kk < k1; ++kk) raw += (uint32_t)((int32_t)(uint8_t)(b[j][kk] ^ 0x80) * (int32_t)a[i][kk]);
+      vnni_store(C + (m0 + i) * ldc + n0 + j, raw, asum[m0 + i], first);
+    }
+}
+
+// ---- path choice -----------------------------------------------------------------------------------
+enum class GemmPath : int { scalar = 0, avx2, avx512, avxvnni, avx512vnni, amx, count };
+constexpr const char *kGemmPathNames[] = {"scalar", "avx2", "avx512", "avxvnni", "avx512vnni", "amx"};
+
+// What the hardware (and OS) allows, independent of BNB_MS_SIMD.
+bool gemm_path_supported(GemmPath p) {
+  const uint32_t f = cpu_features();
+  constexpr uint32_t avx2 = CPU_AVX2 | CPU_FMA | CPU_F16C;
+  constexpr uint32_t avx512 = avx2 | CPU_AVX512F | CPU_AVX512BW | CPU_AVX512VL | CPU_AVX512DQ;
   switch (p) {
-    case GemmPath::avx512vnni: tile_avx512<MR, NR, true>(A16, B, C, K, ldc, k0, k1, m0, n0, first); break;
-    case GemmPath::avx512: tile_avx512<MR, NR, false>(A16, B, C, K, ldc, k0, k1, m0, n0, first); break;
-    case GemmPath::avx2: tile_avx2<MR, NR>(A16, B, C, K, ldc, k0, k1, m0, n0, first); break;
-    default: tile_generic(A16, B, C, K, ldc, k0, k1, m0, MR, n0, NR, first); break;
+    case GemmPath::scalar: return true;
+    case GemmPath::avx2: return (f & avx2) == avx2;
+    case GemmPath::avx512: return (f & avx512) == avx512;
+    case GemmPath::avxvnni: return (f & avx2) == avx2 && (f & CPU_AVXVNNI);
+    case GemmPath::avx512vnni: return (f & avx512) == avx512 && (f & CPU_AVX512VNNI);
+    case GemmPath::amx: return (f & avx512) == avx512 && (f & CPU_AMX_INT8);
+    default: return false;
   }
 }
 
-template <int MR>
-void run_row_tile(GemmPath p, const int16_t *A16, const int8_t *B, int32_t *C, int64_t K, int64_t ldc, int64_t k0,
-                  int64_t k1, int64_t m0, int64_t n0, int64_t n1, bool first) {
-  int64_t n = n0;
-  for (; n + 3 <= n1; n += 3) run_tile<MR, 3>(p, A16, B, C, K, ldc, k0, k1, m0, n, first);
-  if (n1 - n == 2) run_tile<MR, 2>(p, A16, B, C, K, ldc, k0, k1, m0, n, first);
-  else if (n1 - n == 1) run_tile<MR, 1>(p, A16, B, C, K, ldc, k0, k1, m0, n, first);
+// Automatic order amx > avx512vnni > avx512 > avxvnni > avx2 > scalar, within the SIMD level
+// (BNB_MS_SIMD lowers it: avx2 keeps the 256-bit paths, scalar the portable one).
+GemmPath auto_gemm_path(bool allow_amx) {
+  const SimdLevel l = simd_level();
+  if (l >= SimdLevel::avx512) {
+    if (allow_amx && gemm_path_supported(GemmPath::amx)) return GemmPath::amx;
+    if (gemm_path_supported(GemmPath::avx512vnni)) return GemmPath::avx512vnni;
+    return GemmPath::avx512;
+  }
+  if (l >= SimdLevel::avx2) return gemm_path_supported(GemmPath::avxvnni) ? GemmPath::avxvnni : GemmPath::avx2;
+  return GemmPath::scalar;
 }
 
-void int8_gemm(const int8_t *A, const int8_t *B, int32_t *C, int64_t M, int64_t N, int64_t K) {
-  std::vector<int16_t> a16((size_t)(M * K));
-  parallel_for(M, std::max<int64_t>(1, 65536 / K), [&](int64_t r0, int64_t r1) {
-    widen_a(A + r0 * K, a16.data() + r0 * K, (r1 - r0) * K);
-  });
-  const GemmPath p = gemm_path();
-  // N chunks of whole L2 blocks when there is enough work, else finer (multiples of 3 rows).
-  const int64_t grain = std::max<int64_t>(3, std::min<int64_t>(kNB, (int64_t)(1 << 22) / std::max<int64_t>(M * K, 1) * 3));
-  parallel_for(N, grain, [&](int64_t nb0, int64_t nb1) {
-    for (int64_t nb = nb0; nb < nb1; nb += kNB) {
-      const int64_t ne = std::min(nb + kNB, nb1);
-      for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-        const int64_t k1 = std::min(k0 + kKC, K);
-        const bool first = k0 == 0;
-        int64_t m = 0;
-        for (; m + 4 <= M; m += 4) run_row_tile<4>(p, a16.data(), B, C, K, N, k0, k1, m, nb, ne, first);
-        for (; m < M; ++m) run_row_tile<1>(p, a16.data(), B, C, K, N, k0, k1, m, nb, ne, first);
+struct GemmChoice {
+  GemmPath path;
+  bool forced;  // BNB_MS_INT8_GEMM named a path this CPU has: used for every M
+};
+
+GemmChoice gemm_choice() {
+  static const GemmChoice choice = [] {
+    const char *env = std::getenv("BNB_MS_INT8_GEMM");
+    if (env)
+      for (int i = 0; i < (int)GemmPath::count; ++i)
+        if (!std::strcmp(env, kGemmPathNames[i]) && gemm_path_supported((GemmPath)i)) return GemmChoice{(GemmPath)i, true};
+    return GemmChoice{auto_gemm_path(true), false};
+  }();
+  return choice;
+}
+
+GemmPath gemm_path_for_rows(int64_t M) {
+  const GemmChoice c = gemm_choice();
+  if (!c.forced && c.path == GemmPath::amx && M < kAmxMinRows) return auto_gemm_path(false);
+  return c.path;
+}
+
+// ---- driver of the non-AMX paths --------------------------------------------------------------------
+// Ap: int16 A (scalar/AVX2/AVX-512) or the int8 A itself (VNNI); sums: the VNNI paths' row sums of A
+// for this K block (indexed by row), unused otherwise.
+template <int MR, int NR>
+void run_tile(GemmPath p, const void *Ap, const int8_t *B, const int32_t *sums, int32_t *C, int64_t K, int64_t ldc,
+              int64_t k0, int64_t k1, int64_t m0, int64_t n0, bool first) {
+  switch (p) {
+    case GemmPath::avx512vnni:
+      tile_avx512vnni<MR, NR>((const int8_t *)Ap, B, sums, C, K, ldc, k0, k1, m0, n0, first);
+      break;
+    case GemmPath::avxvnni: tile_avxvnni<MR, NR>((const int8_t *)Ap, B, sums, C, K, ldc, k0, k1, m0, n0, first); break;
+    case GemmPath::avx512: tile_avx512<MR, NR>((const int16_t *)Ap, B, C, K, ldc, k0, k1, m0, n0, first); break;
+    case GemmPath::avx2: tile_avx2<MR, NR>((const int16_t *)Ap, B, C, K, ldc, k0, k1, m0, n0, first); break;
+    default: tile_generic((const int16_t *)Ap, B, C, K, ldc, k0, k1, m0, MR, n0, NR, first); break;
+  }
+}
+
+// All rows of C against NR rows of B starting at n0 (B stays in L1 while A is walked).
+template <int NR>
+void run_col_tile(GemmPath p, const void *Ap, const int8_t *B, const int32_t *sums, int32_t *C, int64_t M, int64_t K,
+                  int64_t ldc, int64_t k0, int64_t k1, int64_t n0, bool first) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) run_tile<4, NR>(p, Ap, B, sums, C, K, ldc, k0, k1, m, n0, first);
+  for (; m < M; ++m) run_tile<1, NR>(p, Ap, B, sums, C, K, ldc, k0, k1, m, n0, first);
+}
+
+// Rows m0..m0+MR-1 of C against B rows [n0, n1) (A stays in L1 while B is walked).
+template <int MR>
+void run_row_tile(GemmPath p, const void *Ap, const int8_t *B, const int32_t *sums, int32_t *C, int64_t K,
+                  int64_t ldc, int64_t k0, int64_t k1, int64_t m0, int64_t n0, int64_t n1, bool first) {
+  int64_t n = n0;
+  for (; n + 3 <= n1; n += 3) run_tile<MR, 3>(p, Ap, B, sums, C, K, ldc, k0, k1, m0, n, first);
+  if (n1 - n == 2) run_tile<MR, 2>(p, Ap, B, sums, C, K, ldc, k0, k1, m0, n, first);
+  else if (n1 - n == 1) run_tile<MR, 1>(p, Ap, B, sums, C, K, ldc, k0, k1, m0, n, first);
+}
+
+void int8_gemm_simd(GemmPath p, const int8_t *A, const int8_t *B, int32_t *C, int64_t M, int64_t N, int64_t K) {
+  const bool vnni = p == GemmPath::avx512vnni || p == GemmPath::avxvnni;
+  const int64_t nkb = (K + kKC - 1) / kKC;
+  std::vector<int16_t> a16;
+  std::vector<int32_t> asum;
+  const int64_t arows = std::max<int64_t>(1, 65536 / K);
+  if (vnni) {  // A is used as is; its row sums per K block
+    asum.resize((size_t)(nkb * M));
+    parallel_for(M, arows, [&](int64_t r0, int64_t r1) {
+      for (int64_t kb = 0; kb < nkb; ++kb)
+        for (int64_t r = r0; r < r1; ++r)
+          asum[(size_t)(kb * M + r)] = row_sum_i8(A + r * K + kb * kKC, std::min(kKC, K - kb * kKC));
+    });
+  } else {
+    a16.resize((size_t)(M * K));
+    parallel_for(M, arows, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * K; i < r1 * K; ++i) a16[(size_t)i] = A[i];
+    });
+  }
+  const void *Ap = vnni ? (const void *)A : (const void *)a16.data();
+  // Loop order: few rows of A -> for each 3-row tile of B, all of A (the B tile is read from memory
+  // once per K block); many rows -> for each 4-row tile of A, the chunk's B rows (L2).
+  const bool n_outer = M <= 16;
+  // chunks of B rows: about 8 per thread, a multiple of the 3-row tile, at most kNB rows
+  int64_t chunk = N / (8 * (int64_t)max_threads());
+  chunk = std::min<int64_t>(kNB, std::max<int64_t>(3, (chunk + 2) / 3 * 3));
+  const bool par = (double)M * (double)N * (double)K >= (double)(1 << 18);
+  parallel_chunks(N, chunk, par, [&](int64_t nc0, int64_t nc1) {
+    for (int64_t nb = nc0; nb < nc1; nb += kNB) {
+      const int64_t ne = std::min(nb + kNB, nc1);
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        const int64_t k0 = kb * kKC, k1 = std::min(k0 + kKC, K);
+        const bool first = kb == 0;
+        const int32_t *sums = vnni ? asum.data() + kb * M : nullptr;
+        if (n_outer) {
+          int64_t n = nb;
+          for (; n + 3 <= ne; n += 3) run_col_tile<3>(p, Ap, B, sums, C, M, K, N, k0, k1, n, first);
+          if (ne - n == 2) run_col_tile<2>(p, Ap, B, sums, C, M, K, N, k0, k1, n, first);
+          else if (ne - n == 1) run_col_tile<1>(p, Ap, B, sums, C, M, K, N, k0, k1, n, first);
+        } else {
+          int64_t m = 0;
+          for (; m + 4 <= M; m += 4) run_row_tile<4>(p, Ap, B, sums, C, K, N, k0, k1, m, nb, ne, first);
+          for (; m < M; ++m) run_row_tile<1>(p, Ap, B, sums, C, K, N, k0, k1, m, nb, ne, first);
+        }
       }
     }
   });
+}
+
+// ---- AMX-INT8 ---------------------------------------------------------------------------------------
+// Computes C^T tile by tile: tdpbssd(dst, src1, src2) adds src1[r][k] * src2[k/4][4c + k%4] over the
+// 64 k of one step into dst[r][c]. src1 = 16 rows of B straight from memory (row stride K: the weight
+// is never repacked), src2 = A packed once per call into that 4-byte-interleaved layout, so
+// dst[n][m] = sum_k B[n][k] * A[m][k]; the 16 x 16 int32 result tile is transposed into C on the way out.
+// Tails: A is packed zero-padded to whole 16-row, 64-k tiles; the last partial k-step of a full B tile
+// comes from a zero-padded 16 x 64 copy (never a read past a row that might be the buffer's end) and
+// a last B tile of fewer than 16 rows from a zero-padded 16 x Kpad copy; M/N tails are cut when storing.
+// Each thread configures 8 tiles of 16 rows x 64 bytes (ldtilecfg) and releases them when done.
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+static_assert(sizeof(TileConfig) == 64, "tile configuration is 64 bytes");
+
+struct BTileSrc {
+  const int8_t *p;     // k-step ks at p + 64 * ks, rows `stride` bytes apart
+  int64_t stride;
+  const int8_t *tail;  // if set: the last k-step comes from here instead (rows 64 bytes apart)
+};
+
+BNB_MS_TARGET_AMX void amx_configure() {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  // ldtilecfg's intrinsic names only the first bytes of cfg as its memory operand: make sure every
+  // byte written above is in memory before it runs.
+  __asm__ volatile("" : : "m"(cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
+BNB_MS_TARGET_AMX void amx_release() { _tile_release(); }
+
+// Tiles: C^T in tmm0 (n-tile 0, m-tile 0), tmm1 (0, 1), tmm2 (1, 0), tmm3 (1, 1); B in tmm4/tmm5;
+// packed A in tmm6/tmm7. cs receives the result tiles, 256 int32 each, in that order. (Software
+// prefetch of the strided B rows and copying them to a contiguous buffer first were both measured:
+// neither was faster on Sapphire Rapids.)
+BNB_MS_TARGET_AMX void amx_block(const BTileSrc &b0, const BTileSrc &b1, bool two_n, const int8_t *pa0,
+                                 const int8_t *pa1, bool two_m, int64_t Ks, int32_t *cs) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t ks = 0; ks < Ks; ++ks) {
+    const bool last = ks + 1 == Ks;
+    const int8_t *p0 = (last && b0.tail) ? b0.tail : b0.p + 64 * ks;
+    const int64_t s0 = (last && b0.tail) ? 64 : b0.stride;
+    _tile_loadd(4, p0, s0);
+    _tile_loadd(6, pa0 + 1024 * ks, 64);
+    _tile_dpbssd(0, 4, 6);
+    if (two_m) {
+      _tile_loadd(7, pa1 + 1024 * ks, 64);
+      _tile_dpbssd(1, 4, 7);
+    }
+    if (two_n) {
+      const int8_t *p1 = (last && b1.tail) ? b1.tail : b1.p + 64 * ks;
+      const int64_t s1 = (last && b1.tail) ? 64 : b1.stride;
+      _tile_loadd(5, p1, s1);
+      _tile_dpbssd(2, 5, 6);
+      if (two_m) _tile_dpbssd(3, 5, 7);
+    }
+  }
+  _tile_stored(0, cs, 64);
+  if (two_m) _tile_stored(1, cs + 256, 64);
+  if (two_n) {
+    _tile_stored(2, cs + 512, 64);
+    if (two_m) _tile_stored(3, cs + 768, 64);
+  }
+}
+
+void int8_gemm_amx(const int8_t *A, const int8_t *B, int32_t *C, int64_t M, int64_t N, int64_t K) {
+  const int64_t Ks = (K + 63) / 64, Kpad = 64 * Ks, Mt = (M + 15) / 16, Nt = (N + 15) / 16;
+  const int64_t ktail = K % 64;
+  // Packed A: tile (mt, ks) is 1024 bytes at (mt * Ks + ks) * 1024; byte r * 64 + 4 m + q holds
+  // A[16 mt + m][64 ks + 4 r + q] (zero outside A).
+  std::vector<int8_t> P((size_t)(Mt * Ks * 1024), 0);
+  parallel_for(Mt, std::max<int64_t>(1, 4096 / Kpad), [&](int64_t t0, int64_t t1) {
+    for (int64_t mt = t0; mt < t1; ++mt)
+      for (int64_t m = 0; m < 16 && mt * 16 + m < M; ++m) {
+        const int8_t *a = A + (mt * 16 + m) * K;
+        int8_t *dst = P.data() + mt * Ks * 1024 + 4 * m;
+        for (int64_t k = 0; k < K; ++k) dst[(k >> 6) * 1024 + ((k & 63) >> 2) * 64 + (k & 3)] = a[k];
+      }
+  });
+  const int64_t Ng = (Nt + 1) / 2, Mg = (Mt + 1) / 2;  // groups of two 16-row tiles
+  // m-groups per pass: their packed A (2 x Ks KiB each) stays within about 1 MiB of L2
+  const int64_t mg_block = std::max<int64_t>(1, 512 / Ks);
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(8, Ng / (4 * (int64_t)max_threads())));
+  const bool par = (double)M * (double)N * (double)K >= (double)(1 << 20);
+  parallel_chunks(Ng, chunk, par, [&](int64_t g0, int64_t g1) {
+    const int64_t t_begin = 2 * g0, t_end = std::min(2 * g1, Nt);
+    std::vector<BTileSrc> src((size_t)(t_end - t_begin));
+    std::vector<int8_t> kt(ktail ? (size_t)(t_end - t_begin) * 1024 : 0, 0), nt;
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      const int64_t n0 = 16 * t, rows = std::min<int64_t>(16, N - n0);
+      BTileSrc &s = src[(size_t)(t - t_begin)];
+      if (rows < 16) {  // last tile of B: zero-padded 16 x Kpad copy
+        nt.assign((size_t)(16 * Kpad), 0);
+        for (int64_t r = 0; r < rows; ++r) std::memcpy(nt.data() + r * Kpad, B + (n0 + r) * K, (size_t)K);
+        s = BTileSrc{nt.data(), Kpad, nullptr};
+      } else {
+        s = BTileSrc{B + n0 * K, K, nullptr};
+        if (ktail) {  // last partial k-step: zero-padded 16 x 64 copy
+          int8_t *d = kt.data() + (t - t_begin) * 1024;
+          for (int64_t r = 0; r < 16; ++r) std::memcpy(d + r * 64, B + (n0 + r) * K + (Ks - 1) * 64, (size_t)ktail);
+          s.tail = d;
+        }
+      }
+    }
+    alignas(64) int32_t cs[4 * 256];
+    amx_configure();
+    for (int64_t mb = 0; mb < Mg; mb += mg_block) {
+      const int64_t me = std::min(Mg, mb + mg_block);
+      for (int64_t t = t_begin; t < t_end; t += 2) {
+        const bool two_n = t + 1 < t_end;
+        const BTileSrc &b0 = src[(size_t)(t - t_begin)];
+        const BTileSrc &b1 = two_n ? src[(size_t)(t + 1 - t_begin)] : b0;
+        for (int64_t mg = mb; mg < me; ++mg) {
+          const int64_t u = 2 * mg;
+          const bool two_m = u + 1 < Mt;
+          const int8_t *pa0 = P.data() + u * Ks * 1024;
+          amx_block(b0, b1, two_n, pa0, two_m ? pa0 + Ks * 1024 : pa0, two_m, Ks, cs);
+          for (int ni = 0; ni < (two_n ? 2 : 1); ++ni)
+            for (int mi = 0; mi < (two_m ? 2 : 1); ++mi) {
+              const int32_t *ct = cs + (2 * ni + mi) * 256;
+              const int64_t nbase = 16 * (t + ni), mbase = 16 * (u + mi);
+              const int64_t nn = std::min<int64_t>(16, N - nbase), mm = std::min<int64_t>(16, M - mbase);
+              for (int64_t m = 0; m < mm; ++m) {
+                int32_t *crow = C + (mbase + m) * N + nbase;
+                for (int64_t n = 0; n < nn; ++n) crow[n] = ct[n * 16 + m];
+              }
+            }
+        }
+      }
+    }
+    amx_release();
+  });
+}
+
+void int8_gemm(const int8_t *A, const int8_t *B, int32_t *C, int64_t M, int64_t N, int64_t K) {
+  const GemmPath p = gemm_path_for_rows(M);
+  if (p == GemmPath::amx) int8_gemm_amx(A, B, C, M, N, K);
+  else int8_gemm_simd(p, A, B, C, M, N, K);
 }
 
 // params: A i8[..., K], B i8[N, K] -> out i32[..., N]
@@ -280,25 +865,63 @@ int igemm_entry(BNB_MS_AOT_ARGS) {
   return OK;
 }
 
+
 // ------------------------------------------------------------------------------------------------
 // mm dequant
 // ------------------------------------------------------------------------------------------------
 constexpr float kMmDequant = 6.200124e-05f;
 
 template <class T, class BT>
+void mmdq_row_generic(const int32_t *a, float rv, const float *cs, const BT *bias, T *o, int64_t j0, int64_t cols) {
+  for (int64_t j = j0; j < cols; ++j) {
+    float v = (float)a[j] * (rv * cs[j]);
+    v = v * kMmDequant;
+    if (bias) v = v + to_f32<BT>(bias[j]);
+    o[j] = from_f32<T>(v);
+  }
+}
+
+// Same fp32 operations in the same order per element (no FMA), then the same output rounding.
+template <class T, class BT>
+BNB_MS_TARGET_AVX2 void mmdq_row_avx2(const int32_t *a, float rv, const float *cs, const BT *bias, T *o, int64_t cols) {
+  const __m256 vrv = _mm256_set1_ps(rv), vk = _mm256_set1_ps(kMmDequant);
+  int64_t j = 0;
+  for (; j + 8 <= cols; j += 8) {
+    const __m256 rc = _mm256_mul_ps(vrv, _mm256_loadu_ps(cs + j));
+    __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(a + j))), rc);
+    v = _mm256_mul_ps(v, vk);
+    if (bias) v = _mm256_add_ps(v, load8<BT>(bias + j));
+    store8<T>(o + j, v);
+  }
+  mmdq_row_generic<T, BT>(a, rv, cs, bias, o, j, cols);
+}
+
+template <class T, class BT>
+BNB_MS_TARGET_AVX512 void mmdq_row_avx512(const int32_t *a, float rv, const float *cs, const BT *bias, T *o,
+                                          int64_t cols) {
+  const __m512 vrv = _mm512_set1_ps(rv), vk = _mm512_set1_ps(kMmDequant);
+  int64_t j = 0;
+  for (; j + 16 <= cols; j += 16) {
+    const __m512 rc = _mm512_mul_ps(vrv, _mm512_loadu_ps(cs + j));
+    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(a + j))), rc);
+    v = _mm512_mul_ps(v, vk);
+    if (bias) v = _mm512_add_ps(v, load16<BT>(bias + j));
+    store16<T>(o + j, v);
+  }
+  mmdq_row_generic<T, BT>(a, rv, cs, bias, o, j, cols);
+}
+
+template <class T, class BT>
 void mm_dequant(const int32_t *A, const float *rs, const float *cs, const BT *bias, T *out, int64_t rows,
                 int64_t cols) {
+  const SimdLevel lvl = simd_level();
   parallel_for(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const float rv = rs[r];
       const int32_t *a = A + r * cols;
       T *o = out + r * cols;
-      for (int64_t j = 0; j < cols; ++j) {
-        float v = (float)a[j] * (rv * cs[j]);
-        v = v * kMmDequant;
-        if (bias) v = v + to_f32<BT>(bias[j]);
-        o[j] = from_f32<T>(v);
-      }
+      if (lvl >= SimdLevel::avx512) mmdq_row_avx512<T, BT>(a, rs[r], cs, bias, o, cols);
+      else if (lvl >= SimdLevel::avx2) mmdq_row_avx2<T, BT>(a, rs[r], cs, bias, o, cols);
+      else mmdq_row_generic<T, BT>(a, rs[r], cs, bias, o, 0, cols);
     }
   });
 }
@@ -341,3 +964,12 @@ BNB_MS_EXPORT int cigemmlt_32(BNB_MS_AOT_ARGS) { return bnb_ms::igemm_entry(npar
 BNB_MS_EXPORT int cdequant_mm_int32_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::mm_dequant_entry<fp16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
 BNB_MS_EXPORT int cdequant_mm_int32_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::mm_dequant_entry<float>(nparam, params, ndims, shapes, dtypes, stream, extra); }
 BNB_MS_EXPORT int cdequant_mm_int32_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::mm_dequant_entry<bf16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+
+// Plain C diagnostics (ctypes): the int8 GEMM path in use (for `rows` rows of A: the automatic choice
+// takes AMX only from 8 rows on).
+BNB_MS_EXPORT const char *bnb_ms_int8_gemm_path() {
+  return bnb_ms::kGemmPathNames[(int)bnb_ms::gemm_choice().path];
+}
+BNB_MS_EXPORT const char *bnb_ms_int8_gemm_path_for_rows(int64_t rows) {
+  return bnb_ms::kGemmPathNames[(int)bnb_ms::gemm_path_for_rows(rows)];
+}
