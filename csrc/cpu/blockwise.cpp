@@ -17,6 +17,7 @@
 #include <mutex>
 
 #include "aot.h"
+#include "checks/blockwise.h"
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
 #include "cpu/quant_lut.h"
@@ -48,7 +49,6 @@ const QuantLut *get_quant_lut(const float *code) {
 
 namespace {
 
-constexpr int kCode = kQuantCode;
 constexpr int kLut = kQuantLut;
 using bnb_ms::QuantLut;
 
@@ -278,41 +278,24 @@ void dequantize_blockwise(const float *code, const uint8_t *A, const float *absm
   });
 }
 
-// params: code f32[256], A T[...], blocksize i64  ->  out u8[same shape as A], absmax f32[ceil(n/bs)]
+// ---- entry points: checks in checks/blockwise.h (shared with the CUDA library) ------------------
 template <class T>
 int quantize_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 5) return E_NPARAM;
-  enum { CODE, A, BS, OUT, ABSMAX };
-  int64_t bs;
-  if (c.dtype(CODE) != DType::f32 || c.dtype(A) != dtype_of<T>() || c.dtype(OUT) != DType::u8 ||
-      c.dtype(ABSMAX) != DType::f32)
-    return E_DTYPE;
-  if (!c.scalar_i64(BS, &bs) || bs <= 0) return E_VALUE;
-  const int64_t n = c.numel(A);
-  if (c.numel(CODE) != kCode || c.numel(OUT) != n || c.numel(ABSMAX) != (n + bs - 1) / bs) return E_SHAPE;
-  if (n == 0) return OK;
-  if (!c.params[CODE] || !c.params[A] || !c.params[OUT] || !c.params[ABSMAX]) return E_NULL;
-  quantize_blockwise<T>(c.ptr<float>(CODE), c.ptr<T>(A), c.ptr<float>(ABSMAX), c.ptr<uint8_t>(OUT), bs, n);
+  checks::QuantizeBlockwise<T> a;
+  if (int s = checks::quantize_blockwise(c, &a)) return s;
+  if (a.empty) return OK;
+  quantize_blockwise<T>(a.code, a.A, a.absmax, a.out, a.blocksize, a.n);
   return OK;
 }
 
-// params: code f32[256], A u8[...], absmax f32[ceil(n/bs)], blocksize i64  ->  out T[same shape as A]
 template <class T>
 int dequantize_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 5) return E_NPARAM;
-  enum { CODE, A, ABSMAX, BS, OUT };
-  int64_t bs;
-  if (c.dtype(CODE) != DType::f32 || c.dtype(A) != DType::u8 || c.dtype(ABSMAX) != DType::f32 ||
-      c.dtype(OUT) != dtype_of<T>())
-    return E_DTYPE;
-  if (!c.scalar_i64(BS, &bs) || bs <= 0) return E_VALUE;
-  const int64_t n = c.numel(A);
-  if (c.numel(CODE) != kCode || c.numel(OUT) != n || c.numel(ABSMAX) < (n + bs - 1) / bs) return E_SHAPE;
-  if (n == 0) return OK;
-  if (!c.params[CODE] || !c.params[A] || !c.params[OUT] || !c.params[ABSMAX]) return E_NULL;
-  dequantize_blockwise<T>(c.ptr<float>(CODE), c.ptr<uint8_t>(A), c.ptr<float>(ABSMAX), c.ptr<T>(OUT), bs, n);
+  checks::DequantizeBlockwise<T> a;
+  if (int s = checks::dequantize_blockwise(c, &a)) return s;
+  if (a.empty) return OK;
+  dequantize_blockwise<T>(a.code, a.A, a.absmax, a.out, a.blocksize, a.n);
   return OK;
 }
 

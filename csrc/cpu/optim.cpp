@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "aot.h"
+#include "checks/optim.h"
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
 #include "cpu/quant_lut.h"
@@ -38,23 +39,15 @@
 namespace bnb_ms {
 namespace {
 
-constexpr int64_t kBlock = 256;
-constexpr int kCodeN = kQuantCode;
+constexpr int64_t kBlock = checks::kOptBlock;
 constexpr int kLutN = kQuantLut;
-
-enum Opt { ADAM, MOMENTUM, RMSPROP, LION, ADAGRAD, ADEMAMIX };
 
 // ---- quantization table: shared with blockwise.cpp (cpu/quant_lut.h) ------------------------
 using OptLut = QuantLut;
 inline const OptLut *opt_lut(const float *code) { return get_quant_lut(code); }
 BNB_MS_INLINE uint8_t lut_quant(const OptLut *lut, float v) { return quant_lookup(lut, v); }
 
-// ---- hyper-parameters, rounded to float as upstream's CPU code sees them -----------------------
-struct Hyper {
-  double beta1, beta2, beta3, alpha, eps, wd, lr, gnorm;
-  int64_t step;
-};
-
+// ---- hyper-parameters (Hyper: checks/optim.h), rounded to float as upstream's CPU code sees them --
 struct K {
   float b1, omb1, b2, omb2, b3, omb3, alpha, eps, gnorm, decay, wd, neg_lr;
   float c1, c2, eps_c2, neg_lr_c1, adam_step32;
@@ -124,8 +117,6 @@ BNB_MS_INLINE void update_elem(const K &k, float g, float &p, float &s1, float &
     p = p + k.neg_lr * (g / (std::sqrt(s1) + k.eps));
   }
 }
-
-constexpr bool two_state(Opt O) { return O == ADAM || O == ADEMAMIX; }
 
 // ---- 32-bit state -------------------------------------------------------------------------------
 template <class T, Opt O, bool UNORM>
@@ -385,88 +376,37 @@ void update8(const Hyper &h, const T *g, T *p, const State8 &st, int64_t n) {
   });
 }
 
-// ---- argument checks -----------------------------------------------------------------------------
-template <class R>
-bool read_hyper(const Call<R> &c, int beta1, int beta2, int beta3, int alpha, int eps, int wd, int step, int lr,
-                int gnorm, Hyper *h) {
-  if (!c.scalar(beta1, &h->beta1) || !c.scalar(beta2, &h->beta2) || !c.scalar(beta3, &h->beta3) ||
-      !c.scalar(alpha, &h->alpha) || !c.scalar(eps, &h->eps) || !c.scalar(wd, &h->wd) || !c.scalar(lr, &h->lr) ||
-      !c.scalar(gnorm, &h->gnorm) || !c.scalar_i64(step, &h->step))
-    return false;
-  return h->step >= 1;
-}
-
-// params: g T[n], p T[n], state1 f32[n | 2n], state2 f32[n] | none, unorm_vec f32[1] | none,
-//         max_unorm, param_norm, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr, gnorm_scale,
-//         skip_zeros  ->  status i32[1]
+// ---- entry points: checks in checks/optim.h (shared with the CUDA library) ----------------------
 template <class T, Opt O>
 int entry32(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 18) return E_NPARAM;
-  enum { G, P, S1, S2, UN, MAXU, PN, B1, B2, B3, AL, EPS, WD, STEP, LR, GN, SKIP, OUT };
-  if (c.dtype(G) != dtype_of<T>() || c.dtype(P) != dtype_of<T>() || c.dtype(S1) != DType::f32 ||
-      c.dtype(OUT) != DType::i32)
-    return E_DTYPE;
-  const int64_t n = c.numel(P);
-  const bool two = two_state(O);
-  if (c.numel(G) != n || c.numel(S1) != (O == ADEMAMIX ? 2 * n : n) || c.numel(OUT) != 1) return E_SHAPE;
-  if (two) {
-    if (c.is_none(S2)) return E_NULL;
-    if (c.dtype(S2) != DType::f32) return E_DTYPE;
-    if (c.numel(S2) != n) return E_SHAPE;
-  }
-  float *unorm = nullptr;
-  if (!c.is_none(UN)) {
-    if (c.dtype(UN) != DType::f32) return E_DTYPE;
-    if (c.numel(UN) < 1) return E_SHAPE;
-    unorm = c.ptr<float>(UN);
-  }
-  Hyper h;
-  double max_unorm, param_norm;
-  if (!read_hyper(c, B1, B2, B3, AL, EPS, WD, STEP, LR, GN, &h) || !c.scalar(MAXU, &max_unorm) ||
-      !c.scalar(PN, &param_norm))
-    return E_VALUE;
-  if (c.params[OUT]) *c.ptr<int32_t>(OUT) = 0;
-  if (n == 0) return OK;
-  if (!c.params[G] || !c.params[P] || !c.params[S1]) return E_NULL;
-  update32<T, O>(h, c.ptr<T>(G), c.ptr<T>(P), c.ptr<float>(S1), two ? c.ptr<float>(S2) : nullptr, unorm, max_unorm,
-                 param_norm, n);
+  checks::Optimizer32<T> a;
+  const auto zero_status = [&a] {
+    if (a.status) *a.status = 0;
+    return OK;
+  };
+  if (int s = checks::optimizer_32bit<T, O>(c, &a, zero_status)) return s;
+  if (a.empty) return OK;
+  update32<T, O>(a.h, a.g, a.p, a.s1, a.s2, a.unorm, a.max_unorm, a.param_norm, a.n);
   return OK;
 }
 
-// params: g T[n], p T[n], state1 u8[n | 2n], state2 u8[n] | none, qmap1 f32[256], qmap2 f32[256] | none,
-//         absmax1 f32[nb | 2nb], absmax2 f32[nb] | none, beta1, beta2, beta3, alpha, eps, step, lr,
-//         weight_decay, gnorm_scale, skip_zeros  ->  status i32[1]
 template <class T, Opt O>
 int entry8(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 19) return E_NPARAM;
-  enum { G, P, S1, S2, Q1, Q2, A1, A2, B1, B2, B3, AL, EPS, STEP, LR, WD, GN, SKIP, OUT };
-  if (c.dtype(G) != dtype_of<T>() || c.dtype(P) != dtype_of<T>() || c.dtype(S1) != DType::u8 ||
-      c.dtype(Q1) != DType::f32 || c.dtype(A1) != DType::f32 || c.dtype(OUT) != DType::i32)
-    return E_DTYPE;
-  const int64_t n = c.numel(P), nb = (n + kBlock - 1) / kBlock;
-  const int64_t mult = O == ADEMAMIX ? 2 : 1;
-  if (c.numel(G) != n || c.numel(S1) != mult * n || c.numel(Q1) != kCodeN || c.numel(A1) != mult * nb ||
-      c.numel(OUT) != 1)
-    return E_SHAPE;
+  checks::Optimizer8<T> a;
+  const auto zero_status = [&a] {
+    if (a.status) *a.status = 0;
+    return OK;
+  };
+  if (int s = checks::optimizer_8bit_blockwise<T, O>(c, &a, zero_status)) return s;
+  if (a.empty) return OK;
+  State8 st{a.s1, nullptr, a.a1, nullptr, a.q1, nullptr, opt_lut(a.q1), nullptr};
   if (two_state(O)) {
-    if (c.is_none(S2) || c.is_none(Q2) || c.is_none(A2)) return E_NULL;
-    if (c.dtype(S2) != DType::u8 || c.dtype(Q2) != DType::f32 || c.dtype(A2) != DType::f32) return E_DTYPE;
-    if (c.numel(S2) != n || c.numel(Q2) != kCodeN || c.numel(A2) != nb) return E_SHAPE;
-  }
-  Hyper h;
-  if (!read_hyper(c, B1, B2, B3, AL, EPS, WD, STEP, LR, GN, &h)) return E_VALUE;
-  if (c.params[OUT]) *c.ptr<int32_t>(OUT) = 0;
-  if (n == 0) return OK;
-  if (!c.params[G] || !c.params[P] || !c.params[S1] || !c.params[Q1] || !c.params[A1]) return E_NULL;
-  State8 st{c.ptr<uint8_t>(S1), nullptr, c.ptr<float>(A1), nullptr, c.ptr<float>(Q1), nullptr,
-            opt_lut(c.ptr<float>(Q1)), nullptr};
-  if (two_state(O)) {
-    st.s2 = c.ptr<uint8_t>(S2); st.a2 = c.ptr<float>(A2); st.q2 = c.ptr<float>(Q2);
+    st.s2 = a.s2; st.a2 = a.a2; st.q2 = a.q2;
     st.l2 = opt_lut(st.q2);
   }
-  update8<T, O>(h, c.ptr<T>(G), c.ptr<T>(P), st, n);
+  update8<T, O>(a.h, a.g, a.p, st, a.n);
   return OK;
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "aot.h"
+#include "checks/weightonly.h"
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
 
@@ -108,14 +109,12 @@ BNB_MS_TARGET_AVX512 float dot_avx512(const uint8_t *row, const float *a, int64_
   return wo_reduce16(out);
 }
 
-constexpr int64_t row_bytes(int bits, int64_t K) { return bits == 8 ? K : (K + 1) / 2; }
-
 template <class T, int BITS>
 void gemm_wo(const T *A, const uint8_t *q, const float *scale, T *out, int64_t M, int64_t N, int64_t K) {
   std::vector<float> a32((size_t)(M * K));
   for (int64_t i = 0; i < M * K; ++i) a32[(size_t)i] = to_f32(A[i]);
   const SimdLevel lvl = simd_level();
-  const int64_t rb = row_bytes(BITS, K);
+  const int64_t rb = checks::wo_row_bytes(BITS, K);
   parallel_for(N, std::max<int64_t>(1, 16384 / std::max<int64_t>(K * std::max<int64_t>(M, 1), 1)),
                [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
@@ -132,36 +131,26 @@ void gemm_wo(const T *A, const uint8_t *q, const float *scale, T *out, int64_t M
   });
 }
 
-// ---- entry points ------------------------------------------------------------------------------
-// params: W T[N, K] -> q (i8[N, K] | u8[N, (K+1)/2]), scale f32[N]
+// ---- entry points: checks in checks/weightonly.h (shared with the CUDA library) -----------------
 template <class T, int BITS>
 int quantize_wo_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 3) return E_NPARAM;
-  enum { W, Q, SCALE };
-  if (c.dtype(W) != dtype_of<T>() || c.dtype(Q) != (BITS == 8 ? DType::i8 : DType::u8) ||
-      c.dtype(SCALE) != DType::f32)
-    return E_DTYPE;
-  if (c.rank(W) != 2) return E_SHAPE;
-  const int64_t N = c.dim(W, 0), K = c.dim(W, 1), rb = row_bytes(BITS, K);
-  if (c.numel(Q) != N * rb || c.numel(SCALE) != N) return E_SHAPE;
-  if (N * K == 0) {
-    if (N && c.params[SCALE]) std::memset(c.params[SCALE], 0, sizeof(float) * (size_t)N);
+  checks::QuantizeWeightOnly<T> a;
+  if (int s = checks::quantize_weight_only<T, BITS>(c, &a)) return s;
+  const int64_t N = a.N, K = a.K, rb = a.rb;
+  if (a.empty) {
+    if (N && a.scale) std::memset(a.scale, 0, sizeof(float) * (size_t)N);
     return OK;
   }
-  if (!c.params[W] || !c.params[Q] || !c.params[SCALE]) return E_NULL;
-  const T *w = c.ptr<T>(W);
-  uint8_t *q = c.ptr<uint8_t>(Q);
-  float *sc = c.ptr<float>(SCALE);
   const float qmax = BITS == 8 ? 127.0f : 7.0f;
   parallel_for(N, std::max<int64_t>(1, 16384 / K), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
-      const T *r = w + n * K;
+      const T *r = a.W + n * K;
       float am = 0.0f;
       for (int64_t k = 0; k < K; ++k) am = std::max(am, std::fabs(to_f32(r[k])));
       const float s = am / qmax;
-      sc[n] = s;
-      uint8_t *o = q + n * rb;
+      a.scale[n] = s;
+      uint8_t *o = a.q + n * rb;
       if (BITS == 4) std::memset(o, 0, (size_t)rb);
       for (int64_t k = 0; k < K; ++k) {
         float v = s > 0.0f ? std::nearbyint(to_f32(r[k]) / s) : 0.0f;
@@ -175,45 +164,30 @@ int quantize_wo_entry(BNB_MS_AOT_ARGS) {
   return OK;
 }
 
-// params: q, scale f32[N], K i64 -> W' T[N, K]
 template <class T, int BITS>
 int dequantize_wo_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 4) return E_NPARAM;
-  enum { Q, SCALE, KK, OUT };
-  int64_t K;
-  if (c.dtype(Q) != (BITS == 8 ? DType::i8 : DType::u8) || c.dtype(SCALE) != DType::f32 || c.dtype(OUT) != dtype_of<T>())
-    return E_DTYPE;
-  if (!c.scalar_i64(KK, &K) || K < 0) return E_VALUE;
-  const int64_t N = c.numel(SCALE), rb = row_bytes(BITS, K);
-  if (c.numel(Q) != N * rb || c.numel(OUT) != N * K) return E_SHAPE;
-  if (N * K == 0) return OK;
-  if (!c.params[Q] || !c.params[SCALE] || !c.params[OUT]) return E_NULL;
-  const uint8_t *q = c.ptr<uint8_t>(Q);
-  const float *sc = c.ptr<float>(SCALE);
-  T *o = c.ptr<T>(OUT);
-  parallel_for(N, std::max<int64_t>(1, 65536 / K), [&](int64_t n0, int64_t n1) {
+  checks::DequantizeWeightOnly<T> a;
+  if (int s = checks::dequantize_weight_only<T, BITS>(c, &a)) return s;
+  if (a.empty) return OK;
+  const int64_t K = a.K, rb = a.rb;
+  const uint8_t *q = a.q;
+  const float *sc = a.scale;
+  T *o = a.out;
+  parallel_for(a.N, std::max<int64_t>(1, 65536 / K), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t k = 0; k < K; ++k) o[n * K + k] = from_f32<T>(wq<BITS>(q + n * rb, k) * sc[n]);
   });
   return OK;
 }
 
-// params: A T[..., K], q, scale f32[N] -> out T[..., N]
 template <class T, int BITS>
 int gemm_wo_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 4) return E_NPARAM;
-  enum { A, Q, SCALE, OUT };
-  if (c.dtype(A) != dtype_of<T>() || c.dtype(Q) != (BITS == 8 ? DType::i8 : DType::u8) ||
-      c.dtype(SCALE) != DType::f32 || c.dtype(OUT) != dtype_of<T>())
-    return E_DTYPE;
-  if (c.rank(A) < 1) return E_SHAPE;
-  const int64_t K = c.cols(A), M = c.rows(A), N = c.numel(SCALE);
-  if (c.numel(Q) != N * row_bytes(BITS, K) || c.numel(OUT) != M * N) return E_SHAPE;
-  if (M * N == 0) return OK;
-  if (!c.params[A] || !c.params[SCALE] || !c.params[OUT] || (K && !c.params[Q])) return E_NULL;
-  gemm_wo<T, BITS>(c.ptr<T>(A), c.ptr<uint8_t>(Q), c.ptr<float>(SCALE), c.ptr<T>(OUT), M, N, K);
+  checks::GemmWeightOnly<T> a;
+  if (int s = checks::gemm_weight_only<T, BITS>(c, &a)) return s;
+  if (a.empty) return OK;
+  gemm_wo<T, BITS>(a.A, a.q, a.scale, a.out, a.M, a.N, a.K);
   return OK;
 }
 

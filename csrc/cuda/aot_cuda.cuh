@@ -5,7 +5,8 @@
 // Conventions for CUDA kernels of this library:
 //   * every kernel launch, memset and copy goes on the `stream` argument of the entry point;
 //   * malformed calls return a bnb_ms::E_* code before any memory is touched (same checks, in the
-//     same order, as the CPU entry point of the same name: the op table is shared);
+//     same order, as the CPU entry point of the same name: the op table is shared); features with a
+//     header in csrc/checks/ share the check code itself with the CPU library (checks/common.h);
 //   * launch/runtime failures return E_DEVICE (and kernels with a `has_error` output also write it);
 //   * no --use_fast_math: results must be the CPU library's bytes, so IEEE rounding is kept and
 //     denormals are not flushed (use __f*_rn intrinsics where the order of operations matters).
@@ -31,6 +32,12 @@
 #endif
 
 namespace bnb_ms {
+
+// CUDA's 16-bit element types have the dtypes of aot.h's fp16_t / bf16_t (used by the shared checks,
+// csrc/checks/*.h, which are templated on the element type each library uses).
+template <> constexpr DType dtype_of<__half>() { return DType::f16; }
+template <> constexpr DType dtype_of<__nv_bfloat16>() { return DType::bf16; }
+
 namespace cuda {
 
 // ---- scalars ------------------------------------------------------------------------------------

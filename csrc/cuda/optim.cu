@@ -21,23 +21,16 @@
 #include <cmath>
 #include <cstdint>
 
+#include "checks/optim.h"
 #include "cuda/aot_cuda.cuh"
 
 namespace bnb_ms {
 namespace cuda {
 namespace {
 
-constexpr int64_t kBlock = 256;
-constexpr int kCodeN = 256;
+constexpr int64_t kBlock = checks::kOptBlock;
+constexpr int kCodeN = (int)checks::kCodeSize;
 constexpr int kLutN = 65536;
-
-enum Opt { ADAM, MOMENTUM, RMSPROP, LION, ADAGRAD, ADEMAMIX };
-__host__ __device__ constexpr bool two_state(Opt O) { return O == ADAM || O == ADEMAMIX; }
-
-struct Hyper {
-  double beta1, beta2, beta3, alpha, eps, wd, lr, gnorm;
-  int64_t step;
-};
 
 // Constants of the update, computed on the host as optim.cpp's K does.
 struct Kd {
@@ -348,19 +341,10 @@ int update8(cudaStream_t st, const Hyper &h, const T *g, T *p, uint8_t *s1, uint
   return launch_status();
 }
 
-// ---- entry points (same checks, same order as optim.cpp) ---------------------------------------
-bool read_hyper(const CudaCall &c, int beta1, int beta2, int beta3, int alpha, int eps, int wd, int step, int lr,
-                int gnorm, Hyper *h) {
-  if (!c.scalar(beta1, &h->beta1) || !c.scalar(beta2, &h->beta2) || !c.scalar(beta3, &h->beta3) ||
-      !c.scalar(alpha, &h->alpha) || !c.scalar(eps, &h->eps) || !c.scalar(wd, &h->wd) || !c.scalar(lr, &h->lr) ||
-      !c.scalar(gnorm, &h->gnorm) || !c.scalar_i64(step, &h->step))
-    return false;
-  return h->step >= 1;
-}
-
-int zero_status(const CudaCall &c, int out) {
-  if (!c.params[out]) return OK;
-  if (cudaMemsetAsync(c.params[out], 0, sizeof(int32_t), c.cu_stream()) != cudaSuccess) {
+// ---- entry points: checks in checks/optim.h (shared with the CPU library) -----------------------
+int zero_status(cudaStream_t st, int32_t *status) {
+  if (!status) return OK;
+  if (cudaMemsetAsync(status, 0, sizeof(int32_t), st) != cudaSuccess) {
     (void)cudaGetLastError();
     return E_DEVICE;
   }
@@ -371,65 +355,21 @@ template <class H, Opt O>
 int entry32(BNB_MS_AOT_ARGS) {
   using T = typename DevType<H>::type;
   CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 18) return E_NPARAM;
-  enum { G, P, S1, S2, UN, MAXU, PN, B1, B2, B3, AL, EPS, WD, STEP, LR, GN, SKIP, OUT };
-  if (c.dtype(G) != dtype_of<H>() || c.dtype(P) != dtype_of<H>() || c.dtype(S1) != DType::f32 ||
-      c.dtype(OUT) != DType::i32)
-    return E_DTYPE;
-  const int64_t n = c.numel(P);
-  const bool two = two_state(O);
-  if (c.numel(G) != n || c.numel(S1) != (O == ADEMAMIX ? 2 * n : n) || c.numel(OUT) != 1) return E_SHAPE;
-  if (two) {
-    if (c.is_none(S2)) return E_NULL;
-    if (c.dtype(S2) != DType::f32) return E_DTYPE;
-    if (c.numel(S2) != n) return E_SHAPE;
-  }
-  float *unorm = nullptr;
-  if (!c.is_none(UN)) {
-    if (c.dtype(UN) != DType::f32) return E_DTYPE;
-    if (c.numel(UN) < 1) return E_SHAPE;
-    unorm = c.ptr<float>(UN);
-  }
-  Hyper h;
-  double max_unorm, param_norm;
-  if (!read_hyper(c, B1, B2, B3, AL, EPS, WD, STEP, LR, GN, &h) || !c.scalar(MAXU, &max_unorm) ||
-      !c.scalar(PN, &param_norm))
-    return E_VALUE;
-  if (int s = zero_status(c, OUT)) return s;
-  if (n == 0) return OK;
-  if (!c.params[G] || !c.params[P] || !c.params[S1]) return E_NULL;
-  return update32<T, O>(c.cu_stream(), h, c.ptr<T>(G), c.ptr<T>(P), c.ptr<float>(S1),
-                        two ? c.ptr<float>(S2) : nullptr, unorm, max_unorm, param_norm, n);
+  checks::Optimizer32<T> a;
+  if (int s = checks::optimizer_32bit<T, O>(c, &a, [&] { return zero_status(c.cu_stream(), a.status); })) return s;
+  if (a.empty) return OK;
+  return update32<T, O>(c.cu_stream(), a.h, a.g, a.p, a.s1, a.s2, a.unorm, a.max_unorm, a.param_norm, a.n);
 }
 
 template <class H, Opt O>
 int entry8(BNB_MS_AOT_ARGS) {
   using T = typename DevType<H>::type;
   CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 19) return E_NPARAM;
-  enum { G, P, S1, S2, Q1, Q2, A1, A2, B1, B2, B3, AL, EPS, STEP, LR, WD, GN, SKIP, OUT };
-  if (c.dtype(G) != dtype_of<H>() || c.dtype(P) != dtype_of<H>() || c.dtype(S1) != DType::u8 ||
-      c.dtype(Q1) != DType::f32 || c.dtype(A1) != DType::f32 || c.dtype(OUT) != DType::i32)
-    return E_DTYPE;
-  const int64_t n = c.numel(P), nb = (n + kBlock - 1) / kBlock;
-  const int64_t mult = O == ADEMAMIX ? 2 : 1;
-  if (c.numel(G) != n || c.numel(S1) != mult * n || c.numel(Q1) != kCodeN || c.numel(A1) != mult * nb ||
-      c.numel(OUT) != 1)
-    return E_SHAPE;
-  if (two_state(O)) {
-    if (c.is_none(S2) || c.is_none(Q2) || c.is_none(A2)) return E_NULL;
-    if (c.dtype(S2) != DType::u8 || c.dtype(Q2) != DType::f32 || c.dtype(A2) != DType::f32) return E_DTYPE;
-    if (c.numel(S2) != n || c.numel(Q2) != kCodeN || c.numel(A2) != nb) return E_SHAPE;
-  }
-  Hyper h;
-  if (!read_hyper(c, B1, B2, B3, AL, EPS, WD, STEP, LR, GN, &h)) return E_VALUE;
-  if (int s = zero_status(c, OUT)) return s;
-  if (n == 0) return OK;
-  if (!c.params[G] || !c.params[P] || !c.params[S1] || !c.params[Q1] || !c.params[A1]) return E_NULL;
-  const bool two = two_state(O);
-  return update8<T, O>(c.cu_stream(), h, c.ptr<T>(G), c.ptr<T>(P), c.ptr<uint8_t>(S1),
-                       two ? c.ptr<uint8_t>(S2) : nullptr, c.ptr<float>(A1), two ? c.ptr<float>(A2) : nullptr,
-                       c.ptr<float>(Q1), two ? c.ptr<float>(Q2) : nullptr, n);
+  checks::Optimizer8<T> a;
+  if (int s = checks::optimizer_8bit_blockwise<T, O>(c, &a, [&] { return zero_status(c.cu_stream(), a.status); }))
+    return s;
+  if (a.empty) return OK;
+  return update8<T, O>(c.cu_stream(), a.h, a.g, a.p, a.s1, a.s2, a.a1, a.a2, a.q1, a.q2, a.n);
 }
 
 }  // namespace
@@ -438,13 +378,13 @@ int entry8(BNB_MS_AOT_ARGS) {
 
 using bnb_ms::bf16_t;
 using bnb_ms::fp16_t;
-#define BNB_OPT32(name, T, O)                                                                              \
-  BNB_MS_EXPORT int name(BNB_MS_AOT_ARGS) {                                                                \
-    return bnb_ms::cuda::entry32<T, bnb_ms::cuda::O>(nparam, params, ndims, shapes, dtypes, stream, extra); \
+#define BNB_OPT32(name, T, O)                                                                        \
+  BNB_MS_EXPORT int name(BNB_MS_AOT_ARGS) {                                                          \
+    return bnb_ms::cuda::entry32<T, bnb_ms::O>(nparam, params, ndims, shapes, dtypes, stream, extra); \
   }
-#define BNB_OPT8(name, T, O)                                                                              \
-  BNB_MS_EXPORT int name(BNB_MS_AOT_ARGS) {                                                               \
-    return bnb_ms::cuda::entry8<T, bnb_ms::cuda::O>(nparam, params, ndims, shapes, dtypes, stream, extra); \
+#define BNB_OPT8(name, T, O)                                                                         \
+  BNB_MS_EXPORT int name(BNB_MS_AOT_ARGS) {                                                          \
+    return bnb_ms::cuda::entry8<T, bnb_ms::O>(nparam, params, ndims, shapes, dtypes, stream, extra); \
   }
 
 BNB_OPT32(cadam32bit_grad_fp32, float, ADAM)

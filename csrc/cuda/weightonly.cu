@@ -20,13 +20,12 @@
 // of a row are combined with warp shuffles in the CPU's reduction order.  Rows that are not
 // 4-byte aligned (int8 K % 4, int4 (K+1)/2 % 4) or activations that are not 16-byte aligned take a
 // generic kernel (16 threads per row, byte loads) with the same arithmetic.
+#include "checks/weightonly.h"
 #include "cuda/aot_cuda.cuh"
 
 namespace bnb_ms {
 namespace cuda {
 namespace {
-
-constexpr int64_t wo_row_bytes(int bits, int64_t K) { return bits == 8 ? K : (K + 1) / 2; }
 
 // std::max / std::min semantics (the first argument wins unless the comparison says otherwise).
 __device__ __forceinline__ float std_max(float a, float b) { return (a < b) ? b : a; }
@@ -307,100 +306,73 @@ void launch_fast(const T *A, const uint8_t *q, const float *sc, T *o, int64_t M,
   wo_gemm_fast<T, BITS, MT><<<grid, kGThreads, 0, st>>>(A, q, sc, o, M, N, K, rb);
 }
 
-// ---- entry points (same checks, same order as weightonly.cpp) -----------------------------------
-// params: W T[N, K] -> q (i8[N, K] | u8[N, (K+1)/2]), scale f32[N]
+// ---- entry points: checks in checks/weightonly.h (shared with the CPU library) ------------------
 template <class H, int BITS>
 int quantize_wo_entry(BNB_MS_AOT_ARGS) {
   using T = typename DevType<H>::type;
   CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 3) return E_NPARAM;
-  enum { W, Q, SCALE };
-  if (c.dtype(W) != dtype_of<H>() || c.dtype(Q) != (BITS == 8 ? DType::i8 : DType::u8) ||
-      c.dtype(SCALE) != DType::f32)
-    return E_DTYPE;
-  if (c.rank(W) != 2) return E_SHAPE;
-  const int64_t N = c.dim(W, 0), K = c.dim(W, 1), rb = wo_row_bytes(BITS, K);
-  if (c.numel(Q) != N * rb || c.numel(SCALE) != N) return E_SHAPE;
-  if (N * K == 0) {
-    if (N && c.params[SCALE]) {
-      if (cudaMemsetAsync(c.params[SCALE], 0, sizeof(float) * (size_t)N, c.cu_stream()) != cudaSuccess) {
+  checks::QuantizeWeightOnly<T> a;
+  if (int s = checks::quantize_weight_only<T, BITS>(c, &a)) return s;
+  if (a.empty) {
+    if (a.N && a.scale) {
+      if (cudaMemsetAsync(a.scale, 0, sizeof(float) * (size_t)a.N, c.cu_stream()) != cudaSuccess) {
         (void)cudaGetLastError();
         return E_DEVICE;
       }
     }
     return OK;
   }
-  if (!c.params[W] || !c.params[Q] || !c.params[SCALE]) return E_NULL;
-  const int grid = grid_for(N, kQThreads / 32, 16);
-  wo_quantize<T, BITS><<<grid, kQThreads, 0, c.cu_stream()>>>(c.ptr<T>(W), c.ptr<uint8_t>(Q), c.ptr<float>(SCALE), N,
-                                                              K, rb);
+  const int grid = grid_for(a.N, kQThreads / 32, 16);
+  wo_quantize<T, BITS><<<grid, kQThreads, 0, c.cu_stream()>>>(a.W, a.q, a.scale, a.N, a.K, a.rb);
   return launch_status();
 }
 
-// params: q, scale f32[N], K i64 -> W' T[N, K]
 template <class H, int BITS>
 int dequantize_wo_entry(BNB_MS_AOT_ARGS) {
   using T = typename DevType<H>::type;
   CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 4) return E_NPARAM;
-  enum { Q, SCALE, KK, OUT };
-  int64_t K;
-  if (c.dtype(Q) != (BITS == 8 ? DType::i8 : DType::u8) || c.dtype(SCALE) != DType::f32 || c.dtype(OUT) != dtype_of<H>())
-    return E_DTYPE;
-  if (!c.scalar_i64(KK, &K) || K < 0) return E_VALUE;
-  const int64_t N = c.numel(SCALE), rb = wo_row_bytes(BITS, K);
-  if (c.numel(Q) != N * rb || c.numel(OUT) != N * K) return E_SHAPE;
-  if (N * K == 0) return OK;
-  if (!c.params[Q] || !c.params[SCALE] || !c.params[OUT]) return E_NULL;
-  const uint8_t *q = c.ptr<uint8_t>(Q);
-  const float *sc = c.ptr<float>(SCALE);
-  T *o = c.ptr<T>(OUT);
-  const uintptr_t qa = reinterpret_cast<uintptr_t>(q);
-  if (K % 8 == 0 && qa % (BITS == 8 ? 8 : 4) == 0 && aligned16(o)) {
+  checks::DequantizeWeightOnly<T> a;
+  if (int s = checks::dequantize_weight_only<T, BITS>(c, &a)) return s;
+  if (a.empty) return OK;
+  const int64_t N = a.N, K = a.K;
+  if (K % 8 == 0 && reinterpret_cast<uintptr_t>(a.q) % (BITS == 8 ? 8 : 4) == 0 && aligned16(a.out)) {
     const int grid = grid_for(N * K / 8, kDThreads * 2, 16);
-    wo_dequant_fast<T, BITS><<<grid, kDThreads, 0, c.cu_stream()>>>(q, sc, o, N, K);
+    wo_dequant_fast<T, BITS><<<grid, kDThreads, 0, c.cu_stream()>>>(a.q, a.scale, a.out, N, K);
   } else {
     const int grid = grid_for(N * K, kDThreads * 4, 16);
-    wo_dequant_generic<T, BITS><<<grid, kDThreads, 0, c.cu_stream()>>>(q, sc, o, N, K, rb);
+    wo_dequant_generic<T, BITS><<<grid, kDThreads, 0, c.cu_stream()>>>(a.q, a.scale, a.out, N, K, a.rb);
   }
   return launch_status();
 }
 
-// params: A T[..., K], q, scale f32[N] -> out T[..., N]
 template <class H, int BITS>
 int gemm_wo_entry(BNB_MS_AOT_ARGS) {
   using T = typename DevType<H>::type;
   CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 4) return E_NPARAM;
-  enum { A, Q, SCALE, OUT };
-  if (c.dtype(A) != dtype_of<H>() || c.dtype(Q) != (BITS == 8 ? DType::i8 : DType::u8) ||
-      c.dtype(SCALE) != DType::f32 || c.dtype(OUT) != dtype_of<H>())
-    return E_DTYPE;
-  if (c.rank(A) < 1) return E_SHAPE;
-  const int64_t K = c.cols(A), M = c.rows(A), N = c.numel(SCALE), rb = wo_row_bytes(BITS, K);
-  if (c.numel(Q) != N * rb || c.numel(OUT) != M * N) return E_SHAPE;
-  if (M * N == 0) return OK;
-  if (!c.params[A] || !c.params[SCALE] || !c.params[OUT] || (K && !c.params[Q])) return E_NULL;
-  const T *a = c.ptr<T>(A);
-  const uint8_t *q = c.ptr<uint8_t>(Q);
-  const float *sc = c.ptr<float>(SCALE);
-  T *o = c.ptr<T>(OUT);
+  checks::GemmWeightOnly<T> a;
+  if (int s = checks::gemm_weight_only<T, BITS>(c, &a)) return s;
+  if (a.empty) return OK;
+  const int64_t M = a.M, N = a.N, K = a.K, rb = a.rb;
+  const T *A = a.A;
+  const uint8_t *q = a.q;
+  const float *sc = a.scale;
+  T *o = a.out;
   const cudaStream_t st = c.cu_stream();
-  const bool fast = rb % 4 == 0 && reinterpret_cast<uintptr_t>(q) % 4 == 0 && aligned16(a) &&
+  const bool fast = rb % 4 == 0 && reinterpret_cast<uintptr_t>(q) % 4 == 0 && aligned16(A) &&
                     (K * (int64_t)sizeof(T)) % 16 == 0 && N < (int64_t)0x7fffffff;
   if (!fast) {
     dim3 grid((unsigned)((N + kGThreads / 16 - 1) / (kGThreads / 16)), (unsigned)(M < 65535 ? M : 65535));
-    wo_gemm_generic<T, BITS><<<grid, kGThreads, 0, st>>>(a, q, sc, o, M, N, K, rb);
+    wo_gemm_generic<T, BITS><<<grid, kGThreads, 0, st>>>(A, q, sc, o, M, N, K, rb);
   } else if (M <= 1) {
-    launch_fast<T, BITS, 1>(a, q, sc, o, M, N, K, rb, st);
+    launch_fast<T, BITS, 1>(A, q, sc, o, M, N, K, rb, st);
   } else if (M <= 2) {
-    launch_fast<T, BITS, 2>(a, q, sc, o, M, N, K, rb, st);
+    launch_fast<T, BITS, 2>(A, q, sc, o, M, N, K, rb, st);
   } else if (M <= 4) {
-    launch_fast<T, BITS, 4>(a, q, sc, o, M, N, K, rb, st);
+    launch_fast<T, BITS, 4>(A, q, sc, o, M, N, K, rb, st);
   } else if (M <= 8) {
-    launch_fast<T, BITS, 8>(a, q, sc, o, M, N, K, rb, st);
+    launch_fast<T, BITS, 8>(A, q, sc, o, M, N, K, rb, st);
   } else {
-    launch_fast<T, BITS, 16>(a, q, sc, o, M, N, K, rb, st);
+    launch_fast<T, BITS, 16>(A, q, sc, o, M, N, K, rb, st);
   }
   return launch_status();
 }
