@@ -83,6 +83,21 @@ def test_gemv_matches_documented_order_fp32(N, K, bs, qt):
         np.testing.assert_array_equal(bits(out[m]), bits(ref), err_msg=f"row {m}")
 
 
+@pytest.mark.parametrize("N,K,bs", [(6, 300, 100), (5, 192, 96), (3, 34, 2), (4, 64, 4096)])
+def test_gemv_matches_documented_order_any_blocksize(N, K, bs):
+    """Block sizes the Python API does not offer (not a power of two, tiny, larger than the matrix),
+    through the op directly."""
+    from bitsandbytes_ms.cextension import lib
+
+    rng = np.random.RandomState(K + bs)
+    code = F.get_4bit_type("nf4")
+    q, amax = lib.cquantize_blockwise_fp32_nf4(code, ms.Tensor(rng.randn(N * K).astype(np.float32)), bs)
+    A = rng.randn(1, K).astype(np.float32)
+    out = lib.cgemm_4bit_inference_naive_fp32(ms.Tensor(A), q.reshape(-1), amax, code, bs, N).asnumpy()[0]
+    ref = _model_gemv(code.asnumpy(), _nibbles(q.asnumpy(), N * K), amax.asnumpy(), A[0], N, K, bs)
+    np.testing.assert_array_equal(bits(out), bits(ref))
+
+
 @pytest.mark.parametrize("dt", [ms.float16, ms.bfloat16])
 def test_gemv_matches_documented_order_half(dt):
     N, K, bs = 12, 320, 64
@@ -109,6 +124,11 @@ def test_gemv_simd_levels_agree_every_path():
         "\n  A=ms.Tensor(r.randn(2,K).astype(np.float32))"
         "\n  for dt in (ms.float32, ms.float16, ms.bfloat16):"
         "\n    h.update(F.gemv_4bit(A.astype(dt), q, state=s).astype(ms.float32).asnumpy().tobytes())"
+        "\ncode=F.get_4bit_type('nf4')"
+        "\nfor N,K,bs in ((6,300,100),(3,34,2)):"
+        "\n  q,am=c.lib.cquantize_blockwise_fp32_nf4(code, ms.Tensor(r.randn(N*K).astype(np.float32)), bs)"
+        "\n  o=c.lib.cgemm_4bit_inference_naive_fp32(ms.Tensor(r.randn(1,K).astype(np.float32)), q.reshape(-1), am, code, bs, N)"
+        "\n  h.update(o.asnumpy().tobytes())"
         "\nsys.stdout.write(c.simd_level()+' '+h.hexdigest())"
     )
 
