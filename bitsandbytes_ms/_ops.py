@@ -180,7 +180,7 @@ for _sfx, _dt in DTYPE_SUFFIX.items():
         infer=(lambda dt: lambda s, d, st: ((tuple(s["A"][:-1]) + (int(st["n_out"]),), dt),))(_dt),
         bnb_args=("m", "n_out", "k", "A", "B", "absmax", "code", "out", "lda", "ldb", "ldc", "blocksize"),
         doc="out[..., n] = sum_k A[..., k] * code[B(n, k)] * absmax[block(n*K + k)]: 4-bit GEMV that decodes the "
-            "packed weight [N, K] in registers (fp32 accumulation in 16 fixed lanes)",
+            "packed weight [N, K] in registers (fp32 accumulation in 32 fixed slots, absmax applied once per block)",
     ))
 
 # ---- int8 (LLM.int8()) ----

@@ -896,7 +896,9 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
               transposed_B: bool = False, state: Optional[QuantState] = None) -> Tensor:
     """4-bit inference GEMV (upstream ``gemv_4bit``): ``A @ dequantize_4bit(B, state).T`` without
     materialising the weight. The native kernel streams the packed weight once, decodes nibbles in
-    registers (AVX2 ``vpermps`` pair / AVX-512 ``vpermps`` 16-entry lookups), accumulates in fp32.
+    registers (AVX2: ``vpshufb`` on the code's 4 byte planes; AVX-512: 16-entry ``vpermps``), accumulates
+    ``code * x`` in fp32 per absmax block and applies absmax once per block (fixed order, the same bits at
+    every SIMD level).
 
     Args:
         A: [..., K] float32/float16/bfloat16 activations (normally one row; more rows are allowed).

@@ -12,14 +12,15 @@
 //   * Two values per byte: element 2j in the high nibble, 2j+1 in the low nibble; an odd count is
 //     padded with the code of 0.
 // Dequantize: out = code[nibble] * absmax[block] in fp32, rounded to the output dtype.
-// GEMV: out[n] = sum_k A[k] * (code[q(n, k)] * absmax[block(n*K + k)]), fp32 accumulation in 16
-// fixed lanes (lane = position within a 16-element group of a block segment) so the scalar, AVX2 and
-// AVX-512 paths give identical bits; the packed weight is read once and decoded in registers.
+// GEMV: out[n] = sum_k A[k] * code[q(n, k)] * absmax[block(n*K + k)], fp32 accumulation in fixed
+// slots, scaled by absmax once per block (see the GEMV section), so the scalar, AVX2 and AVX-512 paths
+// give identical bits; the packed weight is read once and decoded in registers.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "aot.h"
 #include "cpu/cpu_features.h"
@@ -194,123 +195,260 @@ BNB_MS_TARGET_AVX512 void dequantize4_avx512(const float *code, const uint8_t *q
 }
 
 // ---- GEMV -------------------------------------------------------------------------------------
-BNB_MS_INLINE float reduce16(const float *acc) {
-  float t[8], u[4];
-  for (int l = 0; l < 8; ++l) t[l] = acc[l] + acc[l + 8];
-  for (int l = 0; l < 4; ++l) u[l] = t[l] + t[l + 4];
-  return (u[0] + u[2]) + (u[1] + u[3]);
+// out[n] = sum over the absmax blocks b of row n: absmax[b] * sum_{k in b} code[q(n, k)] * x[k].
+//
+// Numerics (identical at every SIMD level; the scalar kernel is the reference).  A row is cut into
+// segments (the parts of the row inside one absmax block), a segment into 32-element groups; element j
+// of a group goes to accumulator slot s(j) = j / 2 (j even) or 16 + j / 2 (j odd):
+//   bacc[s] = fma(code[q], x, bacc[s])                     32 slots, zeroed at every segment start
+//   at the segment end:  z[i] = bacc[i] + bacc[16 + i]                       (i < 16)
+//                        v[l] = z[l] + z[l + 4],  v[4 + l] = z[8 + l] + z[12 + l]   (l < 4)
+//                        acc[l] = fma(v[l], absmax, acc[l])                  (8 row accumulators)
+//   row result:          u[l] = acc[l] + acc[l + 4];  (u[0] + u[2]) + (u[1] + u[3])
+// Scaling once per block instead of per weight means the weight is decoded with the raw 16-entry
+// code, so the AVX2 kernel can decode with byte shuffles: vpshufb looks up each of the 4 bytes of
+// code[q] in a 16-byte table ("byte planes") and two unpack levels re-assemble the floats, in an
+// element order fixed by the unpacks; x is permuted into the same order once per call (every row
+// reuses it), so the loop has no cross-lane shuffle.  AVX-512 decodes with a 16-entry vpermps.
+// A group cut short by the end of its segment, or not starting on a 32-element boundary of the row
+// (only when K is not a multiple of 32), is first copied into a zero-padded group (nibble 0, x = 0).
+constexpr int kGroup = 32;
+
+BNB_MS_INLINE int nib_at(const uint8_t *q, int64_t i) { return (q[i >> 1] >> ((i & 1) ? 0 : 4)) & 15; }
+
+// The zero-padded copy of a short / unaligned group: packed nibbles (element 2j high, 2j+1 low) and x
+// in natural order.
+void pad_group(const uint8_t *q, const float *xrow, int64_t g, int64_t e, int64_t r0, uint8_t *pt, float *xt) {
+  std::memset(pt, 0, kGroup / 2);
+  for (int j = 0; j < kGroup; ++j) {
+    const int64_t i = g + j;
+    if (i < e) {
+      pt[j >> 1] |= (uint8_t)(nib_at(q, i) << ((j & 1) ? 0 : 4));
+      xt[j] = xrow[i - r0];
+    } else {
+      xt[j] = 0.0f;
+    }
+  }
 }
 
-// Row n of the weight occupies flat elements [n*K, n*K + K).  `seg` calls f(seg_begin, seg_end, scale)
-// for the parts of the row that lie in one absmax block.
+// Each kernel reads x in its own order: position p of a permuted group holds element xelem(p).
+// Scalar and AVX-512: p = slot.
+struct Gemv4Scalar {
+  float code[kCode4];
+  float bacc[kGroup], acc[8];
+  static int xelem(int p) { return p < 16 ? 2 * p : 2 * (p - 16) + 1; }
+  void init(const float *c) {
+    std::memcpy(code, c, sizeof(code));
+    std::fill(acc, acc + 8, 0.0f);
+  }
+  void seg_begin() { std::fill(bacc, bacc + kGroup, 0.0f); }
+  void group(const uint8_t *p, const float *xp) {
+    for (int s = 0; s < kGroup; ++s) {
+      const int j = xelem(s);
+      bacc[s] = std::fma(code[(p[j >> 1] >> ((j & 1) ? 0 : 4)) & 15], xp[s], bacc[s]);
+    }
+  }
+  void seg_end(float sc) {
+    float z[16];
+    for (int i = 0; i < 16; ++i) z[i] = bacc[i] + bacc[16 + i];
+    for (int l = 0; l < 4; ++l) {
+      acc[l] = std::fma(z[l] + z[l + 4], sc, acc[l]);
+      acc[4 + l] = std::fma(z[8 + l] + z[12 + l], sc, acc[4 + l]);
+    }
+  }
+  float row_end() const {
+    float u[4];
+    for (int l = 0; l < 4; ++l) u[l] = acc[l] + acc[l + 4];
+    return (u[0] + u[2]) + (u[1] + u[3]);
+  }
+};
+
+// AVX2: registers f0..f3 hold the slots [0-3 8-11], [4-7 12-15], [16-19 24-27], [20-23 28-31], i.e. the
+// elements [0 2 4 6 16 18 20 22], [8 10 12 14 24 26 28 30], [1 3 5 7 17 19 21 23], [9 .. 15 25 .. 31].
+struct Gemv4Avx2 {
+  __m256i plane[4];  // byte k of code[0..15], in both 128-bit lanes
+  __m256 b0, b1, b2, b3, acc;
+  static int xelem(int p) {
+    const int c = p >> 3, l = p & 7;  // register c, lane l
+    return 16 * (l >> 2) + 8 * (c & 1) + 2 * (l & 3) + (c >> 1);
+  }
+  BNB_MS_TARGET_AVX2 BNB_MS_INLINE void init(const float *code) {
+    alignas(16) uint8_t pl[4][16];
+    for (int i = 0; i < kCode4; ++i) {
+      uint32_t u;
+      std::memcpy(&u, code + i, 4);
+      for (int k = 0; k < 4; ++k) pl[k][i] = (uint8_t)(u >> (8 * k));
+    }
+    for (int k = 0; k < 4; ++k) plane[k] = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)pl[k]));
+    acc = _mm256_setzero_ps();
+  }
+  BNB_MS_TARGET_AVX2 BNB_MS_INLINE void seg_begin() { b0 = b1 = b2 = b3 = _mm256_setzero_ps(); }
+  BNB_MS_TARGET_AVX2 BNB_MS_INLINE void group(const uint8_t *p, const float *xp) {
+    // lane 0: bytes 0-7 twice, lane 1: bytes 8-15 twice; then high nibbles in the first 8 bytes of a
+    // lane (even elements), low nibbles in the last 8 (odd elements)
+    const __m256i v = _mm256_blend_epi32(_mm256_castpd_si256(_mm256_broadcast_sd((const double *)p)),
+                                         _mm256_castpd_si256(_mm256_broadcast_sd((const double *)(p + 8))), 0xF0);
+    const __m256i idx = _mm256_and_si256(_mm256_blend_epi32(_mm256_srli_epi16(v, 4), v, 0xCC), _mm256_set1_epi8(15));
+    const __m256i y0 = _mm256_shuffle_epi8(plane[0], idx), y1 = _mm256_shuffle_epi8(plane[1], idx);
+    const __m256i y2 = _mm256_shuffle_epi8(plane[2], idx), y3 = _mm256_shuffle_epi8(plane[3], idx);
+    const __m256i u0 = _mm256_unpacklo_epi8(y0, y1), u1 = _mm256_unpackhi_epi8(y0, y1);
+    const __m256i u2 = _mm256_unpacklo_epi8(y2, y3), u3 = _mm256_unpackhi_epi8(y2, y3);
+    b0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(u0, u2)), _mm256_loadu_ps(xp), b0);
+    b1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(u0, u2)), _mm256_loadu_ps(xp + 8), b1);
+    b2 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(u1, u3)), _mm256_loadu_ps(xp + 16), b2);
+    b3 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(u1, u3)), _mm256_loadu_ps(xp + 24), b3);
+  }
+  BNB_MS_TARGET_AVX2 BNB_MS_INLINE void seg_end(float sc) {
+    // b0 + b2 = z[0-3 8-11], b1 + b3 = z[4-7 12-15]
+    const __m256 v = _mm256_add_ps(_mm256_add_ps(b0, b2), _mm256_add_ps(b1, b3));
+    acc = _mm256_fmadd_ps(v, _mm256_set1_ps(sc), acc);
+  }
+  BNB_MS_TARGET_AVX2 BNB_MS_INLINE float row_end() const {
+    const __m128 u = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));  // u0+u2, u1+u3
+    return _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
+  }
+};
+
+// AVX-512: 16-entry vpermps decode.  bh lane i = element 2i (slot i), bl lane i = element 2i+1 (slot
+// 16+i).  acc lanes 0-3 and 8-11 are the 8 row accumulators (lanes 4-7, 12-15 duplicate them).
+struct Gemv4Avx512 {
+  __m512 tab, bh, bl, acc;
+  static int xelem(int p) { return p < 16 ? 2 * p : 2 * (p - 16) + 1; }
+  BNB_MS_TARGET_AVX512 BNB_MS_INLINE void init(const float *code) {
+    tab = _mm512_loadu_ps(code);
+    acc = _mm512_setzero_ps();
+  }
+  BNB_MS_TARGET_AVX512 BNB_MS_INLINE void seg_begin() { bh = bl = _mm512_setzero_ps(); }
+  BNB_MS_TARGET_AVX512 BNB_MS_INLINE void group(const uint8_t *p, const float *xp) {
+    const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m512i hi = _mm512_srli_epi32(d, 4), lo = _mm512_and_si512(d, _mm512_set1_epi32(15));
+    bh = _mm512_fmadd_ps(_mm512_permutexvar_ps(hi, tab), _mm512_loadu_ps(xp), bh);
+    bl = _mm512_fmadd_ps(_mm512_permutexvar_ps(lo, tab), _mm512_loadu_ps(xp + 16), bl);
+  }
+  BNB_MS_TARGET_AVX512 BNB_MS_INLINE void seg_end(float sc) {
+    const __m512 z = _mm512_add_ps(bh, bl);
+    const __m512 v = _mm512_add_ps(z, _mm512_shuffle_f32x4(z, z, _MM_SHUFFLE(2, 3, 0, 1)));  // z[l] + z[l^4]
+    acc = _mm512_fmadd_ps(v, _mm512_set1_ps(sc), acc);
+  }
+  BNB_MS_TARGET_AVX512 BNB_MS_INLINE float row_end() const {
+    alignas(64) float a[16];
+    _mm512_store_ps(a, acc);
+    const __m128 u = _mm_add_ps(_mm_load_ps(a), _mm_load_ps(a + 8));
+    const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
+  }
+};
+
+template <class Kern>
+void gemv4_permute32(const float *x, float *xp) {
+  for (int p = 0; p < kGroup; ++p) xp[p] = x[Kern::xelem(p)];
+}
+
+// Output rows [n0, n1) for every A row.  xn: A in fp32 (M x K); xp: each A row's whole 32-element groups
+// in the kernel's order (M x K32).  Stamped out per SIMD level so that everything inlines.
+#define BNB_MS_GEMV4_ROWS(NAME, TARGET, KERN)                                                                 \
+  template <class T>                                                                                          \
+  TARGET void NAME(const float *code, const uint8_t *q, const float *absmax, const float *xn, const float *xp, \
+                   T *out, int64_t M, int64_t N, int64_t K, int64_t bs, int64_t n0, int64_t n1) {             \
+    const int64_t K32 = K / kGroup * kGroup;                                                                  \
+    if (K % bs == 0 && bs % kGroup == 0) { /* common case: whole blocks per row, every group full */          \
+      const int64_t G = bs / kGroup, nb = K / bs;                                                             \
+      for (int64_t m = 0; m < M; ++m)                                                                         \
+        for (int64_t n = n0; n < n1; ++n) {                                                                   \
+          KERN k;                                                                                             \
+          k.init(code);                                                                                       \
+          const uint8_t *qg = q + n * K / 2;                                                                  \
+          const float *xg = xp + m * K, *am = absmax + n * nb;                                                \
+          for (int64_t b = 0; b < nb; ++b) {                                                                  \
+            k.seg_begin();                                                                                    \
+            if (G == 2) {                                                                                     \
+              k.group(qg, xg);                                                                                \
+              k.group(qg + kGroup / 2, xg + kGroup);                                                          \
+              qg += kGroup;                                                                                   \
+              xg += 2 * kGroup;                                                                               \
+            } else {                                                                                          \
+              for (int64_t j = 0; j < G; ++j, qg += kGroup / 2, xg += kGroup) k.group(qg, xg);               \
+            }                                                                                                 \
+            k.seg_end(am[b]);                                                                                 \
+          }                                                                                                   \
+          out[m * N + n] = from_f32<T>(k.row_end());                                                          \
+        }                                                                                                     \
+      return;                                                                                                 \
+    }                                                                                                         \
+    for (int64_t m = 0; m < M; ++m) {                                                                         \
+      const float *xrow = xn + m * K, *xprow = xp + m * K32;                                                  \
+      for (int64_t n = n0; n < n1; ++n) {                                                                     \
+        const int64_t r0 = n * K;                                                                             \
+        KERN k;                                                                                               \
+        k.init(code);                                                                                         \
+        int64_t blk = r0 / bs;                                                                                \
+        for (int64_t s = r0, e; s < r0 + K; s = e, ++blk) {                                                  \
+          e = std::min((blk + 1) * bs, r0 + K);                                                               \
+          k.seg_begin();                                                                                      \
+          int64_t g = s;                                                                                      \
+          if (((s - r0) & (kGroup - 1)) == 0 && !(s & 1)) {                                                   \
+            const uint8_t *qg = q + (s >> 1);                                                                 \
+            const float *xg = xprow + (s - r0);                                                               \
+            for (; g + kGroup <= e; g += kGroup, qg += kGroup / 2, xg += kGroup) k.group(qg, xg);            \
+          }                                                                                                   \
+          for (; g < e; g += kGroup) {                                                                        \
+            alignas(64) uint8_t pt[kGroup / 2];                                                               \
+            alignas(64) float xt[kGroup], xpt[kGroup];                                                        \
+            pad_group(q, xrow, g, e, r0, pt, xt);                                                             \
+            gemv4_permute32<KERN>(xt, xpt);                                                                   \
+            k.group(pt, xpt);                                                                                 \
+          }                                                                                                   \
+          k.seg_end(absmax[blk]);                                                                             \
+        }                                                                                                     \
+        out[m * N + n] = from_f32<T>(k.row_end());                                                            \
+      }                                                                                                       \
+    }                                                                                                         \
+  }
+BNB_MS_GEMV4_ROWS(gemv4_rows_scalar, , Gemv4Scalar)
+BNB_MS_GEMV4_ROWS(gemv4_rows_avx2, BNB_MS_TARGET_AVX2, Gemv4Avx2)
+BNB_MS_GEMV4_ROWS(gemv4_rows_avx512, BNB_MS_TARGET_AVX512, Gemv4Avx512)
+#undef BNB_MS_GEMV4_ROWS
+
+template <class Kern>
+void gemv4_prep(const float *xn, float *xp, int64_t M, int64_t K) {
+  const int64_t K32 = K / kGroup * kGroup;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < K32; c += kGroup) gemv4_permute32<Kern>(xn + m * K + c, xp + m * K32 + c);
+}
+
+// Output rows in chunks handed out dynamically: on a machine whose cores are shared, a thread that is
+// descheduled for a while does not hold up the whole call (each row's result does not depend on the
+// split).  About 16 chunks per thread, each at least ~32K weights.
 template <class F>
-BNB_MS_INLINE void for_segments(int64_t r0, int64_t K, int64_t bs, const float *absmax, F &&f) {
-  int64_t i = r0;
-  const int64_t e = r0 + K;
-  while (i < e) {
-    const int64_t blk = i / bs, be = std::min((blk + 1) * bs, e);
-    f(i, be, absmax[blk]);
-    i = be;
+void gemv4_parallel_rows(int64_t N, int64_t K, F &&f) {
+#ifdef _OPENMP
+  const int64_t nt = omp_get_max_threads();
+  const int64_t chunk = std::max<int64_t>({1, 32768 / std::max<int64_t>(K, 1), N / (16 * nt)});
+  const int64_t nchunks = (N + chunk - 1) / chunk;
+  if (nchunks > 1 && nt > 1 && !omp_in_parallel()) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads((int)std::min(nt, nchunks))
+    for (int64_t c = 0; c < nchunks; ++c) f(c * chunk, std::min(N, (c + 1) * chunk));
+    return;
   }
-}
-
-template <class T>
-float gemv_row_generic(const float *code, const uint8_t *q, const float *absmax, const T *a, int64_t K, int64_t bs,
-                       int64_t r0) {
-  float acc[16] = {0};
-  for_segments(r0, K, bs, absmax, [&](int64_t s, int64_t e, float sc) {
-    float tab[16];
-    for (int j = 0; j < 16; ++j) tab[j] = code[j] * sc;
-    for (int64_t g = s; g < e; g += 16) {
-      for (int l = 0; l < 16; ++l) {
-        const int64_t i = g + l;
-        const float w = i < e ? tab[(int)nib(q, i)] : tab[0];
-        const float x = i < e ? to_f32(a[i - r0]) : 0.0f;
-        acc[l] = std::fma(w, x, acc[l]);
-      }
-    }
-  });
-  return reduce16(acc);
-}
-
-template <class T>
-BNB_MS_TARGET_AVX2 float gemv_row_avx2(const float *code, const uint8_t *q, const float *absmax, const T *a, int64_t K,
-                                       int64_t bs, int64_t r0) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  const __m256 c0 = _mm256_loadu_ps(code), c1 = _mm256_loadu_ps(code + 8);
-  for (int64_t s = r0, e; s < r0 + K; s = e) {
-    e = std::min((s / bs + 1) * bs, r0 + K);
-    const float sc = absmax[s / bs];
-    const __m256 vs = _mm256_set1_ps(sc);
-    const __m256 tlo = _mm256_mul_ps(c0, vs), thi = _mm256_mul_ps(c1, vs);
-    int64_t g = s;
-    for (; g + 16 <= e; g += 16) {
-      __m256i i0, i1;
-      nibbles16_avx2(q + (g >> 1), &i0, &i1);
-      acc0 = _mm256_fmadd_ps(lut16_avx2(tlo, thi, i0), ld8<T>(a + (g - r0)), acc0);
-      acc1 = _mm256_fmadd_ps(lut16_avx2(tlo, thi, i1), ld8<T>(a + (g - r0) + 8), acc1);
-    }
-    if (g < e) {  // zero-padded last group, same lanes as the scalar path
-      alignas(32) float w[16], x[16];
-      for (int l = 0; l < 16; ++l) {
-        const int64_t i = g + l;
-        w[l] = i < e ? code[(int)nib(q, i)] * sc : code[0] * sc;
-        x[l] = i < e ? to_f32(a[i - r0]) : 0.0f;
-      }
-      acc0 = _mm256_fmadd_ps(_mm256_load_ps(w), _mm256_load_ps(x), acc0);
-      acc1 = _mm256_fmadd_ps(_mm256_load_ps(w + 8), _mm256_load_ps(x + 8), acc1);
-    }
-  }
-  alignas(32) float acc[16];
-  _mm256_store_ps(acc, acc0);
-  _mm256_store_ps(acc + 8, acc1);
-  return reduce16(acc);
-}
-
-template <class T>
-BNB_MS_TARGET_AVX512 float gemv_row_avx512(const float *code, const uint8_t *q, const float *absmax, const T *a,
-                                           int64_t K, int64_t bs, int64_t r0) {
-  __m512 acc = _mm512_setzero_ps();
-  const __m512 c = _mm512_loadu_ps(code);
-  for (int64_t s = r0, e; s < r0 + K; s = e) {
-    e = std::min((s / bs + 1) * bs, r0 + K);
-    const float sc = absmax[s / bs];
-    const __m512 tab = _mm512_mul_ps(c, _mm512_set1_ps(sc));
-    int64_t g = s;
-    for (; g + 16 <= e; g += 16)
-      acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(nibbles16_avx512(q + (g >> 1)), tab), ld16<T>(a + (g - r0)), acc);
-    if (g < e) {
-      alignas(64) float w[16], x[16];
-      for (int l = 0; l < 16; ++l) {
-        const int64_t i = g + l;
-        w[l] = i < e ? code[(int)nib(q, i)] * sc : code[0] * sc;
-        x[l] = i < e ? to_f32(a[i - r0]) : 0.0f;
-      }
-      acc = _mm512_fmadd_ps(_mm512_load_ps(w), _mm512_load_ps(x), acc);
-    }
-  }
-  alignas(64) float out[16];
-  _mm512_store_ps(out, acc);
-  return reduce16(out);
+#endif
+  if (N > 0) f(0, N);
 }
 
 template <class T>
 void gemv4(const float *code, const uint8_t *q, const float *absmax, const T *A, T *out, int64_t M, int64_t N,
            int64_t K, int64_t bs) {
-  // The vector paths need every row to start on a byte boundary (K even); odd K uses the generic
-  // path at every SIMD level, so the levels still agree bit for bit.
-  const SimdLevel lvl = (K % 2 == 0) ? simd_level() : SimdLevel::scalar;
-  parallel_for(N, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [&](int64_t n0, int64_t n1) {
-    for (int64_t m = 0; m < M; ++m) {
-      const T *a = A + m * K;
-      for (int64_t n = n0; n < n1; ++n) {
-        float r;
-        if (lvl >= SimdLevel::avx512) r = gemv_row_avx512<T>(code, q, absmax, a, K, bs, n * K);
-        else if (lvl >= SimdLevel::avx2) r = gemv_row_avx2<T>(code, q, absmax, a, K, bs, n * K);
-        else r = gemv_row_generic<T>(code, q, absmax, a, K, bs, n * K);
-        out[m * N + n] = from_f32<T>(r);
-      }
-    }
+  const SimdLevel lvl = simd_level();
+  // x in fp32, natural order and in the kernel's group order: converted once, reused by every row
+  std::vector<float> xn((size_t)(M * K)), xp((size_t)(M * (K / kGroup * kGroup)) + 1);
+  for (int64_t i = 0; i < M * K; ++i) xn[i] = to_f32(A[i]);
+  if (lvl >= SimdLevel::avx512) gemv4_prep<Gemv4Avx512>(xn.data(), xp.data(), M, K);
+  else if (lvl >= SimdLevel::avx2) gemv4_prep<Gemv4Avx2>(xn.data(), xp.data(), M, K);
+  else gemv4_prep<Gemv4Scalar>(xn.data(), xp.data(), M, K);
+  gemv4_parallel_rows(N, K, [&](int64_t n0, int64_t n1) {
+    if (lvl >= SimdLevel::avx512) gemv4_rows_avx512<T>(code, q, absmax, xn.data(), xp.data(), out, M, N, K, bs, n0, n1);
+    else if (lvl >= SimdLevel::avx2) gemv4_rows_avx2<T>(code, q, absmax, xn.data(), xp.data(), out, M, N, K, bs, n0, n1);
+    else gemv4_rows_scalar<T>(code, q, absmax, xn.data(), xp.data(), out, M, N, K, bs, n0, n1);
   });
 }
 
