@@ -14,7 +14,7 @@ On a GPU host (torch with CUDA), the CUDA library against the CPU library of the
     python3 tools/status_diff.py record bitsandbytes_ms/libbitsandbytes_ms_cuda.so cuda.json --device cuda
     python3 tools/status_diff.py compare cpu.json cuda.json --status-only   # drop --status-only: bytes too
 
-Covers the blockwise, optim and weightonly entry points.  Calls go straight through ctypes with the
+Covers the blockwise, optim, weightonly and int8 entry points.  Calls go straight through ctypes with the
 AOT signature (no MindSpore); buffers are over-allocated so that a call a library wrongly accepts
 cannot write outside them.  Run each `record` in its own process (one library per process).
 """
@@ -134,8 +134,31 @@ def weightonly_ops():
                                                              P((N,), "float32", init="absmax"), P((M, N), dt)]
 
 
+def int8_ops():
+    for sfx, dt in SFX.items():
+        # cint8_vector_quant dispatches on A's dtype (one entry point); (4, 0) and (0, 16): empty
+        for shape in ((5, 33), (2, 3, 16), (16,), (0, 16), (4, 0)):
+            rows, cols = numel(shape[:-1]), shape[-1]
+            for thr in (0.0, 2.0):
+                yield "cint8_vector_quant", [P(shape, dt), S(thr, "float32"), P(shape, "int8"),
+                                             P((rows if cols else 0,), "float32"), P((cols,), "uint8")]
+        for shape in ((3, 33), (2, 3, 8), (1, 8), (0, 8), (4, 0)):
+            rows, cols = numel(shape[:-1]), shape[-1]
+            for bias in (None, "float32", "float16", "bfloat16"):
+                yield f"cdequant_mm_int32_{sfx}", [P(shape, "int32", init="ints"), P((rows if cols else 0,), "float32",
+                                                   init="absmax"), P((cols,), "float32", init="absmax"),
+                                                   None if bias is None else P((cols,), bias), P(shape, dt)]
+    # cigemmlt_32: A i8[..., K], B i8[N, K] -> out i32[..., N]; M or N = 0 is empty; the entry point counts
+    # M = numel(A) / K, 0 for K = 0, so A (3, 0) wants out (0, N); K = 131071 is the largest K taken
+    for a_shape, n, o_shape in (((3, 33), 5, None), ((2, 3, 16), 4, None), ((1, 8), 1, None), ((0, 16), 3, None),
+                                ((3, 16), 0, None), ((3, 0), 5, (0, 5)), ((3, 0), 5, None), ((1, 131071), 1, None),
+                                ((1, 131072), 1, None)):
+        k = a_shape[-1]
+        yield "cigemmlt_32", [P(a_shape, "int8"), P((n, k), "int8"), P(o_shape or a_shape[:-1] + (n,), "int32")]
+
+
 def templates():
-    for gen in (blockwise_ops, optim_ops, weightonly_ops):
+    for gen in (blockwise_ops, optim_ops, weightonly_ops, int8_ops):
         yield from gen()
 
 
@@ -199,6 +222,8 @@ def fill(p, rng, nbytes):
         return buf
     if p.init is not None and not isinstance(p.init, str):
         raw = p.init().tobytes()
+    elif p.init == "ints":  # int32 GEMM results for mm dequant
+        raw = rng.integers(-(2**20), 2**20, nbytes // 4, dtype=np.int32).tobytes()
     elif p.dtype in ("float32", "float16", "float64"):
         k = nbytes // np.dtype(DT[p.dtype]).itemsize
         x = rng.standard_normal(k)

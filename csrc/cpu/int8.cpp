@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "aot.h"
+#include "checks/int8.h"
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
 
@@ -294,28 +295,18 @@ void vector_quant(const T *A, int8_t *out, float *row_stats, uint8_t *col_flags,
   });
 }
 
-// params: A T[..., K], threshold f32 -> out i8[like A], row_stats f32[rows], col_flags u8[K]
+// ---- entry point: checks in checks/int8.h (shared with the CUDA library) -------------------------
 int vector_quant_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 5) return E_NPARAM;
-  enum { A, THR, OUT, ROWS, FLAGS };
-  const DType dt = c.dtype(A);
-  if ((dt != DType::f32 && dt != DType::f16 && dt != DType::bf16) || c.dtype(OUT) != DType::i8 ||
-      c.dtype(ROWS) != DType::f32 || c.dtype(FLAGS) != DType::u8)
-    return E_DTYPE;
-  float thr;
-  if (!c.scalar_f32(THR, &thr) || !(thr >= 0.0f)) return E_VALUE;
-  if (c.rank(A) < 1) return E_SHAPE;
-  const int64_t cols = c.cols(A), n = c.numel(A), rows = cols ? n / cols : 0;
-  if (c.numel(OUT) != n || c.numel(ROWS) != rows || c.numel(FLAGS) != cols) return E_SHAPE;
-  if (n == 0) return OK;
-  if (!c.params[A] || !c.params[OUT] || !c.params[ROWS] || !c.params[FLAGS]) return E_NULL;
-  int8_t *o = c.ptr<int8_t>(OUT);
-  float *rs = c.ptr<float>(ROWS);
-  uint8_t *fl = c.ptr<uint8_t>(FLAGS);
-  if (dt == DType::f32) vector_quant<float>(c.ptr<float>(A), o, rs, fl, rows, cols, thr);
-  else if (dt == DType::f16) vector_quant<fp16_t>(c.ptr<fp16_t>(A), o, rs, fl, rows, cols, thr);
-  else vector_quant<bf16_t>(c.ptr<bf16_t>(A), o, rs, fl, rows, cols, thr);
+  checks::VectorQuant a;
+  if (int s = checks::vector_quant(c, &a)) return s;
+  if (a.empty) return OK;
+  int8_t *o = a.out;
+  float *rs = a.row_stats;
+  uint8_t *fl = a.col_flags;
+  if (a.dt == DType::f32) vector_quant<float>(static_cast<const float *>(a.A), o, rs, fl, a.rows, a.cols, a.threshold);
+  else if (a.dt == DType::f16) vector_quant<fp16_t>(static_cast<const fp16_t *>(a.A), o, rs, fl, a.rows, a.cols, a.threshold);
+  else vector_quant<bf16_t>(static_cast<const bf16_t *>(a.A), o, rs, fl, a.rows, a.cols, a.threshold);
   return OK;
 }
 
@@ -342,7 +333,6 @@ int vector_quant_entry(BNB_MS_AOT_ARGS) {
 
 constexpr int64_t kKC = 2048;  // K block (A tile 4 x 2048 x 2 bytes = 16 KiB stays in L1)
 constexpr int64_t kNB = 96;    // most B rows per chunk (96 x 2048 = 192 KiB in L2)
-constexpr int64_t kMaxK = 131071;
 // The automatic choice uses AMX from this many rows of A on (measured on a 16-core Sapphire Rapids,
 // K = 4096, N = 4096/11008: AVX-512 VNNI is faster at M = 1, level at M = 4, AMX 1.1-1.4x at M = 8,
 // 1.4-2.2x at M = 16 and 3-4x from M = 64 on).
@@ -845,23 +835,13 @@ void int8_gemm(const int8_t *A, const int8_t *B, int32_t *C, int64_t M, int64_t 
   else int8_gemm_simd(p, A, B, C, M, N, K);
 }
 
-// params: A i8[..., K], B i8[N, K] -> out i32[..., N]
+// ---- entry point: checks in checks/int8.h (shared with the CUDA library) -------------------------
 int igemm_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 3) return E_NPARAM;
-  enum { A, B, OUT };
-  if (c.dtype(A) != DType::i8 || c.dtype(B) != DType::i8 || c.dtype(OUT) != DType::i32) return E_DTYPE;
-  if (c.rank(A) < 1 || c.rank(B) != 2) return E_SHAPE;
-  const int64_t K = c.cols(A), N = c.dim(B, 0);
-  if (c.dim(B, 1) != K || K > kMaxK) return E_SHAPE;
-  const int64_t M = K ? c.numel(A) / K : 0;
-  if (c.numel(OUT) != M * N || c.cols(OUT) != N) return E_SHAPE;
-  if (M == 0 || N == 0) return OK;
-  if (!c.params[OUT]) return E_NULL;
-  int32_t *C = c.ptr<int32_t>(OUT);
-  if (K == 0) { std::memset(C, 0, sizeof(int32_t) * (size_t)(M * N)); return OK; }
-  if (!c.params[A] || !c.params[B]) return E_NULL;
-  int8_gemm(c.ptr<int8_t>(A), c.ptr<int8_t>(B), C, M, N, K);
+  checks::Igemm a;
+  if (int s = checks::igemm(c, &a)) return s;
+  if (a.empty) return OK;
+  int8_gemm(a.A, a.B, a.out, a.M, a.N, a.K);
   return OK;
 }
 
@@ -926,31 +906,20 @@ void mm_dequant(const int32_t *A, const float *rs, const float *cs, const BT *bi
   });
 }
 
-// params: A i32[..., N], row_stats f32[rows], col_stats f32[N], bias (f32|f16|bf16)[N] | none -> out T[like A]
+// ---- entry point: checks in checks/int8.h (shared with the CUDA library) -------------------------
 template <class T>
 int mm_dequant_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 5) return E_NPARAM;
-  enum { A, RS, CS, BIAS, OUT };
-  if (c.dtype(A) != DType::i32 || c.dtype(RS) != DType::f32 || c.dtype(CS) != DType::f32 ||
-      c.dtype(OUT) != dtype_of<T>())
-    return E_DTYPE;
-  const bool has_bias = !c.is_none(BIAS);
-  const DType bdt = has_bias ? c.dtype(BIAS) : DType::none;
-  if (has_bias && bdt != DType::f32 && bdt != DType::f16 && bdt != DType::bf16) return E_DTYPE;
-  if (c.rank(A) < 1) return E_SHAPE;
-  const int64_t cols = c.cols(A), n = c.numel(A), rows = cols ? n / cols : 0;
-  if (c.numel(OUT) != n || c.numel(RS) != rows || c.numel(CS) != cols || (has_bias && c.numel(BIAS) != cols))
-    return E_SHAPE;
-  if (n == 0) return OK;
-  if (!c.params[A] || !c.params[RS] || !c.params[CS] || !c.params[OUT]) return E_NULL;
-  const int32_t *a = c.ptr<int32_t>(A);
-  const float *rs = c.ptr<float>(RS), *cs = c.ptr<float>(CS);
-  T *o = c.ptr<T>(OUT);
-  if (!has_bias) mm_dequant<T, float>(a, rs, cs, nullptr, o, rows, cols);
-  else if (bdt == DType::f32) mm_dequant<T, float>(a, rs, cs, c.ptr<float>(BIAS), o, rows, cols);
-  else if (bdt == DType::f16) mm_dequant<T, fp16_t>(a, rs, cs, c.ptr<fp16_t>(BIAS), o, rows, cols);
-  else mm_dequant<T, bf16_t>(a, rs, cs, c.ptr<bf16_t>(BIAS), o, rows, cols);
+  checks::MmDequant<T> a;
+  if (int s = checks::mm_dequant<T>(c, &a)) return s;
+  if (a.empty) return OK;
+  const int32_t *A = a.A;
+  const float *rs = a.row_stats, *cs = a.col_stats;
+  const int64_t rows = a.rows, cols = a.cols;
+  if (a.bias_dt == DType::none) mm_dequant<T, float>(A, rs, cs, nullptr, a.out, rows, cols);
+  else if (a.bias_dt == DType::f32) mm_dequant<T, float>(A, rs, cs, static_cast<const float *>(a.bias), a.out, rows, cols);
+  else if (a.bias_dt == DType::f16) mm_dequant<T, fp16_t>(A, rs, cs, static_cast<const fp16_t *>(a.bias), a.out, rows, cols);
+  else mm_dequant<T, bf16_t>(A, rs, cs, static_cast<const bf16_t *>(a.bias), a.out, rows, cols);
   return OK;
 }
 

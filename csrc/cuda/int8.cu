@@ -34,6 +34,7 @@
 #include <mutex>
 #include <vector>
 
+#include "checks/int8.h"
 #include "cuda/aot_cuda.cuh"
 
 namespace bnb_ms {
@@ -169,35 +170,23 @@ int vector_quant(cudaStream_t st, const void *Av, int8_t *out, float *rs, uint8_
   return launch_status();
 }
 
-// params: A T[..., K], threshold f32 -> out i8[like A], row_stats f32[rows], col_flags u8[K]
+// ---- entry point: checks in checks/int8.h (shared with the CPU library) -------------------------
 int vector_quant_entry(BNB_MS_AOT_ARGS) {
   CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 5) return E_NPARAM;
-  enum { A, THR, OUT, ROWS, FLAGS };
-  const DType dt = c.dtype(A);
-  if ((dt != DType::f32 && dt != DType::f16 && dt != DType::bf16) || c.dtype(OUT) != DType::i8 ||
-      c.dtype(ROWS) != DType::f32 || c.dtype(FLAGS) != DType::u8)
-    return E_DTYPE;
-  float thr;
-  if (!c.scalar_f32(THR, &thr) || !(thr >= 0.0f)) return E_VALUE;
-  if (c.rank(A) < 1) return E_SHAPE;
-  const int64_t cols = c.cols(A), n = c.numel(A), rows = cols ? n / cols : 0;
-  if (c.numel(OUT) != n || c.numel(ROWS) != rows || c.numel(FLAGS) != cols) return E_SHAPE;
-  if (n == 0) return OK;
-  if (!c.params[A] || !c.params[OUT] || !c.params[ROWS] || !c.params[FLAGS]) return E_NULL;
-  int8_t *o = c.ptr<int8_t>(OUT);
-  float *rs = c.ptr<float>(ROWS);
-  uint8_t *fl = c.ptr<uint8_t>(FLAGS);
+  checks::VectorQuant a;
+  if (int s = checks::vector_quant(c, &a)) return s;
+  if (a.empty) return OK;
   const cudaStream_t st = c.cu_stream();
-  if (dt == DType::f32) return vector_quant<float>(st, c.params[A], o, rs, fl, rows, cols, thr);
-  if (dt == DType::f16) return vector_quant<fp16_t>(st, c.params[A], o, rs, fl, rows, cols, thr);
-  return vector_quant<bf16_t>(st, c.params[A], o, rs, fl, rows, cols, thr);
+  if (a.dt == DType::f32)
+    return vector_quant<float>(st, a.A, a.out, a.row_stats, a.col_flags, a.rows, a.cols, a.threshold);
+  if (a.dt == DType::f16)
+    return vector_quant<fp16_t>(st, a.A, a.out, a.row_stats, a.col_flags, a.rows, a.cols, a.threshold);
+  return vector_quant<bf16_t>(st, a.A, a.out, a.row_stats, a.col_flags, a.rows, a.cols, a.threshold);
 }
 
 // ------------------------------------------------------------------------------------------------
 // int8 GEMM
 // ------------------------------------------------------------------------------------------------
-constexpr int64_t kMaxK = 131071;  // same limit as the CPU: |sum| <= K * 2^14 < 2^31
 
 // SIMT fallback: 64x64 output tile per 256-thread block, K in steps of 32 bytes staged in shared
 // memory as packed int8x4 words, 4x4 outputs per thread with __dp4a (exact int32 arithmetic).
@@ -378,36 +367,20 @@ bool igemm_lt(cudaStream_t st, const int8_t *A, const int8_t *B, int32_t *C, int
   return true;
 }
 
-// params: A i8[..., K], B i8[N, K] -> out i32[..., N]
+// ---- entry point: checks in checks/int8.h (shared with the CPU library) -------------------------
 int igemm_entry(BNB_MS_AOT_ARGS) {
   CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 3) return E_NPARAM;
-  enum { A, B, OUT };
-  if (c.dtype(A) != DType::i8 || c.dtype(B) != DType::i8 || c.dtype(OUT) != DType::i32) return E_DTYPE;
-  if (c.rank(A) < 1 || c.rank(B) != 2) return E_SHAPE;
-  const int64_t K = c.cols(A), N = c.dim(B, 0);
-  if (c.dim(B, 1) != K || K > kMaxK) return E_SHAPE;
-  const int64_t M = K ? c.numel(A) / K : 0;
-  if (c.numel(OUT) != M * N || c.cols(OUT) != N) return E_SHAPE;
-  if (M == 0 || N == 0) return OK;
-  if (!c.params[OUT]) return E_NULL;
-  int32_t *C = c.ptr<int32_t>(OUT);
+  checks::Igemm a;
+  if (int s = checks::igemm(c, &a)) return s;
+  if (a.empty) return OK;
   const cudaStream_t st = c.cu_stream();
-  if (K == 0) {
-    if (cudaMemsetAsync(C, 0, sizeof(int32_t) * (size_t)(M * N), st) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return E_DEVICE;
-    }
-    return OK;
-  }
-  if (!c.params[A] || !c.params[B]) return E_NULL;
-  const int8_t *a = c.ptr<int8_t>(A), *b = c.ptr<int8_t>(B);
+  const int64_t M = a.M, N = a.N, K = a.K;
   const char *mode = std::getenv("BNB_MS_IGEMM");
   const bool force_simt = mode && std::strcmp(mode, "simt") == 0;
   const bool lt_only = mode && std::strcmp(mode, "lt") == 0;
-  if (!force_simt && igemm_lt(st, a, b, C, M, N, K)) return OK;
+  if (!force_simt && igemm_lt(st, a.A, a.B, a.out, M, N, K)) return OK;
   if (lt_only) return E_UNSUPPORTED;
-  return igemm_simt_launch(st, a, b, C, M, N, K);
+  return igemm_simt_launch(st, a.A, a.B, a.out, M, N, K);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -483,33 +456,24 @@ int mm_dequant(cudaStream_t st, const int32_t *A, const float *rs, const float *
   return launch_status();
 }
 
-// params: A i32[..., N], row_stats f32[rows], col_stats f32[N], bias (f32|f16|bf16)[N] | none -> out T[like A]
+// ---- entry point: checks in checks/int8.h (shared with the CPU library) -------------------------
 template <class H>
 int mm_dequant_entry(BNB_MS_AOT_ARGS) {
   using T = typename DevType<H>::type;
   CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 5) return E_NPARAM;
-  enum { A, RS, CS, BIAS, OUT };
-  if (c.dtype(A) != DType::i32 || c.dtype(RS) != DType::f32 || c.dtype(CS) != DType::f32 ||
-      c.dtype(OUT) != dtype_of<H>())
-    return E_DTYPE;
-  const bool has_bias = !c.is_none(BIAS);
-  const DType bdt = has_bias ? c.dtype(BIAS) : DType::none;
-  if (has_bias && bdt != DType::f32 && bdt != DType::f16 && bdt != DType::bf16) return E_DTYPE;
-  if (c.rank(A) < 1) return E_SHAPE;
-  const int64_t cols = c.cols(A), n = c.numel(A), rows = cols ? n / cols : 0;
-  if (c.numel(OUT) != n || c.numel(RS) != rows || c.numel(CS) != cols || (has_bias && c.numel(BIAS) != cols))
-    return E_SHAPE;
-  if (n == 0) return OK;
-  if (!c.params[A] || !c.params[RS] || !c.params[CS] || !c.params[OUT]) return E_NULL;
-  const int32_t *a = c.ptr<int32_t>(A);
-  const float *rs = c.ptr<float>(RS), *cs = c.ptr<float>(CS);
-  T *o = c.ptr<T>(OUT);
+  checks::MmDequant<T> a;
+  if (int s = checks::mm_dequant<T>(c, &a)) return s;
+  if (a.empty) return OK;
   const cudaStream_t st = c.cu_stream();
-  if (!has_bias) return mm_dequant<T, float>(st, a, rs, cs, nullptr, o, rows, cols);
-  if (bdt == DType::f32) return mm_dequant<T, float>(st, a, rs, cs, c.ptr<float>(BIAS), o, rows, cols);
-  if (bdt == DType::f16) return mm_dequant<T, __half>(st, a, rs, cs, c.ptr<__half>(BIAS), o, rows, cols);
-  return mm_dequant<T, __nv_bfloat16>(st, a, rs, cs, c.ptr<__nv_bfloat16>(BIAS), o, rows, cols);
+  const int32_t *A = a.A;
+  const float *rs = a.row_stats, *cs = a.col_stats;
+  if (a.bias_dt == DType::none) return mm_dequant<T, float>(st, A, rs, cs, nullptr, a.out, a.rows, a.cols);
+  if (a.bias_dt == DType::f32)
+    return mm_dequant<T, float>(st, A, rs, cs, static_cast<const float *>(a.bias), a.out, a.rows, a.cols);
+  if (a.bias_dt == DType::f16)
+    return mm_dequant<T, __half>(st, A, rs, cs, static_cast<const __half *>(a.bias), a.out, a.rows, a.cols);
+  return mm_dequant<T, __nv_bfloat16>(st, A, rs, cs, static_cast<const __nv_bfloat16 *>(a.bias), a.out, a.rows,
+                                      a.cols);
 }
 
 }  // namespace
