@@ -201,3 +201,28 @@ registry.register(
     why="as mindtorch-torch-function-chunk, for torch.split: mindtorch ignores __torch_function__, so tensor "
         "subclasses such as Params4bit lose their type (and quant_state) when split; the patch dispatches to "
         "the subclass's __torch_function__.")(_dispatch_torch_function)
+
+
+# ---- ports: torch.nn.utils.parametrize (bitsandbytes_ms.nn.parametrize) ----
+# Test: tests/test_nn_parametrize.py::test_patch_proxy_module_setattr (fixed behaviour, and the mindtorch
+# behaviour with the patch removed).
+def _proxy_module_setattr(self, name, value):
+    """``torch.<sub>.name = value`` on one of mindtorch's ``torch`` alias modules: set it on the mindtorch
+    module the alias reads from (and drop any copy the alias kept), as if it were that module."""
+    import importlib
+
+    if name.startswith("__") and name.endswith("__"):  # the alias' own module metadata
+        return object.__setattr__(self, name, value)
+    target = importlib.import_module(self.__loader__.target_name)
+    setattr(target, name, value)
+    self.__dict__.pop(name, None)
+
+
+registry.register_value(
+    "mindtorch-proxy-module-setattr", "torch.nn.utils.parametrize", "__class__.__setattr__", _proxy_module_setattr,
+    only_if_imported=False,
+    why="after `import mindnlp`, `torch.nn.utils.parametrize` is an alias module (mindtorch.torch_proxy) that reads "
+        "through to mindtorch.nn.utils.parametrize but keeps assignments to itself: `P._cache_enabled += 1` (how "
+        "bitsandbytes' parametrize hooks and their users switch on the parametrization cache) never reaches the "
+        "counter mindtorch's parametrized attributes consult, and later reads through the alias see the stale copy. "
+        "The patch makes assignments through this alias land on the mindtorch module, as with PyTorch's module.")
