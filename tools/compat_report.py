@@ -207,7 +207,9 @@ def compare(upstream: dict, ours: Dict[Tuple[str, str], dict]) -> Dict[str, dict
             if c in mine and mine[c]["outcome"] != PASSED:
                 not_passing[(function_of(c), mine[c]["outcome"])].append((c, mine[c]["message"]))
         upstream_bad = {c: (v, mine.get(c)) for c, v in ucases.items() if v["outcome"] in (FAILED, XFAILED)}
-        extra = collections.Counter(function_of(c) for c in mine if c not in ucases)
+        unmeasured = set(upstream.get(up, {}).get("not_measured", []))
+        extra = collections.Counter(function_of(c) for c in mine if c not in ucases and c not in unmeasured)
+        unmeasured_ours = sum(1 for c in mine if c in unmeasured)
         result[up] = {
             "present": up in upstream,
             "our_files": sorted({r["file"] for r in mine.values()}),
@@ -224,6 +226,7 @@ def compare(upstream: dict, ours: Dict[Tuple[str, str], dict]) -> Dict[str, dict
             "not_passing": not_passing,
             "upstream_bad": upstream_bad,
             "extra": extra,
+            "ours_in_unmeasured": unmeasured_ours,
         }
     return result
 
@@ -293,7 +296,7 @@ def checkout_upstream_tests(repo: Path, ref: Optional[str]) -> Tuple[Path, dict]
             "commit_date": git(repo, "log", "-1", "--format=%cI", commit)}
     if UPSTREAM_TAG not in tags:
         # say how the tests we ran relate to the last release tag before the ref
-        last = git(repo, "describe", "--tags", "--abbrev=0", commit)
+        last = git(repo, "describe", "--tags", "--abbrev=0", "--match", "[0-9]*.[0-9]*", commit)
         same = git(repo, "diff", "--stat", last, commit, "--", "tests") == ""
         info["nearest_tag"] = last
         info["tests_identical_to_nearest_tag"] = same
@@ -561,7 +564,8 @@ def render(upstream: dict, cmp: Dict[str, dict], ours_meta: dict) -> str:
             L.append("")
             for (fn, outcome), cases in sorted(r["not_passing"].items()):
                 msgs = collections.Counter(m for _, m in cases)
-                msg = "; ".join(f"{m or '(no message)'}" + (f" (x{n})" if n > 1 else "") for m, n in msgs.most_common(3))
+                msg = "; ".join(f"{(m or '(no message)')[:160]}" + (f" (x{n})" if n > 1 else "")
+                                for m, n in msgs.most_common(2)) + ("; ..." if len(msgs) > 2 else "")
                 L.append(f"- `{fn}`: {len(cases)} {outcome} -- {msg}")
             L.append("")
     if not any_gap:
@@ -604,7 +608,8 @@ def render(upstream: dict, cmp: Dict[str, dict], ours_meta: dict) -> str:
     L.append("")
     L.append("## Cases only in ours (no upstream case of that id on CPU)")
     L.append("")
-    L.append("Extra tests of our ports (e.g. upstream's CUDA-only device lists run on `cpu` here), by function:")
+    L.append("Extra tests of our ports (e.g. upstream's CUDA-only device lists run on `cpu` here; cases upstream has but "
+             "did not get measured are not listed), by function:")
     L.append("")
     for up, r in cmp.items():
         if r["extra"]:
@@ -626,8 +631,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--no-write", action="store_true", help="with --refresh-upstream: run chunks, write no JSON")
     ap.add_argument("--upstream-only", action="store_true", help="with --refresh-upstream: stop after the cache")
     ap.add_argument("--timeout", type=int, default=900, help="per-test timeout (s) for the upstream run")
-    ap.add_argument("--ours-junit", type=Path, default=None,
-                    help="use this junit file of a compat_tests run instead of running our suite")
+    ap.add_argument("--ours-junit", type=Path, action="append", default=None,
+                    help="use this junit file of a compat_tests run instead of running our suite (repeatable: "
+                         "the files are combined, e.g. an interrupted run and a run of the rest)")
     ap.add_argument("--output", type=Path, default=REPORT_MD)
     ap.add_argument("pytest_args", nargs="*", help="extra arguments for our pytest run (after --)")
     a = ap.parse_args(argv)
@@ -643,12 +649,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     if a.ours_junit is None:
         seconds = run_ours(OUR_JUNIT, a.pytest_args)
-        junit = OUR_JUNIT
+        junits = [OUR_JUNIT]
     else:
-        junit, seconds = a.ours_junit, None
-        m = re.search(r'time="([0-9.]+)"', junit.read_text()[:2000])
-        seconds = float(m.group(1)) if m else None
-    records = parse_junit(junit.read_text())
+        junits, seconds = a.ours_junit, 0.0
+        for j in junits:
+            m = re.search(r'<testsuite [^>]*time="([0-9.]+)"', j.read_text()[:4000])
+            seconds = seconds + float(m.group(1)) if (m and seconds is not None) else None
+    records = [r for j in junits for r in parse_junit(j.read_text())]
     ours = merge_outcomes(records)
     unmatched = sorted({f"{r['file']}::{r['case']}" if r["file"] else r["case"]
                         for r in records if r["file"] is None or upstream_file_for(r["file"]) is None})
