@@ -130,13 +130,15 @@ class Upstream:
 
 
 TARGETS_NOTE = [
-    "Targets (issue 8) and where they stand on this AVX2-only machine: quantize/dequantize >= 2x upstream (met: "
+    "Targets (issue 8) and where they stand on this AVX2-only machine (ratios are same-run; absolute times vary "
+    "with the machine's load, and this 2-core machine is shared): quantize/dequantize >= 2x upstream (met: "
     "blockwise and 4-bit); 8-bit Adam >= 2x upstream CPU (met); `gemv_4bit` >= 3x MindSpore fp32 matmul on the "
-    "dequantized weight (missed: about 1.2x; the kernel decodes nibbles with AVX2 permutes and is compute-bound, "
-    "reaching ~2.5 GB/s of packed weight against ~25 GB/s memcpy, while MindSpore's fp32 gemv streams 4x the bytes "
-    "at near memory speed); int8 GEMM >= 2x MindSpore fp32 matmul (met only at batch 4; 0.9-1.6x elsewhere: the "
-    "AVX2 path widens int8 to int16 (`vpmaddwd`), so it does about as many multiply-adds per cycle as fp32 FMA; the "
-    "AVX-512 VNNI path, which would do 4x more, cannot run here and AMX is not written yet).",
+    "dequantized weight (missed: 0.8-1.4x here; the vpshufb byte-plane decode does ~1 ms single-threaded on an idle "
+    "core, but the call is short enough that thread hand-off on two busy cores dominates; a persistent row pool "
+    "that avoids OpenMP's end-of-region barrier is on branch `gemv` and not yet merged); int8 GEMM >= 2x MindSpore "
+    "fp32 matmul (here 0.9-2.7x: without VNNI the AVX2 path widens int8 to int16 (`vpmaddwd`), about as many "
+    "multiply-adds per cycle as fp32 FMA; on a CPU with AVX-512 VNNI / AMX-INT8 the same library runs 4.4-27x "
+    "torch's fp32 matmul, see benchmarks/cpu_avx512_host.md).",
     "",
 ]
 
