@@ -21,6 +21,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
 #include "cpu/quant_lut.h"
+#include "cpu/simd_convert.h"
 
 namespace bnb_ms {
 
@@ -84,31 +85,6 @@ BNB_MS_INLINE void dequantize_blocks_generic(const float *code, const uint8_t *A
 }
 
 // ---- AVX2 path (8 lanes; F16C for fp16) -------------------------------------------------------
-template <class T> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8(const T *p);
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8<float>(const float *p) { return _mm256_loadu_ps(p); }
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8<fp16_t>(const fp16_t *p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8<bf16_t>(const bf16_t *p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-template <class T> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8(T *p, __m256 v);
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<float>(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<fp16_t>(fp16_t *p, __m256 v) {
-  _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<bf16_t>(bf16_t *p, __m256 v) {
-  // round to nearest even; NaN kept quiet (same as f32_to_bf16)
-  __m256i b = _mm256_castps_si256(v);
-  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  __m256i q = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
-  r = _mm256_blendv_epi8(r, q, nan);
-  // pack 8 x u32 (values < 65536) into 8 x u16
-  __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
-  _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(lo, hi));
-}
 
 template <class T>
 BNB_MS_TARGET_AVX2 void quantize_blocks_avx2(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,
@@ -174,29 +150,6 @@ BNB_MS_TARGET_AVX2 void dequantize_blocks_avx2(const float *code, const uint8_t 
 }
 
 // ---- AVX-512 path ------------------------------------------------------------------------------
-template <class T> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16(const T *p);
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16<float>(const float *p) { return _mm512_loadu_ps(p); }
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16<fp16_t>(const fp16_t *p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-}
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16<bf16_t>(const bf16_t *p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-template <class T> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16(T *p, __m512 v);
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<float>(float *p, __m512 v) { _mm512_storeu_ps(p, v); }
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<fp16_t>(fp16_t *p, __m512 v) {
-  _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<bf16_t>(bf16_t *p, __m512 v) {
-  // round to nearest even, NaN kept quiet (same as f32_to_bf16)
-  __m512i b = _mm512_castps_si512(v);
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  __m512i q = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
-  r = _mm512_mask_blend_epi32(nan, r, q);
-  _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
-}
 
 template <class T>
 BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,

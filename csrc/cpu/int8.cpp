@@ -39,65 +39,10 @@
 #include "checks/int8.h"
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
+#include "cpu/simd_convert.h"
 
 namespace bnb_ms {
 namespace {
-
-// ------------------------------------------------------------------------------------------------
-// SIMD loads/stores of fp32/fp16/bf16 (same values and roundings as to_f32/from_f32 in aot.h)
-// ------------------------------------------------------------------------------------------------
-template <class T> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8(const T *p);
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8<float>(const float *p) { return _mm256_loadu_ps(p); }
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8<fp16_t>(const fp16_t *p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8<bf16_t>(const bf16_t *p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-template <class T> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8(T *p, __m256 v);
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<float>(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<fp16_t>(fp16_t *p, __m256 v) {
-  // vcvtps2ph rounds to nearest even like f32_to_fp16, but keeps NaN payload bits: f32_to_fp16 gives
-  // sign | 0x7e00 for every NaN, so NaN lanes are rewritten to that.
-  __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x7c00));
-  const __m128i canon = _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16((short)0x8000)), _mm_set1_epi16(0x7e00));
-  _mm_storeu_si128((__m128i *)p, _mm_blendv_epi8(h, canon, nan));
-}
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<bf16_t>(bf16_t *p, __m256 v) {
-  // round to nearest even; NaN -> (bits >> 16) | 0x40 (same as f32_to_bf16)
-  const __m256i b = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40)), nan);
-  _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
-}
-
-template <class T> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16(const T *p);
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16<float>(const float *p) { return _mm512_loadu_ps(p); }
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16<fp16_t>(const fp16_t *p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-}
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16<bf16_t>(const bf16_t *p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-template <class T> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16(T *p, __m512 v);
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<float>(float *p, __m512 v) { _mm512_storeu_ps(p, v); }
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<fp16_t>(fp16_t *p, __m512 v) {
-  __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  const __m256i canon = _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi16((short)0x8000)), _mm256_set1_epi16(0x7e00));
-  _mm256_storeu_si256((__m256i *)p, _mm256_mask_mov_epi16(h, nan, canon));
-}
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<bf16_t>(bf16_t *p, __m512 v) {
-  const __m512i b = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  r = _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40)));
-  _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
-}
 
 // ------------------------------------------------------------------------------------------------
 // vector quant
