@@ -1319,3 +1319,80 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
         res = res.reshape(out_shape).astype(A.dtype)
     tag_device(res, like=(A,))
     return _write(out, res)
+
+
+# ---- full-precision linear (the layers a quantized model keeps in full precision: lm_head) ----
+#: Rows of activations up to which :func:`gemm_fp` runs the native kernel (``cgemm_fp_*``), per dtype;
+#: above it MindSpore's ``MatMul(transpose_b=True)`` (fp32) is faster. ``None``: always native (MindSpore's
+#: CPU matmul rejects bf16, and fp16 would need a float32 copy of the weight). Measured crossover:
+#: see README ("Full-precision layers in a quantized model").
+GEMM_FP_NATIVE_MAX_ROWS = {ms.float32: 16, ms.float16: None, ms.bfloat16: None}
+
+_MATMUL_TB = None
+
+
+def _matmul_tb():
+    global _MATMUL_TB
+    if _MATMUL_TB is None:
+        _MATMUL_TB = ms.ops.MatMul(transpose_b=True)
+    return _MATMUL_TB
+
+
+def gemm_fp_uses_native(rows: int, dtype) -> bool:
+    """Whether :func:`gemm_fp` runs the native kernel for ``rows`` rows of activations of ``dtype``."""
+    limit = GEMM_FP_NATIVE_MAX_ROWS.get(dtype)
+    return limit is None or rows <= limit
+
+
+def _check_gemm_fp(A, W, bias, fn: str) -> None:
+    _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    _check_tensor(W, fn, "W")
+    if W.dtype != A.dtype:
+        raise ValueError(f"{_fn_name(fn, 'W')} must have A's dtype {dtype_name(A.dtype)}; got {dtype_name(W.dtype)}")
+    if len(A.shape) == 0:
+        raise ValueError(f"{_fn_name(fn, 'A')} must have at least one dimension")
+    if len(W.shape) != 2 or int(W.shape[1]) != int(A.shape[-1]):
+        raise ValueError(f"{_fn_name(fn, 'W')} must have shape [N, {int(A.shape[-1])}] (A.shape[-1] = K); "
+                         f"got {tuple(W.shape)}")
+    if bias is not None:
+        _check_dtype(bias, FLOAT_DTYPES, fn, "bias")
+        if _numel(bias) != int(W.shape[0]):
+            raise ValueError(f"{_fn_name(fn, 'bias')} must have W.shape[0] = {int(W.shape[0])} elements; "
+                             f"got {_numel(bias)}")
+
+
+def gemm_fp(A: Tensor, W: Tensor, bias: Optional[Tensor] = None, out: Optional[Tensor] = None) -> Tensor:
+    """Full-precision linear ``A @ W.T (+ bias)`` in A's dtype (what ``nn.Linear`` computes), for the layers a
+    quantized model keeps in full precision (``lm_head``).
+
+    Up to :data:`GEMM_FP_NATIVE_MAX_ROWS` rows of ``A`` the native kernel streams ``W`` once (fp16/bf16
+    widened in registers) and accumulates in fp32 in a fixed order (:func:`bitsandbytes_ms._reference.gemm_fp`;
+    the same bits at every SIMD level); more fp32 rows go to MindSpore's ``MatMul(transpose_b=True)``.
+
+    Args:
+        A: [..., K] float32/float16/bfloat16 activations.
+        W: [N, K] weight, A's dtype. bias: optional [N] float tensor (added in fp32).
+        out: optional [..., N] tensor of A's dtype.
+
+    Raises:
+        ValueError / TypeError: wrong dtypes or shapes (the message names the argument).
+    """
+    fn = "gemm_fp"
+    _check_gemm_fp(A, W, bias, fn)
+    tag_device([t for t in (A, W, bias) if t is not None])  # tensors made before mindtorch was imported
+    K, N = int(A.shape[-1]), int(W.shape[0])
+    out_shape = tuple(A.shape[:-1]) + (N,)
+    _check_out(out, out_shape, A.dtype, fn)
+    rows = int(math.prod(A.shape[:-1]))
+    if rows * N == 0:
+        return _write(out, _empty_np(out_shape, A.dtype))
+    b = None if bias is None else _contiguous(bias).reshape(N)
+    if gemm_fp_uses_native(rows, A.dtype) or K == 0:
+        res = getattr(lib, f"cgemm_fp_{_SUFFIX[A.dtype]}")(_contiguous(A), _contiguous(W), b)
+    else:
+        res = _matmul_tb()(A.reshape(rows, K), W)
+        if b is not None:
+            res = res + b.astype(res.dtype)
+        res = res.reshape(out_shape)
+    tag_device(res, like=(A,))
+    return _write(out, res)

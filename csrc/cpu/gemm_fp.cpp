@@ -156,17 +156,20 @@ struct KernAvx512 {
   }
 };
 
-// Rows of A per block: the block (MB x K fp32) stays in L2 while every W tile of a thread's range passes.
-inline int64_t rows_per_block(int64_t K, int MR) {
-  int64_t mb = (int64_t)(32768 / std::max<int64_t>(K, 1));
-  mb = std::max<int64_t>(MR, mb / MR * MR);
-  return mb;
+// Rows of A per block: the block (MB x K fp32, up to ~192 KiB) stays in L2 while every W tile of a thread's
+// range passes; W is read from memory once per block.  Blocks are balanced (ceil(M / nblocks) rows, a
+// multiple of MR when it can be) so that no thin last block re-reads W for a few rows.
+inline int64_t rows_per_block(int64_t M, int64_t K, int MR) {
+  const int64_t cap = std::max<int64_t>(MR, (49152 / std::max<int64_t>(K, 1)) / MR * MR);
+  const int64_t nblocks = (M + cap - 1) / cap;
+  const int64_t mb = (M + nblocks - 1) / nblocks;
+  return std::min(cap, (mb + MR - 1) / MR * MR);
 }
 
 template <class Kern, int MR, int NR, class T>
 void drive(const float *a32, const T *W, const float *bias, T *out, int64_t M, int64_t N, int64_t K) {
   const int64_t NT = (N + NR - 1) / NR;  // tiles of NR weight rows
-  const int64_t MB = rows_per_block(K, MR);
+  const int64_t MB = rows_per_block(M, K, MR);
   // ~64K multiply-adds per chunk at least (thread start-up is ~10 us)
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, K * std::min<int64_t>(M, MB) * NR));
   parallel_for(NT, grain, [&](int64_t t0, int64_t t1) {
