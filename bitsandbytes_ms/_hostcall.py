@@ -1,0 +1,184 @@
+"""Host calls: the low-overhead bridge from Python to the CPU library for the inference hot path.
+
+A native entry point normally runs as ``mindspore.ops.Custom(..., func_type="aot")`` (see
+:mod:`bitsandbytes_ms.cextension`). In PyNative mode on the CPU that costs ~200-300 us per call
+(shape/dtype inference callbacks, the op pipeline) for kernels that take 10-50 us at batch 1. A host
+call runs *the same AOT entry point* directly through ctypes on the tensors' host memory: no other
+native code, no second implementation, ~5 us of overhead.
+
+It is used only where it gives the same result as the ``ops.Custom`` path and nothing can be lost:
+
+* :func:`active` is True: the CPU library is loaded, MindSpore runs in PyNative mode, and no gradient
+  is being recorded (``mindspore.value_and_grad`` / mindtorch autograd tracing: the ops.Custom path
+  with its custom ``bprop`` keeps running there). ``BNB_MS_HOSTCALL=0`` or :func:`set_enabled`
+  switches it off (for comparisons; nothing needs it).
+* :func:`host` gives a tensor's data as a C-contiguous numpy array. ``Tensor.asnumpy()`` waits for
+  pending work on the tensor (MindSpore's CPU pipeline is asynchronous), shares memory with a
+  contiguous CPU tensor and copies a non-contiguous one (so a view gives the contiguous copy's result).
+* Results are numpy arrays allocated here and handed to MindSpore without a copy (:func:`wrap`:
+  ``torch.from_numpy`` once mindtorch is imported, so they carry mindtorch's device tag).
+
+    call = Entry("cgemm_4bit_inference_naive_fp32").bind(x, B, absmax, code, 64, N, out)
+    call.set(0, x2); call.set(6, out2); call()      # re-point one argument, run again
+
+Arguments are given in the op table's order (inputs, then outputs; :mod:`bitsandbytes_ms._ops`):
+numpy arrays, ``None`` (a null pointer with dtype "none") or Python scalars (0-d arrays: int ->
+int64, float -> float32, bool -> bool, as MindSpore passes them). A nonzero status raises
+``RuntimeError`` naming the entry point (Python validates arguments before, as for ops.Custom).
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import os
+import sys
+from typing import Any
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor
+from mindspore import context as _ms_context
+from mindspore.common.api import _pynative_executor
+
+from . import _ops, cextension
+
+_ARGTYPES = [ct.c_int, ct.POINTER(ct.c_void_p), ct.POINTER(ct.c_int), ct.POINTER(ct.POINTER(ct.c_int64)),
+             ct.POINTER(ct.c_char_p), ct.c_void_p, ct.c_void_p]
+_NONE = b"none"
+_enabled = os.environ.get("BNB_MS_HOSTCALL", "1") != "0" and cextension.BNB_BACKEND == "CPU"
+# ms.get_context("mode") costs ~16 us a call; the context object's own getter ~1.5 us
+_ctx, _MODE = _ms_context._context, _ms_context.ms_ctx_param.mode
+_MAX_RANK = 8
+_DTYPE_NAME: dict = {}
+
+
+def set_enabled(flag: bool) -> bool:
+    """Switches host calls on or off (off: every op runs through ops.Custom). Returns the old value."""
+    global _enabled
+    old = _enabled
+    _enabled = bool(flag) and cextension.BNB_BACKEND == "CPU"
+    return old
+
+
+def active() -> bool:
+    """True where a host call may replace the ops.Custom call: CPU library, PyNative mode, no gradient
+    being recorded."""
+    return _enabled and not _pynative_executor.requires_grad() and _ctx().get_param(_MODE) == ms.PYNATIVE_MODE
+
+
+def host(t: Tensor) -> np.ndarray:
+    """The tensor's data as a C-contiguous numpy array (shared with a contiguous CPU tensor)."""
+    a = t.asnumpy()
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def wrap(a: np.ndarray) -> Tensor:
+    """A tensor over ``a``'s memory (no copy), tagged for mindtorch once it is imported."""
+    mt = sys.modules.get("mindtorch")
+    return mt.from_numpy(a) if mt is not None else Tensor.from_numpy(a)
+
+
+def _scalar(v) -> np.ndarray:
+    if isinstance(v, (bool, np.bool_)):
+        return np.array(v, dtype=np.bool_)
+    if isinstance(v, (int, np.integer)):
+        return np.array(v, dtype=np.int64)
+    return np.array(v, dtype=np.float32)
+
+
+class Bound:
+    """One entry point with all its arguments bound: ``set(i, a)`` re-points argument ``i``, ``()`` runs."""
+
+    __slots__ = ("_fn", "_name", "_n", "_params", "_ndims", "_shapes", "_dims", "_dtypes", "_keep")
+
+    def __init__(self, fn, name: str, args):
+        self._fn, self._name, self._n = fn, name, len(args)
+        self._params = (ct.c_void_p * self._n)()
+        self._ndims = (ct.c_int * self._n)()
+        self._dims = [(ct.c_int64 * _MAX_RANK)() for _ in range(self._n)]  # one shape buffer per argument
+        self._shapes = (ct.POINTER(ct.c_int64) * self._n)(*[ct.cast(d, ct.POINTER(ct.c_int64)) for d in self._dims])
+        self._dtypes = (ct.c_char_p * self._n)()
+        self._keep: list = [None] * self._n
+        for i, a in enumerate(args):
+            self.set(i, a)
+
+    def set(self, i: int, a: Any) -> None:
+        if a is None:
+            self._params[i], self._ndims[i], self._dtypes[i] = None, 0, _NONE
+            self._keep[i] = None
+            return
+        if not isinstance(a, np.ndarray):
+            a = _scalar(a)
+        shape = a.shape
+        if len(shape) > _MAX_RANK:
+            raise ValueError(f"{self._name}: argument {i} has rank {len(shape)}; at most {_MAX_RANK} is supported")
+        dims = self._dims[i]
+        for d, s in enumerate(shape):
+            dims[d] = s
+        self._params[i] = a.ctypes.data
+        self._ndims[i] = len(shape)
+        name = _DTYPE_NAME.get(a.dtype)
+        if name is None:
+            name = _DTYPE_NAME[a.dtype] = a.dtype.name.encode()
+        self._dtypes[i] = name
+        self._keep[i] = a  # the memory stays alive while bound
+
+    def __call__(self) -> None:
+        rc = self._fn(self._n, self._params, self._ndims, self._shapes, self._dtypes, None, None)
+        if rc:
+            raise RuntimeError(f"bitsandbytes_ms: native entry point {self._name} returned status {rc}")
+
+
+class Entry:
+    """A native entry point of the op table, called on host memory."""
+
+    def __init__(self, name: str):
+        op = _ops.OPS[name]
+        self.name = name
+        self.nargs = len(op.inputs) + len(op.outputs)
+        fn = getattr(cextension._dll, name)
+        fn.restype, fn.argtypes = ct.c_int, _ARGTYPES
+        self._fn = fn
+
+    def bind(self, *args) -> Bound:
+        if len(args) != self.nargs:
+            raise TypeError(f"{self.name} takes {self.nargs} arguments (inputs then outputs), got {len(args)}")
+        return Bound(self._fn, self.name, args)
+
+    def __call__(self, *args) -> None:
+        self.bind(*args)()
+
+
+_ENTRIES: dict = {}
+
+
+def entry(name: str) -> Entry:
+    """The cached :class:`Entry` for ``name``."""
+    e = _ENTRIES.get(name)
+    if e is None:
+        e = _ENTRIES[name] = Entry(name)
+    return e
+
+
+def np_dtype(dtype) -> np.dtype:
+    """numpy dtype of a MindSpore float/int dtype (bfloat16: ml_dtypes')."""
+    return _NP_DTYPES[dtype]
+
+
+def _np_dtypes():
+    import ml_dtypes
+
+    return {ms.float32: np.dtype(np.float32), ms.float16: np.dtype(np.float16),
+            ms.bfloat16: np.dtype(ml_dtypes.bfloat16), ms.int8: np.dtype(np.int8), ms.uint8: np.dtype(np.uint8),
+            ms.int32: np.dtype(np.int32), ms.int64: np.dtype(np.int64)}
+
+
+_NP_DTYPES = _np_dtypes()
+
+
+def empty(shape, dtype) -> np.ndarray:
+    """An uninitialised host array of a MindSpore dtype (the result buffer of a host call)."""
+    return np.empty(shape, dtype=_NP_DTYPES[dtype])
+
+
+__all__ = ["active", "set_enabled", "host", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype"]

@@ -1,0 +1,84 @@
+"""The host-call bridge (bitsandbytes_ms/_hostcall.py): the same entry point called through ctypes on host
+memory gives the ops.Custom path's bytes; views give the contiguous copy's result; bad calls raise; it is
+inactive while a gradient is recorded and when switched off."""
+
+import gc
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import Tensor
+
+import bitsandbytes_ms.functional as F
+from bitsandbytes_ms import _hostcall as H
+from bitsandbytes_ms.cextension import lib
+
+
+def _q(N=48, K=128, seed=0):
+    rng = np.random.default_rng(seed)
+    W = Tensor(rng.standard_normal((N, K)).astype(np.float32))
+    q, qs = F.quantize_4bit(W, quant_type="nf4", compress_statistics=False)
+    return q, qs
+
+
+@pytest.mark.parametrize("M", [1, 3])
+def test_same_bytes_as_ops_custom(M):
+    q, qs = _q()
+    x = Tensor(np.random.default_rng(1).standard_normal((M, 128)).astype(np.float32))
+    ref = lib.cgemm_4bit_inference_naive_fp32(x, q, qs.absmax, qs.code, 64, 48).asnumpy()
+    out = H.empty((M, 48), ms.float32)
+    H.entry("cgemm_4bit_inference_naive_fp32")(H.host(x), H.host(q), H.host(qs.absmax), H.host(qs.code), 64, 48, out)
+    assert np.array_equal(out, ref)
+    t = H.wrap(out)
+    assert isinstance(t, Tensor) and np.array_equal(t.asnumpy(), ref)
+
+
+def test_bound_call_rebinds_and_keeps_memory():
+    q, qs = _q()
+    rng = np.random.default_rng(2)
+    xs = [Tensor(rng.standard_normal((1, 128)).astype(np.float32)) for _ in range(3)]
+    e = H.entry("cgemm_4bit_inference_naive_fp32")
+    call = e.bind(H.host(xs[0]), H.host(q), H.host(qs.absmax), H.host(qs.code), 64, 48, H.empty((1, 48), ms.float32))
+    gc.collect()  # the bound arrays (and the 0-d scalars made from Python ints) must survive
+    for x in xs:
+        out = H.empty((1, 48), ms.float32)
+        call.set(0, H.host(x))
+        call.set(6, out)
+        call()
+        assert np.array_equal(out, lib.cgemm_4bit_inference_naive_fp32(x, q, qs.absmax, qs.code, 64, 48).asnumpy())
+
+
+def test_view_input_gives_contiguous_result():
+    base = Tensor(np.random.default_rng(3).standard_normal((128, 2)).astype(np.float32))
+    view = base.transpose(1, 0)  # [2, 128], not contiguous
+    a = H.host(view)
+    assert a.flags.c_contiguous and np.array_equal(a, base.asnumpy().T)
+
+
+def test_bad_call_raises_status():
+    q, qs = _q()
+    x = H.host(Tensor(np.ones((1, 100), np.float32)))  # K = 100 does not match the 48 x 128 weight's bytes
+    out = H.empty((1, 48), ms.float32)
+    with pytest.raises(RuntimeError, match="cgemm_4bit_inference_naive_fp32 returned status"):
+        H.entry("cgemm_4bit_inference_naive_fp32")(x, H.host(q)[:10], H.host(qs.absmax), H.host(qs.code), 64, 48, out)
+    with pytest.raises(TypeError, match="takes 7 arguments"):
+        H.entry("cgemm_4bit_inference_naive_fp32").bind(x)
+
+
+def test_inactive_under_gradient_and_when_disabled():
+    assert H.active()
+    seen = []
+
+    def f(a):
+        seen.append(H.active())
+        return (a * a).sum()
+
+    ms.value_and_grad(f)(Tensor(np.ones(3, np.float32)))
+    assert seen == [False]
+    old = H.set_enabled(False)
+    try:
+        assert not H.active()
+    finally:
+        H.set_enabled(old)
+    assert H.active()
