@@ -188,11 +188,13 @@ def quantize_job(args) -> int:
 
     converted: list = []
     skipped: list = []
+    skip = [] if args.quantize_lm_head else None  # None: lm_head (and tied layers) stay in full precision
     if args.mode == "int8":
-        quant_8bit(model, threshold=args.threshold, converted=converted, skipped=skipped, progress=True)
+        quant_8bit(model, threshold=args.threshold, modules_to_not_convert=skip, converted=converted,
+                   skipped=skipped, progress=True)
     else:
-        quant_4bit(model, quant_type=args.mode, compute_dtype=args.compute_dtype,
-                   compress_statistics=args.double_quant, converted=converted, skipped=skipped, progress=True)
+        quant_4bit(model, quant_type=args.mode, compute_dtype=args.compute_dtype, compress_statistics=args.double_quant,
+                   modules_to_not_convert=skip, converted=converted, skipped=skipped, progress=True)
     if not converted:
         raise CliError(f"--model {model_dir}: no linear layers to quantize (all {len(skipped)} kept in full precision)")
 
@@ -208,11 +210,15 @@ def quantize_job(args) -> int:
     print(f"mode              {args.mode}" + (f" (threshold {args.threshold})" if args.mode == "int8" else
                                               f" (compute_dtype {args.compute_dtype}, double quant {args.double_quant})"))
     print(f"layers converted  {len(converted)}: {_abbrev(converted)}")
-    print(f"layers skipped    {len(skipped)}: {_abbrev(skipped)}")
+    print(f"layers skipped    {len(skipped)}: {_abbrev([_kept(model, n) for n in skipped])}")
+    out_name = _output_layer(model)
+    if out_name is not None and out_name in converted:
+        print(f"{out_name:<17} quantized ({args.mode})")
     print(f"weight memory     {mem_before / mib:.2f} MiB -> {mem_after / mib:.2f} MiB "
           f"(x{mem_after / mem_before:.3f}; x{mem_after / fp16_bytes:.3f} of the fp16 model, {fp16_bytes / mib:.2f} MiB)")
     print(f"quantized layers  {2 * lin_params / mib:.2f} MiB as fp16 -> {lin_after / mib:.2f} MiB "
-          f"(x{lin_after / (2 * lin_params):.3f}); embeddings, norms and lm_head stay in full precision")
+          f"(x{lin_after / (2 * lin_params):.3f}); embeddings, norms"
+          f"{'' if out_name in converted else ' and ' + (out_name or 'lm_head')} stay in full precision")
     print(f"perplexity        {ref.perplexity:.3f} -> {new.perplexity:.3f} "
           f"({100 * (new.perplexity / ref.perplexity - 1):+.2f}%) on {ref.n_tokens} held-out tokens")
     print(f"top-1 agreement   {100 * cmp['top1_agreement']:.2f}% with the unquantized model")
@@ -227,11 +233,13 @@ def quantize_job(args) -> int:
         save_dir = Path(args.save)
         save_dir.mkdir(parents=True, exist_ok=True)
         if args.mode == "int8":
-            model.config.quantization_config = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=args.threshold)
+            model.config.quantization_config = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=args.threshold,
+                                                                  llm_int8_skip_modules=skip)
         else:
             model.config.quantization_config = BitsAndBytesConfig(
                 load_in_4bit=True, bnb_4bit_quant_type=args.mode, bnb_4bit_use_double_quant=args.double_quant,
-                bnb_4bit_compute_dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.compute_dtype])
+                bnb_4bit_compute_dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.compute_dtype],
+                llm_int8_skip_modules=skip)
         model.save_pretrained(str(save_dir), safe_serialization=True)
         tokenizer.save_pretrained(str(save_dir))
         print(f"saved             {save_dir}")
@@ -247,6 +255,21 @@ def _layer_params(module) -> int:
     """Weight + bias elements of a quantized linear layer (its logical, unpacked size)."""
     n = module.in_features * module.out_features
     return n + (module.bias.shape[0] if module.bias is not None else 0)
+
+
+def _kept(model, name: str) -> str:
+    """A kept layer's name, and how it runs."""
+    from bitsandbytes_ms.nn import LinearFP
+
+    if isinstance(model.get_submodule(name), LinearFP):
+        return f"{name} (full precision, fast native GEMV)"
+    return f"{name} (full precision)"
+
+
+def _output_layer(model):
+    from bitsandbytes_ms.integrations.models import _output_layer_name
+
+    return _output_layer_name(model)
 
 
 def _abbrev(names, k: int = 4) -> str:
@@ -276,6 +299,9 @@ def main(argv=None) -> int:
     q.add_argument("--save", help="save the quantized model (safetensors + quantization config) to this directory")
     q.add_argument("--prompt", default=DEFAULT_PROMPT)
     q.add_argument("--max-new-tokens", type=int, default=24)
+    q.add_argument("--quantize-lm-head", action="store_true",
+                   help="quantize the output layer (lm_head) too; by default it stays in full precision (upstream's "
+                        "llm_int8_skip_modules) and runs a native GEMV. A tied input embedding keeps its weight")
     q.add_argument("--eval-file", help="text for the perplexity evaluation (default: the embedded held-out text)")
     q.add_argument("--eval-window", type=int, default=128, help="tokens per evaluation window")
     q.add_argument("--eval-windows", type=int, default=8, help="number of evaluation windows")

@@ -403,7 +403,8 @@ def fma_f32(a, b, c) -> np.ndarray:
         fix = np.isfinite(s) & (e != 0) & ((s.view(np.int64) & 1) == 0)
     if np.any(fix):
         s = np.where(fix, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
-    return s.astype(np.float32)
+    with np.errstate(over="ignore"):  # beyond float32's range: inf, as the kernel's fma
+        return s.astype(np.float32)
 
 
 def gemm_fp(A: np.ndarray, W: np.ndarray, bias=None, dtype: str = "float32") -> np.ndarray:

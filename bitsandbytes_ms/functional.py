@@ -1390,9 +1390,10 @@ def gemm_fp(A: Tensor, W: Tensor, bias: Optional[Tensor] = None, out: Optional[T
     if gemm_fp_uses_native(rows, A.dtype) or K == 0:
         res = getattr(lib, f"cgemm_fp_{_SUFFIX[A.dtype]}")(_contiguous(A), _contiguous(W), b)
     else:
-        res = _matmul_tb()(A.reshape(rows, K), W)
+        # MindSpore ops throughout (their results carry no mindtorch device tag until the end)
+        res = _matmul_tb()(ms.ops.reshape(_contiguous(A), (rows, K)), _contiguous(W))
         if b is not None:
-            res = res + b.astype(res.dtype)
-        res = res.reshape(out_shape)
+            res = ms.ops.add(res, ms.ops.cast(b, res.dtype))
+        res = ms.ops.reshape(res, out_shape)
     tag_device(res, like=(A,))
     return _write(out, res)
