@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-FIELDS = ["layers converted  28", "layers skipped    1: lm_head", "weight memory", "quantized layers", "perplexity", "top-1 agreement",
+FIELDS = ["layers converted  28", "layers skipped    1: lm_head (full precision, fast native GEMV)", "weight memory", "quantized layers", "perplexity", "top-1 agreement",
           "logit error", "tokens/s", "continuation"]
 
 
@@ -25,6 +25,24 @@ def test_quantize_job_reports_every_field(mode, tmp_path):
     # a quantized checkpoint is not something to quantize again: one line, no traceback
     line = _one_line_error(run("quantize", "--model", str(tmp_path / "q")))
     assert "already quantized" in line
+
+
+def test_quantize_lm_head_flag(tmp_path):
+    """--quantize-lm-head: the output layer is quantized too (the report says so), and the saved checkpoint
+    loads back with a quantized lm_head (llm_int8_skip_modules=[] in its quantization config)."""
+    r = run("quantize", "--mode", "nf4", "--quantize-lm-head", "--max-new-tokens", "2", "--eval-windows", "1",
+            "--save", str(tmp_path / "q"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "layers converted  29" in r.stdout and "layers skipped    0: -" in r.stdout, r.stdout
+    assert "lm_head           quantized (nf4)" in r.stdout, r.stdout
+    assert "embeddings, norms stay in full precision" in r.stdout
+    from safetensors.numpy import load_file
+
+    keys = set(load_file(str(tmp_path / "q" / "model.safetensors")))
+    assert {"lm_head.weight", "lm_head.weight.absmax", "lm_head.weight.quant_state.bitsandbytes__nf4"} <= keys
+    import json
+
+    assert json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["llm_int8_skip_modules"] == []
 
 
 def _one_line_error(r):
