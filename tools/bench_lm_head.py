@@ -7,6 +7,7 @@ measured in alternating rounds (the machine is shared: medians and minima of the
     .venv/bin/python tools/bench_lm_head.py --sweep              # + rows of A: native kernel vs MatMul (crossover)
     .venv/bin/python tools/bench_lm_head.py --decode             # + one decode step of a random SmolLM2-135M-shaped
                                                                  #   model, quantized (nf4), lm_head nn.Linear vs LinearFP
+                                                                 #   (--decode-model embedded: the embedded model)
 """
 
 from __future__ import annotations
@@ -114,25 +115,35 @@ def sweep(n_rounds, rows):
         show(f"rows M = {M} ({M} x {K} -> {N})", rounds(variants, max(3, n_rounds // max(1, M // 16))))
 
 
-def decode(n_rounds, mode):
+def decode(n_rounds, mode, which):
     import transformers
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from bitsandbytes_ms.integrations import quant_4bit, quant_8bit
 
     transformers.logging.set_verbosity_error()
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, rms_norm_eps=1e-5,
-                      rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
     t = time.perf_counter()
-    model = AutoModelForCausalLM.from_config(cfg)
+    if which == "embedded":
+        from pathlib import Path
+
+        import bitsandbytes_ms
+
+        model = AutoModelForCausalLM.from_pretrained(str(Path(bitsandbytes_ms.__file__).parent / "default_model"))
+        title = "the embedded model"
+    else:
+        cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                          rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+        model = AutoModelForCausalLM.from_config(cfg)
+        title = "random SmolLM2-135M-shaped model"
     model.eval()
     if mode == "int8":
         quant_8bit(model, progress=False)
     else:
         quant_4bit(model, quant_type=mode, compute_dtype="fp32", progress=False)
-    print(f"\nrandom SmolLM2-135M-shaped model ({sum(p.numel() for p in model.parameters()) / 1e6:.0f} M params), "
-          f"{mode}, built and quantized in {time.perf_counter() - t:.0f} s; lm_head: {type(model.lm_head).__name__}")
+    c = model.config
+    print(f"\n{title} ({c.num_hidden_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}), {mode}, "
+          f"loaded and quantized in {time.perf_counter() - t:.0f} s; lm_head: {type(model.lm_head).__name__}")
     ids = torch.tensor(np.array([[1, 504, 3575, 282, 4649, 314, 260, 1345]], dtype=np.int64))
     with torch.no_grad():
         out = model(ids, use_cache=True)
@@ -169,6 +180,7 @@ def main(argv=None):
     ap.add_argument("--rows", default="1,2,4,8,16,24,32,64,128,512")
     ap.add_argument("--decode", action="store_true")
     ap.add_argument("--decode-mode", default="nf4", choices=("nf4", "fp4", "int8"))
+    ap.add_argument("--decode-model", default="smollm2", choices=("smollm2", "embedded"))
     ap.add_argument("--no-lm-head", action="store_true")
     a = ap.parse_args(argv)
     print(f"bench_lm_head: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
@@ -179,7 +191,7 @@ def main(argv=None):
     if a.sweep:
         sweep(a.rounds, [int(r) for r in a.rows.split(",")])
     if a.decode:
-        decode(a.rounds, a.decode_mode)
+        decode(a.rounds, a.decode_mode, a.decode_model)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 
 
