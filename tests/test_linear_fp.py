@@ -301,6 +301,14 @@ def test_linear_fp_gradient_path():
         np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_linear_fp_bad_input_names_the_argument():
+    layer = LinearFP(16, 4)
+    with pytest.raises(ValueError, match=r"LinearFP: `input` must have shape \[\.\.\., 16\]"):
+        layer(torch.ones(2, 15))
+    with pytest.raises(ValueError, match="LinearFP: `input` must have shape"):
+        layer(torch.tensor(1.0))
+
+
 def test_from_linear_and_use_fast_fp_layers_leave_other_layers():
     import bitsandbytes_ms.nn as bnn
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes as _ct
 import math as _math
+import weakref as _weakref
 from typing import Iterable as _Iterable, List as _List, Optional as _Optional
 
 import mindnlp  # noqa: F401  (must precede `import torch`; makes torch = mindtorch)
@@ -53,29 +54,30 @@ class _DeviceView:
     Callers take the activation's host copy first (``asnumpy`` runs everything queued before it), so
     in-place updates of the weight made before the call have landed."""
 
-    __slots__ = ("tensor", "ptr", "array")
+    __slots__ = ("ref", "ptr", "array")
 
     def __init__(self):
-        self.tensor = None
+        self.ref = None  # weak: a replaced weight is not kept alive by the cache
         self.ptr = 0
         self.array = None
 
     def get(self, t) -> _Optional[_np.ndarray]:
         if not t.is_contiguous() or t.storage_offset() != 0:
             return None  # a view into another buffer: the caller copies it (H.host)
-        ptr = t._data_ptr() if t is self.tensor else 0
+        same = self.ref is not None and self.ref() is t
+        ptr = t._data_ptr() if same else 0
         if not ptr:
             ptr = int(t.data_ptr())
-        if ptr != self.ptr or t is not self.tensor or self.array is None:
+        if ptr != self.ptr or not same or self.array is None:
             if not ptr:
                 return None
             t.wait_pipeline()
             dtype = _H.np_dtype(t.dtype)
             shape = tuple(int(s) for s in t.shape)
-            nbytes = int(_math.prod(shape)) * dtype.itemsize
-            buf = (_ct.c_char * max(nbytes, 1)).from_address(ptr)
-            self.array = _np.frombuffer(buf, dtype=dtype, count=int(_math.prod(shape))).reshape(shape)
-            self.tensor, self.ptr = t, ptr
+            n = int(_math.prod(shape))
+            buf = (_ct.c_char * max(n * dtype.itemsize, 1)).from_address(ptr)
+            self.array = _np.frombuffer(buf, dtype=dtype, count=n).reshape(shape)
+            self.ref, self.ptr = _weakref.ref(t), ptr
         return self.array
 
 
@@ -117,9 +119,12 @@ class LinearFP(torch.nn.Linear):
         if dt != w.dtype or dt not in _FLOAT:
             return super().forward(x)
         b = self.bias
+        shape = x.shape
+        if not len(shape) or len(w.shape) != 2 or shape[-1] != w.shape[1]:
+            raise ValueError(f"LinearFP: `input` must have shape [..., {int(w.shape[-1])}] (the weight is "
+                             f"{list(w.shape)}); got {list(shape)}")
         if _H.active():  # PyNative, no gradient recorded, CPU library
-            shape = x.shape
-            if len(shape) and len(w.shape) == 2 and shape[-1] == w.shape[1] and (b is None or b.dtype in _FLOAT):
+            if b is None or b.dtype in _FLOAT:
                 rows = _math.prod(shape[:-1])
                 if rows and _F.gemm_fp_uses_native(rows, dt):
                     return self._host_forward(x, w, b, dt, tuple(shape[:-1]) + (int(w.shape[0]),))
