@@ -345,12 +345,20 @@ void gemv4_permute32(const float *x, float *xp) {
   for (int p = 0; p < kGroup; ++p) xp[p] = x[Kern::xelem(p)];
 }
 
-// Output rows [n0, n1) for every A row.  xn: A in fp32 (M x K); xp: each A row's whole 32-element groups
+// The bias is added as the unfused layer adds it: to the result already rounded to T, in fp32, rounded again.
+template <class T>
+BNB_MS_INLINE T with_bias(T r, const T *bias, int64_t n) {
+  return bias ? from_f32<T>(to_f32(r) + to_f32(bias[n])) : r;
+}
+
+// Output rows [n0, n1) for every A row.  absmax[b - blk_off] is block b's scale (blk_off: the first block
+// the caller decoded, 0 when absmax is the whole array); bias (may be null) is added per output.  xn: A in fp32 (M x K); xp: each A row's whole 32-element groups
 // in the kernel's order (M x K32).  Stamped out per SIMD level so that everything inlines.
 #define BNB_MS_GEMV4_ROWS(NAME, TARGET, KERN)                                                                 \
   template <class T>                                                                                          \
-  TARGET void NAME(const float *code, const uint8_t *q, const float *absmax, const float *xn, const float *xp, \
-                   T *out, int64_t M, int64_t N, int64_t K, int64_t bs, int64_t n0, int64_t n1) {             \
+  TARGET void NAME(const float *code, const uint8_t *q, const float *absmax, int64_t blk_off, const float *xn,  \
+                   const float *xp, const T *bias, T *out, int64_t M, int64_t N, int64_t K, int64_t bs,        \
+                   int64_t n0, int64_t n1) {                                                                  \
     const int64_t K32 = K / kGroup * kGroup;                                                                  \
     if (K % bs == 0 && bs % kGroup == 0) { /* common case: whole blocks per row, every group full */          \
       const int64_t G = bs / kGroup, nb = K / bs;                                                             \
@@ -359,7 +367,7 @@ void gemv4_permute32(const float *x, float *xp) {
           KERN k;                                                                                             \
           k.init(code);                                                                                       \
           const uint8_t *qg = q + n * K / 2;                                                                  \
-          const float *xg = xp + m * K, *am = absmax + n * nb;                                                \
+          const float *xg = xp + m * K, *am = absmax + (n * nb - blk_off);                                    \
           for (int64_t b = 0; b < nb; ++b) {                                                                  \
             k.seg_begin();                                                                                    \
             if (G == 2) {                                                                                     \
@@ -372,7 +380,7 @@ void gemv4_permute32(const float *x, float *xp) {
             }                                                                                                 \
             k.seg_end(am[b]);                                                                                 \
           }                                                                                                   \
-          out[m * N + n] = from_f32<T>(k.row_end());                                                          \
+          out[m * N + n] = with_bias(from_f32<T>(k.row_end()), bias, n);                                      \
         }                                                                                                     \
       return;                                                                                                 \
     }                                                                                                         \
@@ -399,9 +407,9 @@ void gemv4_permute32(const float *x, float *xp) {
             gemv4_permute32<KERN>(xt, xpt);                                                                   \
             k.group(pt, xpt);                                                                                 \
           }                                                                                                   \
-          k.seg_end(absmax[blk]);                                                                             \
+          k.seg_end(absmax[blk - blk_off]);                                                                   \
         }                                                                                                     \
-        out[m * N + n] = from_f32<T>(k.row_end());                                                            \
+        out[m * N + n] = with_bias(from_f32<T>(k.row_end()), bias, n);                                        \
       }                                                                                                       \
     }                                                                                                         \
   }
@@ -435,20 +443,50 @@ void gemv4_parallel_rows(int64_t N, int64_t K, F &&f) {
   if (N > 0) f(0, N);
 }
 
+// absmax of a 4-bit weight: fp32 per block, or (double quant, QLoRA's nested statistics) uint8 codes
+// of a 256-entry code with fp32 absmax2 per bs2 blocks and an fp32 offset: the value of block b is
+// code2[q[b]] * absmax2[b / bs2] + offset, in fp32, which is exactly what dequantize_blockwise followed by
+// "+ offset" computes for the unfused path.
+struct Absmax4 {
+  const float *f32 = nullptr;
+  const uint8_t *q = nullptr;
+  const float *code2 = nullptr, *absmax2 = nullptr;
+  float offset = 0.0f;
+  int64_t bs2 = 1;
+  bool nested() const { return f32 == nullptr; }
+  void decode(int64_t b0, int64_t b1, float *dst) const {
+    for (int64_t b = b0; b < b1; ++b) dst[b - b0] = code2[q[b]] * absmax2[b / bs2] + offset;
+  }
+};
+
 template <class T>
-void gemv4(const float *code, const uint8_t *q, const float *absmax, const T *A, T *out, int64_t M, int64_t N,
-           int64_t K, int64_t bs) {
+void gemv4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out, int64_t M,
+           int64_t N, int64_t K, int64_t bs) {
   const SimdLevel lvl = simd_level();
-  // x in fp32, natural order and in the kernel's group order: converted once, reused by every row
-  std::vector<float> xn((size_t)(M * K)), xp((size_t)(M * (K / kGroup * kGroup)) + 1);
+  // x in fp32, natural order and in the kernel's group order: converted once, reused by every row.  The
+  // buffers are kept per calling thread, so a call allocates nothing once they have grown.
+  static thread_local std::vector<float> xn, xp;
+  xn.resize((size_t)(M * K));
+  xp.resize((size_t)(M * (K / kGroup * kGroup)) + 1);
   for (int64_t i = 0; i < M * K; ++i) xn[i] = to_f32(A[i]);
   if (lvl >= SimdLevel::avx512) gemv4_prep<Gemv4Avx512>(xn.data(), xp.data(), M, K);
   else if (lvl >= SimdLevel::avx2) gemv4_prep<Gemv4Avx2>(xn.data(), xp.data(), M, K);
   else gemv4_prep<Gemv4Scalar>(xn.data(), xp.data(), M, K);
+  const float *xnp = xn.data(), *xpp = xp.data();
   gemv4_parallel_rows(N, K, [&](int64_t n0, int64_t n1) {
-    if (lvl >= SimdLevel::avx512) gemv4_rows_avx512<T>(code, q, absmax, xn.data(), xp.data(), out, M, N, K, bs, n0, n1);
-    else if (lvl >= SimdLevel::avx2) gemv4_rows_avx2<T>(code, q, absmax, xn.data(), xp.data(), out, M, N, K, bs, n0, n1);
-    else gemv4_rows_scalar<T>(code, q, absmax, xn.data(), xp.data(), out, M, N, K, bs, n0, n1);
+    const float *am = amx.f32;
+    int64_t off = 0;
+    if (amx.nested()) {  // decode the scales of the blocks that rows [n0, n1) touch, in this worker
+      static thread_local std::vector<float> dq;
+      off = n0 * K / bs;
+      const int64_t end = (n1 * K + bs - 1) / bs;
+      dq.resize((size_t)(end - off));
+      amx.decode(off, end, dq.data());
+      am = dq.data();
+    }
+    if (lvl >= SimdLevel::avx512) gemv4_rows_avx512<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
+    else if (lvl >= SimdLevel::avx2) gemv4_rows_avx2<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
+    else gemv4_rows_scalar<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
   });
 }
 
@@ -535,7 +573,61 @@ int gemv4_entry(BNB_MS_AOT_ARGS) {
     for (int64_t i = 0; i < M * N; ++i) o[i] = from_f32<T>(0.0f);
     return OK;
   }
-  gemv4<T>(c.ptr<float>(CODE), c.ptr<uint8_t>(B), c.ptr<float>(ABSMAX), c.ptr<T>(A), o, M, N, K, bs);
+  Absmax4 amx;
+  amx.f32 = c.ptr<float>(ABSMAX);
+  gemv4<T>(c.ptr<float>(CODE), c.ptr<uint8_t>(B), amx, c.ptr<T>(A), nullptr, o, M, N, K, bs);
+  return OK;
+}
+
+// The fused inference forward of a 4-bit linear layer: gemv4 with the double-quant absmax decoded in the
+// kernel and the bias added, one call per layer (see bitsandbytes_ms/_ops.py, clinear_4bit_*).
+// params: A T[..., K], B u8[>= (N*K+1)/2], absmax f32[nb] | u8[nb] (nested), code f32[16],
+//   absmax2 f32[>= ceil(nb/bs2)] | none, code2 f32[256] | none, offset f32 0-d | none, bias T[N] | none,
+//   blocksize i64, blocksize2 i64, n_out i64 -> out T[..., N]        (nb = ceil(N*K/blocksize))
+template <class T>
+int linear4_entry(BNB_MS_AOT_ARGS) {
+  Call<> c(nparam, params, ndims, shapes, dtypes, stream);
+  if (nparam != 12) return E_NPARAM;
+  enum { A, B, ABSMAX, CODE, ABSMAX2, CODE2, OFFSET, BIAS, BS, BS2, NOUT, OUT };
+  int64_t bs, bs2, N;
+  const bool nested = c.dtype(ABSMAX) == DType::u8;
+  if (c.dtype(A) != dtype_of<T>() || c.dtype(B) != DType::u8 || (!nested && c.dtype(ABSMAX) != DType::f32) ||
+      c.dtype(CODE) != DType::f32 || c.dtype(OUT) != dtype_of<T>() || (!c.is_none(BIAS) && c.dtype(BIAS) != dtype_of<T>()))
+    return E_DTYPE;
+  if (nested && (c.dtype(ABSMAX2) != DType::f32 || c.dtype(CODE2) != DType::f32 || c.dtype(OFFSET) != DType::f32))
+    return E_DTYPE;
+  if (!c.scalar_i64(BS, &bs) || bs <= 0 || bs % 2 || !c.scalar_i64(NOUT, &N) || N < 0 || !c.scalar_i64(BS2, &bs2) ||
+      bs2 <= 0)
+    return E_VALUE;
+  if (c.rank(A) < 1) return E_SHAPE;
+  const int64_t K = c.cols(A), M = c.rows(A), nb = (N * K + bs - 1) / bs;
+  if (c.numel(CODE) != kCode4 || c.numel(OUT) != M * N || c.numel(B) < (N * K + 1) / 2 || c.numel(ABSMAX) < nb ||
+      (!c.is_none(BIAS) && c.numel(BIAS) != N))
+    return E_SHAPE;
+  if (nested && (c.numel(CODE2) != 256 || c.numel(ABSMAX2) < (nb + bs2 - 1) / bs2 || c.rank(OFFSET) != 0))
+    return E_SHAPE;
+  if (M * N == 0) return OK;
+  if (!c.params[A] || !c.params[B] || !c.params[ABSMAX] || !c.params[CODE] || !c.params[OUT] ||
+      (nested && (!c.params[ABSMAX2] || !c.params[CODE2] || !c.params[OFFSET])))
+    return E_NULL;
+  T *o = c.ptr<T>(OUT);
+  const T *bias = c.is_none(BIAS) ? nullptr : c.ptr<T>(BIAS);
+  if (K == 0) {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) o[m * N + n] = with_bias(from_f32<T>(0.0f), bias, n);
+    return OK;
+  }
+  Absmax4 amx;
+  if (nested) {
+    amx.q = c.ptr<uint8_t>(ABSMAX);
+    amx.code2 = c.ptr<float>(CODE2);
+    amx.absmax2 = c.ptr<float>(ABSMAX2);
+    amx.offset = *c.ptr<float>(OFFSET);
+    amx.bs2 = bs2;
+  } else {
+    amx.f32 = c.ptr<float>(ABSMAX);
+  }
+  gemv4<T>(c.ptr<float>(CODE), c.ptr<uint8_t>(B), amx, c.ptr<T>(A), bias, o, M, N, K, bs);
   return OK;
 }
 
@@ -560,3 +652,6 @@ BNB_MS_EXPORT int cdequantize_blockwise_bf16_nf4(BNB_MS_AOT_ARGS) { BNB_MS_FWD(b
 BNB_MS_EXPORT int cgemm_4bit_inference_naive_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::gemv4_entry<float>); }
 BNB_MS_EXPORT int cgemm_4bit_inference_naive_fp16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::gemv4_entry<fp16_t>); }
 BNB_MS_EXPORT int cgemm_4bit_inference_naive_bf16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::gemv4_entry<bf16_t>); }
+BNB_MS_EXPORT int clinear_4bit_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear4_entry<float>); }
+BNB_MS_EXPORT int clinear_4bit_fp16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear4_entry<fp16_t>); }
+BNB_MS_EXPORT int clinear_4bit_bf16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear4_entry<bf16_t>); }
