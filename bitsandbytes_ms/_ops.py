@@ -190,8 +190,8 @@ for _sfx, _dt in DTYPE_SUFFIX.items():
         outputs=("out",),
         static=("n_out",),
         infer=(lambda dt: lambda s, d, st: ((tuple(s["A"][:-1]) + (int(st["n_out"]),), dt),))(_dt),
-        doc="the inference forward of a 4-bit linear layer in one call: cgemm_4bit_inference_naive's sum for every "
-            "row of A, with absmax fp32, or uint8 double-quant codes decoded in the kernel as "
+        doc="the inference forward of a 4-bit linear layer in one call: for one row of A cgemm_4bit_inference_naive's "
+            "sum, for more rows a fused dequantize-GEMM (code*absmax decoded per weight row, 16 fma lanes); absmax fp32, or uint8 double-quant codes decoded in the kernel as "
             "code2[q] * absmax2[b // blocksize2] + offset (absmax2/code2/offset None otherwise), and bias (or None) "
             "added to the result rounded to A's dtype, in fp32",
     ))

@@ -288,7 +288,8 @@ def gemv_4bit(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.nd
 def linear_4bit(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int, N: int,
                 absmax2=None, code2=None, offset=None, bias=None, blocksize2: int = 256,
                 dtype: str = "float32") -> np.ndarray:
-    """Twin of ``clinear_4bit_*``: :func:`gemv_4bit` with the double-quant absmax decoded first
+    """Twin of ``clinear_4bit_*`` (to rounding: the kernel sums in fp32 in its documented order, one order
+    for one row and another for more rows): :func:`gemv_4bit` with the double-quant absmax decoded first
     (``code2[absmax] * absmax2[b // blocksize2] + offset`` in float32, as dequantize_blockwise + offset)
     and ``bias`` added to the result rounded to ``dtype``, in float32, then rounded again."""
     if absmax2 is not None:

@@ -1027,18 +1027,22 @@ def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
     return plan
 
 
-#: Up to this many rows of activations a 4-bit linear forward runs the fused gemv kernel (linear_4bit);
-#: more rows dequantize the weight to fp32 once and use MindSpore's matmul (tools/bench_cpu.py, 'linear').
-LINEAR_4BIT_MAX_ROWS = 8
+#: Up to this many rows of activations a 4-bit linear forward is one fused native call (linear_4bit: the
+#: gemv kernel for one row, the fused dequantize-GEMM for more); more rows (prefill of long prompts)
+#: dequantize the weight to fp32 once and use MindSpore's matmul, which is faster there (measured with
+#: tools/bench_cpu.py --sections linear).
+LINEAR_4BIT_MAX_ROWS = 32
 
 
 def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor] = None) -> Tensor:
     """The inference forward of a 4-bit linear layer in one native call: ``A @ W.T (+ bias)`` with W the
     [N, K] weight behind the packed ``B`` and ``quant_state`` (NF4/FP4, with or without double quant).
 
-    Numerics: each row of A gives exactly :func:`gemv_4bit`'s result for that row (fp32 accumulation in
-    the kernel's fixed order; double-quant absmax decoded in the kernel as ``dequantize_blockwise`` +
-    offset computes it); ``bias`` is added to the result rounded to A's dtype, in fp32, and rounded again
+    Numerics: one row of A gives exactly :func:`gemv_4bit`'s result (fp32 accumulation in the kernel's
+    fixed order); 2+ rows run the fused dequantize-GEMM: the fp32 dequantized weight (``code * absmax``,
+    decoded once per call and row, never stored as a matrix) times A in 16 fma lanes, in the fixed order
+    csrc/cpu/fourbit.cpp documents (same bits at every SIMD level). The double-quant absmax is decoded in
+    the kernel as ``dequantize_blockwise`` + offset computes it; ``bias`` is added to the result rounded to A's dtype, in fp32, and rounded again
     (as the unfused ``gemv_4bit(...) + bias`` does). In PyNative mode with no gradient being recorded the
     entry point runs as a host call (:mod:`bitsandbytes_ms._hostcall`), otherwise through ops.Custom. The
     weight's arrays are checked and prepared once per weight (cached on ``quant_state``).

@@ -1,6 +1,7 @@
-"""The fused 4-bit inference forward (functional.linear_4bit -> clinear_4bit_*): bit-identical to the unfused
-gemv_4bit + bias path and to the numpy reference's decode of the double-quant absmax, through both transports
-(host call and ops.Custom), for every activation dtype, nested or not, 1..8 rows, odd shapes; Linear4bit /
+"""The fused 4-bit inference forward (functional.linear_4bit -> clinear_4bit_*): one row bit-identical to the
+unfused gemv_4bit + bias path, more rows bit-identical to a numpy model of the documented GEMM order, the
+double-quant absmax decoded as the reference does, through both transports (host call and ops.Custom), for
+every activation dtype, nested or not, odd shapes, every SIMD level; Linear4bit /
 matmul_4bit use it in inference and keep their gradients under value_and_grad; bad input is named."""
 
 import numpy as np
@@ -22,12 +23,49 @@ def _f32(t):
     return t.astype(ms.float32).asnumpy()
 
 
+def _fma32(a, b, c):
+    # a*b is exact in float64; the sum is rounded twice (f64, f32), which differs from one rounding only on an
+    # exact f32 tie (not in these data)
+    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+
+
+def _model_gemm(w, x):
+    """clinear_4bit's documented order for 2+ rows (fourbit.cpp, GEMM section): 16 fma lanes over the
+    zero-padded row, then v = a[l] + a[l+8], u = v[l] + v[l+4], (u0 + u2) + (u1 + u3)."""
+    N, K = w.shape
+    K16 = -(-K // 16) * 16
+    wp = np.zeros((N, K16), np.float32)
+    wp[:, :K] = w
+    xp = np.zeros((x.shape[0], K16), np.float32)
+    xp[:, :K] = x
+    a = np.zeros((x.shape[0], N, 16), np.float32)
+    for j in range(0, K16, 16):
+        a = _fma32(wp[None, :, j:j + 16], xp[:, None, j:j + 16], a)
+    v = a[..., :8] + a[..., 8:]
+    u = v[..., :4] + v[..., 4:]
+    return (u[..., 0] + u[..., 2]) + (u[..., 1] + u[..., 3])
+
+
 def _unfused(x, q, qs, bias, dt):
-    y = F.gemv_4bit(x, q.t(), state=qs) if x.shape[0] == 1 else Tensor(np.concatenate(
-        [_f32(F.gemv_4bit(x[i:i + 1], q.t(), state=qs)) for i in range(x.shape[0])])).astype(dt)
+    """One row: gemv_4bit (+ bias), the unfused inference path. More rows: the documented GEMM order on the
+    fp32 dequantized weight (code * absmax)."""
+    if x.shape[0] == 1:
+        y = F.gemv_4bit(x, q.t(), state=qs)
+    else:
+        W = F.dequantize_4bit(q, QuantStateF32(qs)).asnumpy()
+        y = Tensor(_model_gemm(W, _f32(x))).astype(dt)
     if bias is not None:
         y = (y.astype(ms.float32) + bias.astype(ms.float32)).astype(dt)
     return _f32(y)
+
+
+def QuantStateF32(qs):
+    """The same state dequantizing to fp32 (the kernel multiplies with code * absmax unrounded)."""
+    import copy
+
+    s = copy.copy(qs)
+    s.dtype = ms.float32
+    return s
 
 
 @pytest.mark.parametrize("dt", DTYPES, ids=lambda d: str(d))
@@ -139,3 +177,41 @@ def test_linear4bit_layer_uses_it_and_keeps_gradients():
     np.testing.assert_allclose(g.asnumpy(), np.ones((1, 32), np.float32) @ Wd, rtol=1e-5, atol=1e-5)
     # matmul_4bit in inference: the same bits
     assert np.array_equal(bnb.matmul_4bit(x, w.t(), qs, bias=lin.bias).asnumpy(), ref)
+
+
+def test_simd_levels_agree():
+    """BNB_MS_SIMD=scalar and every SIMD level this CPU has give the same bits for 1 row (gemv) and 2..9 rows
+    (GEMM: the 4- and 8-row register blocks and their tails), plain and double-quant, odd shapes."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import mindspore as ms, numpy as np, hashlib, sys; ms.set_device('CPU');"
+        "import bitsandbytes_ms.functional as F, bitsandbytes_ms.cextension as c;"
+        "h=hashlib.sha256(); r=np.random.RandomState(5)"
+        "\nfor N,K,bs,dq in ((24,256,64,False),(9,100,64,True),(5,77,32,False),(3,1000,256,True)):"
+        "\n  q,s=F.quantize_4bit(ms.Tensor(r.randn(N,K).astype(np.float32)), blocksize=bs, quant_type='nf4', compress_statistics=dq)"
+        "\n  b=ms.Tensor(r.randn(N).astype(np.float32))"
+        "\n  for M in (1,2,3,4,5,8,9):"
+        "\n    A=ms.Tensor(r.randn(M,K).astype(np.float32))"
+        "\n    for dt in (ms.float32, ms.float16, ms.bfloat16):"
+        "\n      h.update(F.linear_4bit(A.astype(dt), q, s, b).astype(ms.float32).asnumpy().tobytes())"
+        "\nsys.stdout.write(c.simd_level()+' '+h.hexdigest())"
+    )
+
+    def run(level):
+        env = dict(os.environ)
+        env.pop("BNB_MS_SIMD", None)
+        if level:
+            env["BNB_MS_SIMD"] = level
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        return r.stdout.split()
+
+    ref_level, ref = run("scalar")
+    assert ref_level == "scalar"
+    native_level, native = run(None)
+    assert native == ref, f"{native_level} differs from scalar"
+    if native_level == "avx512":
+        assert run("avx2")[1] == ref
