@@ -422,17 +422,9 @@ void gemv4_prep(const float *xn, float *xp, int64_t M, int64_t K) {
 // split).  About 16 chunks per thread, each at least ~32K weights.
 template <class F>
 void gemv4_parallel_rows(int64_t N, int64_t K, F &&f) {
-#ifdef _OPENMP
-  const int64_t nt = omp_get_max_threads();
+  const int64_t nt = max_parallel_threads();
   const int64_t chunk = std::max<int64_t>({1, 32768 / std::max<int64_t>(K, 1), N / (16 * nt)});
-  const int64_t nchunks = (N + chunk - 1) / chunk;
-  if (nchunks > 1 && nt > 1 && !omp_in_parallel()) {
-#pragma omp parallel for schedule(dynamic, 1) num_threads((int)std::min(nt, nchunks))
-    for (int64_t c = 0; c < nchunks; ++c) f(c * chunk, std::min(N, (c + 1) * chunk));
-    return;
-  }
-#endif
-  if (N > 0) f(0, N);
+  parallel_for_dynamic(N, chunk, f);
 }
 
 template <class T>
