@@ -419,9 +419,14 @@ void gemv4_prep(const float *xn, float *xp, int64_t M, int64_t K) {
 
 // Output rows in chunks handed out dynamically: on a machine whose cores are shared, a thread that is
 // descheduled for a while does not hold up the whole call (each row's result does not depend on the
-// split).  About 16 chunks per thread, each at least ~32K weights.
+// split).  About 16 chunks per thread, each at least ~32K weights; serial below 512K weights (~40 us
+// on one AVX2 core), where waking a worker costs about what it saves.
 template <class F>
 void gemv4_parallel_rows(int64_t N, int64_t K, F &&f) {
+  if (N * K < (int64_t)1 << 19) {
+    if (N > 0) f(0, N);
+    return;
+  }
   const int64_t nt = max_parallel_threads();
   const int64_t chunk = std::max<int64_t>({1, 32768 / std::max<int64_t>(K, 1), N / (16 * nt)});
   parallel_for_dynamic(N, chunk, f);

@@ -48,7 +48,8 @@ namespace bnb_ms {
 namespace pool {
 namespace {
 
-constexpr int64_t kSpinNs = 4000;  // bounded spin before sleeping (workers and owner)
+constexpr int64_t kSpinNs = 4000;          // bounded spin before sleeping (workers and owner)
+constexpr int64_t kOwnerYieldNs = 2000000;  // the owner yields up to 2 ms for the last tasks, then sleeps
 constexpr int kMaxThreads = 256;
 
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "futex word must be a plain 32-bit word");
@@ -311,10 +312,21 @@ bool run(int64_t ntasks, int max_threads, TaskFn fn, void *ctx) {
   tl_in_parallel = false;
   const uint32_t n = (uint32_t)ntasks;
   if (p->done.load(std::memory_order_acquire) != n) {
-    const int64_t deadline = now_ns() + kSpinNs;
+    // The tasks left are running on workers (at most one task each).  Spin briefly, then yield the
+    // core (to that worker if it shares it), and sleep only if they take long (a preempted worker):
+    // on a busy machine a sleeping owner loses its core for a whole time slice.
+    const int64_t t0 = now_ns();
     for (int i = 1; p->done.load(std::memory_order_acquire) != n; ++i) {
-      cpu_relax();
-      if ((i & 31) == 0 && now_ns() > deadline) {
+      if (i < 64) {
+        cpu_relax();
+        continue;
+      }
+      const int64_t dt = now_ns() - t0;
+      if (dt < kSpinNs) {
+        cpu_relax();
+      } else if (dt < kOwnerYieldNs) {
+        sched_yield();
+      } else {
         p->owner_sleeping.store(1, std::memory_order_seq_cst);
         for (uint32_t d; (d = p->done.load(std::memory_order_seq_cst)) != n;) futex_wait(&p->done, d);
         p->owner_sleeping.store(0, std::memory_order_relaxed);
