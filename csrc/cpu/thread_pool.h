@@ -1,12 +1,15 @@
 // thread_pool.h -- the library's own persistent thread pool (no OpenMP).
 //
-// Why not OpenMP: MindSpore 2.7 links libgomp itself, but its CPU ops run on its own mindrt thread
-// pool (threads "ActorThread_*" / "KernelThread_*"; oneDNN is built with the threadpool runtime and
-// runs on the same pool).  After one of our parallel regions libgomp's workers kept spinning on the
-// two cores (GOMP_SPINCOUNT: ~300000 iterations by default) exactly when MindSpore's pool wanted them:
-// MindSpore's mul/add ran up to ~40x slower in a decode step unless the user set OMP_WAIT_POLICY.
-// This pool's workers spin for a few microseconds at most after a call, then sleep on a futex, so
-// between our calls they use no CPU.
+// Why not OpenMP: MindSpore 2.7 links libgomp itself (every libmindspore_*.so; it is mapped after
+// `import mindspore`), but its CPU ops (mul/add/matmul checked) create no OpenMP threads: they run on its
+// own mindrt pool (threads "ActorThread_0" / "KernelThread_0" on 2 cores; oneDNN is built with the
+// threadpool runtime on that pool), whose waits yield: the actor thread sched_yield()s for ~0.5 s after
+// work, kernel threads sleep on a condition variable almost at once, a caller yields until its tasks are
+// done.  After one of our OpenMP regions libgomp's workers kept spinning (a pause loop, GOMP_SPINCOUNT
+// 300000 by default) on the two cores exactly when MindSpore's pool wanted them: MindSpore's mul/add ran
+// up to ~40x slower in a decode step unless the user set OMP_WAIT_POLICY=PASSIVE.  This pool's workers
+// spin for a few microseconds at most after a call, then sleep on a futex: between our calls they use no
+// CPU.
 //
 // Properties (see thread_pool.cpp):
 //  - threads = the CPUs this process may run on (sched_getaffinity, capped by a cgroup CPU quota);
