@@ -127,6 +127,25 @@ def int8_gemm_path(rows: Optional[int] = None) -> str:
     return _dll.bnb_ms_int8_gemm_path().decode()
 
 
+def get_num_threads() -> int:
+    """Threads the CPU kernels use (the calling thread included): the CPUs this process may run on
+    (``sched_getaffinity``, capped by a cgroup CPU quota), or ``BNB_MS_NUM_THREADS``, or what
+    :func:`set_num_threads` set. The library's own pool (no OpenMP): its workers sleep between calls, so
+    they do not compete with MindSpore's CPU thread pool."""
+    if not hasattr(_dll, "bnb_ms_get_num_threads"):
+        return 1
+    return int(_dll.bnb_ms_get_num_threads())
+
+
+def set_num_threads(n: int) -> int:
+    """Sets the threads the CPU kernels use (``n <= 0``: back to the default); returns the count in
+    effect. Results do not depend on it (every kernel gives the same bytes for any thread count)."""
+    if not hasattr(_dll, "bnb_ms_set_num_threads"):
+        return 1
+    _dll.bnb_ms_set_num_threads.argtypes = [ct.c_int]
+    return int(_dll.bnb_ms_set_num_threads(int(n)))
+
+
 # ---------------------------------------------------------------------------------------------
 # get_ptr: handles for bitsandbytes-style calls
 # ---------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ Python packages, no MindSpore or pybind11 headers are needed):
 
 or without CMake:
 
-    mkdir -p build/host && g++ -O3 -std=c++17 -fPIC -shared -fopenmp -fno-math-errno -ffp-contract=off \\
+    mkdir -p build/host && g++ -O3 -std=c++17 -fPIC -shared -pthread -fno-math-errno -ffp-contract=off \\
         -D_GLIBCXX_USE_CXX11_ABI=0 -Icsrc csrc/cpu/*.cpp -o build/host/libbitsandbytes_ms_cpu.so
 
 then ``python3 tools/cpu_isa_check.py --cpu-lib build/host/libbitsandbytes_ms_cpu.so``.

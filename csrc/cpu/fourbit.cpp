@@ -427,20 +427,17 @@ void gemv4_prep(const float *xn, float *xp, int64_t M, int64_t K) {
 
 // Output rows in chunks handed out dynamically: on a machine whose cores are shared, a thread that is
 // descheduled for a while does not hold up the whole call (each row's result does not depend on the
-// split).  About 16 chunks per thread, each at least ~32K weights.
+// split).  About 16 chunks per thread, each at least ~32K weights; serial below 512K weights (~40 us
+// on one AVX2 core), where waking a worker costs about what it saves.
 template <class F>
 void gemv4_parallel_rows(int64_t N, int64_t K, F &&f) {
-#ifdef _OPENMP
-  const int64_t nt = omp_get_max_threads();
-  const int64_t chunk = std::max<int64_t>({1, 32768 / std::max<int64_t>(K, 1), N / (16 * nt)});
-  const int64_t nchunks = (N + chunk - 1) / chunk;
-  if (nchunks > 1 && nt > 1 && !omp_in_parallel()) {
-#pragma omp parallel for schedule(dynamic, 1) num_threads((int)std::min(nt, nchunks))
-    for (int64_t c = 0; c < nchunks; ++c) f(c * chunk, std::min(N, (c + 1) * chunk));
+  if (N * K < (int64_t)1 << 19) {
+    if (N > 0) f(0, N);
     return;
   }
-#endif
-  if (N > 0) f(0, N);
+  const int64_t nt = max_parallel_threads();
+  const int64_t chunk = std::max<int64_t>({1, 32768 / std::max<int64_t>(K, 1), N / (16 * nt)});
+  parallel_for_dynamic(N, chunk, f);
 }
 
 // absmax of a 4-bit weight: fp32 per block, or (double quant, QLoRA's nested statistics) uint8 codes
