@@ -49,6 +49,8 @@ _PLAN = "_bnb_fused_plan"
 _KV = "_bnb_fused_kv"
 _SPEC_NONE = (None, None, None, None, None, None, None, 64, 256)
 _warned: set = set()
+#: how many forwards took the fused path (tests and benchmarks read it)
+stats = {"fused_forwards": 0}
 
 #: architectures (config.model_type) -> the modeling module whose ``*ForCausalLM.forward`` is patched
 FAMILIES = {
@@ -326,6 +328,7 @@ def _fused_forward(model, plan: _Plan, kw):
     from transformers.cache_utils import DynamicCache
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
+    stats["fused_forwards"] += 1
     ids, emb = kw.get("input_ids"), kw.get("inputs_embeds")
     if emb is not None:
         x = np.array(_hostcall.host(emb), dtype=np.float32)  # a copy: updated in place
