@@ -301,7 +301,7 @@ define(NativeOp(
     doc="the attention half of a decoder layer, fp32: out = x + O(attn) with RMSNorm(x; norm_w, eps), Q/K/V "
         "projections (+bias), RoPE (rotate_half; f = pos * inv_freq, cos/sin * rope_scale), K/V written IN PLACE "
         "into k_cache/v_cache [B, KVH, S_max, D] at [past, past+T), causal GQA softmax(q.k * scaling) over "
-        "[0, past+T) with key_mask [B, past+T] (0 = padding) and an optional sliding window (0 = none); "
+        "[0, past+T) with key_mask [B, >= past+T] (0 = padding; first past+T columns) and an optional sliding window (0 = none); "
         "x [B, T, H], positions int64 [B, T]; out may be x",
 ))
 define(NativeOp(

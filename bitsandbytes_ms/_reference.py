@@ -448,7 +448,7 @@ def decoder_attention(x, positions, key_mask, k_cache, v_cache, norm_w, inv_freq
                       n_heads: int, eps: float, scaling: float, rope_scale: float = 1.0, window: int = 0):
     """Twin of ``cdecoder_attention_fp32``: returns ``x + O(attention)`` [B, T, H] and writes the new keys and
     values into ``k_cache``/``v_cache`` [B, KVH, S_max, D] at [past, past + T) (in place, as the kernel does).
-    q/k/v/o are linear specs; key_mask [B, past + T] (nonzero = attend) or None; window 0 = no sliding window."""
+    q/k/v/o are linear specs; key_mask [B, >= past + T] (nonzero = attend; its first past + T columns) or None; window 0 = no sliding window."""
     x = np.asarray(x, np.float32)
     B, T, H = x.shape
     KVH, D = k_cache.shape[1], k_cache.shape[3]
@@ -472,7 +472,7 @@ def decoder_attention(x, positions, key_mask, k_cache, v_cache, norm_w, inv_freq
         vis = vis & (qi - j < window)
     vis = np.broadcast_to(vis, (B, 1, T, L))
     if key_mask is not None:
-        vis = vis & (np.asarray(key_mask).reshape(B, 1, 1, L) != 0)
+        vis = vis & (np.asarray(key_mask)[:, :L].reshape(B, 1, 1, L) != 0)
     s = np.where(vis, s, -np.inf)
     mx = s.max(-1, keepdims=True)
     e = np.where(vis, np.exp(s - np.where(np.isfinite(mx), mx, 0)), 0.0)

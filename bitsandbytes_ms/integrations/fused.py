@@ -125,7 +125,7 @@ def _linear_spec(mod, name: str, N: int, K: int, keep: Dict[int, np.ndarray]) ->
 
 
 class _Layer:
-    __slots__ = ("attn", "mlp", "window")
+    __slots__ = ("attn", "mlp", "window", "bound")
 
 
 class _Plan:
@@ -181,6 +181,7 @@ class _Plan:
                 window = int(sw)
             L = _Layer()
             L.window = window
+            L.bound = None  # ids of the per-call arrays the calls are bound to (re-pointed only when they change)
             kv = np.zeros((1, KVH, 1, D), np.float32)
             L.attn = attn_e.bind(dummy_x, np.zeros((1, 1), np.int64), None, kv, kv,
                                  _host_param(n1.weight, self.keep), self.inv_freq,
@@ -267,6 +268,9 @@ class _KVState:
         self.plan, self.B, self.length, self.cap = plan, B, 0, 0
         self.k: List[np.ndarray] = []
         self.v: List[np.ndarray] = []
+        self.mask = np.ones((B, 0), np.uint8)  # [B, cap]: the padding mask, columns >= length unused
+        self.x: Dict[int, np.ndarray] = {}  # T -> [B, T, H] activation buffer (reused every decode step)
+        self.pos: Dict[int, np.ndarray] = {}  # T -> [B, T] positions buffer
 
     def ensure(self, L: int) -> None:
         if L <= self.cap:
@@ -283,12 +287,27 @@ class _KVState:
                 v[:, :, : self.length] = self.v[i][:, :, : self.length]
             nk.append(k)
             nv.append(v)
-        self.k, self.v, self.cap = nk, nv, cap
+        mask = np.ones((self.B, cap), np.uint8)
+        mask[:, : self.mask.shape[1]] = self.mask
+        self.k, self.v, self.cap, self.mask = nk, nv, cap, mask
+
+    def buffers(self, T: int):
+        x = self.x.get(T)
+        if x is None:
+            if len(self.x) > 4:
+                self.x.clear()
+                self.pos.clear()
+            x = self.x[T] = np.empty((self.B, T, self.plan.H), np.float32)
+            self.pos[T] = np.empty((self.B, T), np.int64)
+        return x, self.pos[T]
 
     def reorder(self, idx: np.ndarray) -> None:
         self.k = [np.ascontiguousarray(k[idx]) for k in self.k]
         self.v = [np.ascontiguousarray(v[idx]) for v in self.v]
+        self.mask = np.ascontiguousarray(self.mask[idx])
         self.B = len(idx)
+        self.x.clear()
+        self.pos.clear()
 
 
 # ---- the fused forward -------------------------------------------------------------------------------
@@ -331,12 +350,10 @@ def _fused_forward(model, plan: _Plan, kw):
     stats["fused_forwards"] += 1
     ids, emb = kw.get("input_ids"), kw.get("inputs_embeds")
     if emb is not None:
-        x = np.array(_hostcall.host(emb), dtype=np.float32)  # a copy: updated in place
+        src = _hostcall.host(emb).astype(np.float32, copy=False)
     else:
-        x = plan.embed[_host_int(ids).astype(np.int64, copy=False)]
-    if x.ndim == 2:
-        x = x[None]
-    B, T, H = x.shape
+        src = _host_int(ids).astype(np.int64, copy=False)
+    B, T = (src.shape[0], src.shape[1]) if src.ndim >= 2 else (1, src.shape[0])
     pkv = kw.get("past_key_values")
     use_cache = kw.get("use_cache")
     if use_cache is None:
@@ -358,12 +375,17 @@ def _fused_forward(model, plan: _Plan, kw):
             raise ValueError(f"fused forward: cache_position starts at {c0} but the cache holds {past} tokens")
         past = c0
     L = past + T
-    pos = kw.get("position_ids")
-    if pos is None:
-        pos = np.broadcast_to(np.arange(past, L, dtype=np.int64), (B, T))
+    state.ensure(L)
+    x, pos = state.buffers(T)
+    if emb is not None:
+        x[...] = src.reshape(B, T, -1)
     else:
-        pos = np.broadcast_to(_host_int(pos).astype(np.int64, copy=False).reshape(-1, T), (B, T))
-    pos = np.ascontiguousarray(pos)
+        np.take(plan.embed, src.reshape(B, T), axis=0, out=x)
+    p = kw.get("position_ids")
+    if p is None:
+        pos[...] = np.arange(past, L, dtype=np.int64)
+    else:
+        pos[...] = _host_int(p).reshape(-1, T)
     am = kw.get("attention_mask")
     mask = None
     if am is not None:
@@ -372,22 +394,24 @@ def _fused_forward(model, plan: _Plan, kw):
             raise ValueError(f"fused forward: attention_mask covers {m.shape[1]} of {L} positions")
         m = m[:, :L]
         if not m.all():
-            mask = np.ascontiguousarray(m != 0).view(np.uint8)
-    state.ensure(L)
+            mask = state.mask
+            mask[:, :L] = m != 0
     plan.past[...] = past
+    key = (id(x), id(pos), id(mask), id(state))
     for i, layer in enumerate(plan.layers):
         a = layer.attn
-        a.set(0, x)
-        a.set(1, pos)
-        a.set(2, mask)
-        a.set(3, state.k[i])
-        a.set(4, state.v[i])
-        a.set(49, x)
+        if layer.bound != key or state.k[i] is not a._keep[3]:
+            a.set(0, x)
+            a.set(1, pos)
+            a.set(2, mask)
+            a.set(3, state.k[i])
+            a.set(4, state.v[i])
+            a.set(49, x)
+            layer.mlp.set(0, x)
+            layer.mlp.set(31, x)
+            layer.bound = key
         a()
-        mc = layer.mlp
-        mc.set(0, x)
-        mc.set(31, x)
-        mc()
+        layer.mlp()
     state.length = L
     keep = kw.get("logits_to_keep") or 0
     hs = x[:, -keep:] if isinstance(keep, int) and keep > 0 else (x if isinstance(keep, int) else x[:, _host_int(keep)])

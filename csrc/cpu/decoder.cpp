@@ -195,7 +195,8 @@ struct AttnShape {
 };
 
 // attn[r, h*D:(h+1)*D] for every row r = b*T + t and head h, from q [R, Hq*D] and the caches.
-void attend(const AttnShape &s, const float *q, const float *kc, const float *vc, const uint8_t *mask, float *attn) {
+void attend(const AttnShape &s, const float *q, const float *kc, const float *vc, const uint8_t *mask,
+            int64_t mask_stride, float *attn) {
   const int64_t L = s.past + s.T, rep = s.Hq / s.KVH, tasks = s.B * s.Hq * s.T;
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(L * s.D, 1));
   parallel_for(tasks, grain, [&](int64_t t0, int64_t t1) {
@@ -205,7 +206,7 @@ void attend(const AttnShape &s, const float *q, const float *kc, const float *vc
       const int64_t g = h / rep, qi = s.past + t;
       const float *qv = q + (b * s.T + t) * s.Hq * s.D + h * s.D;
       const float *kb = kc + (b * s.KVH + g) * s.Smax * s.D, *vb = vc + (b * s.KVH + g) * s.Smax * s.D;
-      const uint8_t *mrow = mask ? mask + b * L : nullptr;
+      const uint8_t *mrow = mask ? mask + b * mask_stride : nullptr;
       float *o = attn + (b * s.T + t) * s.Hq * s.D + h * s.D;
       const int64_t j0 = s.window > 0 ? std::max<int64_t>(0, qi - s.window + 1) : 0;
       float mx = -INFINITY;
@@ -233,7 +234,7 @@ void attend(const AttnShape &s, const float *q, const float *kc, const float *vc
 }
 
 // ---- entry points -------------------------------------------------------------------------------------
-// params: x f32 [B, T, H], positions i64 [B, T], key_mask u8|bool [B, past+T] | none, k_cache f32 [B, KVH, Smax, D],
+// params: x f32 [B, T, H], positions i64 [B, T], key_mask u8|bool [B, >= past+T] (columns past+T.. unused) | none, k_cache f32 [B, KVH, Smax, D],
 //   v_cache (same), norm_w f32 [H], inv_freq f32 [D/2], q spec (9), k spec (9), v spec (9), o spec (9),
 //   past i64, n_heads i64, eps f32, scaling f32, rope_scale f32, window i64 -> out f32 [B, T, H] (may alias x)
 int attention_entry(BNB_MS_AOT_ARGS) {
@@ -264,7 +265,7 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   const int64_t L = s.past + s.T, R = s.B * s.T;
   if (c.dim(KC, 0) != s.B || s.KVH <= 0 || s.Hq % s.KVH || s.D <= 0 || s.D % 2 || s.Smax < L) return E_SHAPE;
   if (c.numel(POS) != R || c.numel(NORM) != s.H || c.numel(INVF) != s.D / 2 || c.numel(OUT) != R * s.H) return E_SHAPE;
-  if (!c.is_none(MASK) && (c.rank(MASK) != 2 || c.dim(MASK, 0) != s.B || c.dim(MASK, 1) != L)) return E_SHAPE;
+  if (!c.is_none(MASK) && (c.rank(MASK) != 2 || c.dim(MASK, 0) != s.B || c.dim(MASK, 1) < L)) return E_SHAPE;
   const int64_t QD = s.Hq * s.D, KD = s.KVH * s.D;
   Lin lq, lk, lv, lo;
   int st;
@@ -310,7 +311,7 @@ int attention_entry(BNB_MS_AOT_ARGS) {
       std::memcpy(vc + dst, v.data() + r * KD + g * s.D, (size_t)s.D * sizeof(float));
     }
   }
-  attend(s, q.data(), kc, vc, mask, at.data());
+  attend(s, q.data(), kc, vc, mask, c.is_none(MASK) ? 0 : c.dim(MASK, 1), at.data());
   apply_lin(lo, at.data(), o.data(), R);
   for (int64_t i = 0; i < R * s.H; ++i) out[i] = x[i] + o[i];
   return OK;
