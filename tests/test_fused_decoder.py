@@ -52,11 +52,11 @@ def _spec(rng, N, K, mode, bias=False):
     return (P, qs.absmax.asnumpy(), qs.code.asnumpy(), None, None, None, b, 64, 256)
 
 
-@pytest.mark.parametrize("mode", ["fp32", "nf4", "fp4", "dq"])
-@pytest.mark.parametrize("window", [0, 3])
-def test_native_layer_matches_reference(mode, window):
+@pytest.mark.parametrize("mode, window, T", [  # T = 13: B*T > 8 rows, the prefill path (dequantize + GEMM)
+    ("fp32", 0, 5), ("nf4", 0, 5), ("fp4", 3, 5), ("dq", 0, 5), ("nf4", 3, 13), ("dq", 0, 13), ("fp32", 3, 13)])
+def test_native_layer_matches_reference(mode, window, T):
     rng = np.random.RandomState(0)
-    B, T, H, Hq, KVH, D, I, past, Smax = 2, 5, 64, 4, 2, 16, 96, 3, 16
+    B, T, H, Hq, KVH, D, I, past, Smax = 2, T, 64, 4, 2, 16, 96, 3, 24
     q, k, v = _spec(rng, Hq * D, H, mode, True), _spec(rng, KVH * D, H, mode, True), _spec(rng, KVH * D, H, mode, True)
     o = _spec(rng, H, Hq * D, mode)
     x = rng.randn(B, T, H).astype(np.float32)

@@ -158,8 +158,109 @@ void dense_gemv(const float *W, const float *bias, const float *x, float *out, i
   });
 }
 
+// ---- many rows (prefill): weight rows in chunks of kChunk (4-bit: dequantized to fp32 first), then a
+// register-tiled GEMM (4 x-rows x 2 weight rows per tile) over every x row.
+constexpr int64_t kChunk = 32;
+
+BNB_MS_TARGET_AVX2 BNB_MS_INLINE float hsum_avx2(__m256 v) {
+  const __m128 u = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));
+  return _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
+}
+
+// out[m * ldo + j] = x[m, :] . w[j, :] + (bias ? bias[j] : 0) for m < M, j < nr.
+BNB_MS_TARGET_AVX2 void gemm_tile_avx2(const float *x, int64_t M, const float *w, int64_t nr, int64_t K,
+                                       const float *bias, float *out, int64_t ldo) {
+  const int64_t K8 = K / 8 * 8;
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) {
+    const float *x0 = x + m * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
+    int64_t j = 0;
+    for (; j + 2 <= nr; j += 2) {
+      const float *w0 = w + j * K, *w1 = w0 + K;
+      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+      for (int64_t k = 0; k < K8; k += 8) {
+        const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
+        __m256 xv = _mm256_loadu_ps(x0 + k);
+        a00 = _mm256_fmadd_ps(xv, v0, a00);
+        a01 = _mm256_fmadd_ps(xv, v1, a01);
+        xv = _mm256_loadu_ps(x1 + k);
+        a10 = _mm256_fmadd_ps(xv, v0, a10);
+        a11 = _mm256_fmadd_ps(xv, v1, a11);
+        xv = _mm256_loadu_ps(x2 + k);
+        a20 = _mm256_fmadd_ps(xv, v0, a20);
+        a21 = _mm256_fmadd_ps(xv, v1, a21);
+        xv = _mm256_loadu_ps(x3 + k);
+        a30 = _mm256_fmadd_ps(xv, v0, a30);
+        a31 = _mm256_fmadd_ps(xv, v1, a31);
+      }
+      float r[8] = {hsum_avx2(a00), hsum_avx2(a01), hsum_avx2(a10), hsum_avx2(a11),
+                    hsum_avx2(a20), hsum_avx2(a21), hsum_avx2(a30), hsum_avx2(a31)};
+      for (int64_t k = K8; k < K; ++k) {
+        const float *xs[4] = {x0, x1, x2, x3};
+        for (int i = 0; i < 4; ++i) {
+          r[2 * i] = std::fma(xs[i][k], w0[k], r[2 * i]);
+          r[2 * i + 1] = std::fma(xs[i][k], w1[k], r[2 * i + 1]);
+        }
+      }
+      const float b0 = bias ? bias[j] : 0.0f, b1 = bias ? bias[j + 1] : 0.0f;
+      for (int i = 0; i < 4; ++i) {
+        out[(m + i) * ldo + j] = r[2 * i] + b0;
+        out[(m + i) * ldo + j + 1] = r[2 * i + 1] + b1;
+      }
+    }
+    for (; j < nr; ++j)
+      for (int i = 0; i < 4; ++i) out[(m + i) * ldo + j] = dot_avx2(x + (m + i) * K, w + j * K, K) + (bias ? bias[j] : 0.0f);
+  }
+  for (; m < M; ++m)
+    for (int64_t j = 0; j < nr; ++j) out[m * ldo + j] = dot_avx2(x + m * K, w + j * K, K) + (bias ? bias[j] : 0.0f);
+}
+
+void gemm_tile_scalar(const float *x, int64_t M, const float *w, int64_t nr, int64_t K, const float *bias, float *out,
+                      int64_t ldo) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < nr; ++j) out[m * ldo + j] = dot_scalar(x + m * K, w + j * K, K) + (bias ? bias[j] : 0.0f);
+}
+
+// rows [n0, n1) of a 4-bit weight in fp32: code[nibble] * absmax(block), absmax decoded as linear4_f32 does.
+void dequant4_rows(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K, float *dst) {
+  const int64_t bs = w.blocksize;
+  int64_t cur_blk = -1;
+  float sc = 0.0f;
+  for (int64_t i = n0 * K, e = n1 * K; i < e; ++i) {
+    const int64_t b = i / bs;
+    if (b != cur_blk) {
+      cur_blk = b;
+      sc = w.absmax_q ? w.code2[w.absmax_q[b]] * w.absmax2[b / w.blocksize2] + w.offset : w.absmax_f32[b];
+    }
+    const int nib = (w.packed[i >> 1] >> ((i & 1) ? 0 : 4)) & 15;
+    dst[i - n0 * K] = w.code[nib] * sc;
+  }
+}
+
+void gemm_rows(const Lin &l, const float *x, float *out, int64_t M) {
+  const int64_t N = l.N, K = l.K, nchunks = (N + kChunk - 1) / kChunk;
+  const bool avx2 = has_avx2();
+  parallel_for(nchunks, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> wbuf(l.dense ? 0 : (size_t)(kChunk * K));
+    for (int64_t ch = c0; ch < c1; ++ch) {
+      const int64_t n0 = ch * kChunk, n1 = std::min(N, n0 + kChunk);
+      const float *w = l.W ? l.W + n0 * K : wbuf.data();
+      if (!l.dense) dequant4_rows(l.q4, n0, n1, K, wbuf.data());
+      const float *b = l.bias ? l.bias + n0 : nullptr;
+      if (avx2) gemm_tile_avx2(x, M, w, n1 - n0, K, b, out + n0, N);
+      else gemm_tile_scalar(x, M, w, n1 - n0, K, b, out + n0, N);
+    }
+  });
+}
+
+// up to this many rows a linear runs the GEMV kernels (4-bit: the unfused Linear4bit's kernel, same bits);
+// more rows (prefill) run gemm_rows (as the unfused Linear4bit dequantizes and multiplies above 8 rows).
+constexpr int64_t kGemvMaxRows = 8;
+
 void apply_lin(const Lin &l, const float *x, float *out, int64_t M) {
-  if (l.dense) dense_gemv(l.W, l.bias, x, out, M, l.N, l.K);
+  if (M > kGemvMaxRows) gemm_rows(l, x, out, M);
+  else if (l.dense) dense_gemv(l.W, l.bias, x, out, M, l.N, l.K);
   else linear4_f32(l.q4, x, l.bias, out, M, l.N, l.K);
 }
 
