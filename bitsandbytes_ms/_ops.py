@@ -293,13 +293,13 @@ def _spec(prefix: str) -> Tuple[str, ...]:
 define(NativeOp(
     name="cdecoder_attention_fp32",
     cpu_only=True,
-    inputs=("x", "positions", "key_mask", "k_cache", "v_cache", "norm_w", "inv_freq")
+    inputs=("x", "positions", "key_mask", "k_cache", "v_cache", "norm_w", "inv_freq", "q_norm_w", "k_norm_w")
            + _spec("q") + _spec("k") + _spec("v") + _spec("o")
            + ("past", "n_heads", "eps", "scaling", "rope_scale", "window"),
     outputs=("out",),
     infer=lambda s, d, st: ((s["x"], ms.float32),),
     doc="the attention half of a decoder layer, fp32: out = x + O(attn) with RMSNorm(x; norm_w, eps), Q/K/V "
-        "projections (+bias), RoPE (rotate_half; f = pos * inv_freq, cos/sin * rope_scale), K/V written IN PLACE "
+        "projections (+bias), QK-norm (q_norm_w/k_norm_w [D] or None: RMSNorm per head, Qwen3), RoPE (rotate_half; f = pos * inv_freq, cos/sin * rope_scale), K/V written IN PLACE "
         "into k_cache/v_cache [B, KVH, S_max, D] at [past, past+T), causal GQA softmax(q.k * scaling) over "
         "[0, past+T) with key_mask [B, >= past+T] (0 = padding; first past+T columns) and an optional sliding window (0 = none); "
         "x [B, T, H], positions int64 [B, T]; out may be x",

@@ -445,7 +445,8 @@ def _rope(v: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, rope_scale: floa
 
 
 def decoder_attention(x, positions, key_mask, k_cache, v_cache, norm_w, inv_freq, q, k, v, o, past: int,
-                      n_heads: int, eps: float, scaling: float, rope_scale: float = 1.0, window: int = 0):
+                      n_heads: int, eps: float, scaling: float, rope_scale: float = 1.0, window: int = 0,
+                      q_norm_w=None, k_norm_w=None):
     """Twin of ``cdecoder_attention_fp32``: returns ``x + O(attention)`` [B, T, H] and writes the new keys and
     values into ``k_cache``/``v_cache`` [B, KVH, S_max, D] at [past, past + T) (in place, as the kernel does).
     q/k/v/o are linear specs; key_mask [B, >= past + T] (nonzero = attend; its first past + T columns) or None; window 0 = no sliding window."""
@@ -457,6 +458,10 @@ def decoder_attention(x, positions, key_mask, k_cache, v_cache, norm_w, inv_freq
     qs = linear_spec(y, q, n_heads * D).reshape(B, T, n_heads, D)
     ks = linear_spec(y, k, KVH * D).reshape(B, T, KVH, D)
     vs = linear_spec(y, v, KVH * D).reshape(B, T, KVH, D)
+    if q_norm_w is not None:
+        qs = rms_norm(qs, q_norm_w, eps)
+    if k_norm_w is not None:
+        ks = rms_norm(ks, k_norm_w, eps)
     pos = np.asarray(positions).reshape(B, T)
     qs, ks = _rope(qs, pos, inv_freq, rope_scale), _rope(ks, pos, inv_freq, rope_scale)
     k_cache[:, :, past:L] = ks.transpose(0, 2, 1, 3)

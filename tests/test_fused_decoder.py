@@ -2,7 +2,7 @@
 
 * the native layer halves against their numpy twins (_reference.decoder_attention / decoder_mlp) for fp32,
   NF4, FP4 and double-quant weights, with a padding mask, a sliding window and out == x;
-* small random Llama / Qwen2 (q/k/v biases) / Mistral (sliding window) models, 4-bit quantized (one mixed with
+* small random Llama / Qwen2 (q/k/v biases) / Mistral (sliding window) / Qwen3 (QK-norm) models, 4-bit quantized (one mixed with
   fp32 nn.Linear layers): the fused model gives the unfused quantized model's greedy tokens (batch 2, left
   padding, EOS) and per-step logits within LOGIT_BOUND * max|logit|;
 * unsupported configs keep the unfused path with one warning naming the reason.
@@ -19,7 +19,7 @@ ms.set_device("CPU")
 import mindnlp  # noqa: E402,F401
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config  # noqa: E402
 
 from bitsandbytes_ms import _hostcall as HC  # noqa: E402
 from bitsandbytes_ms import _reference as R  # noqa: E402
@@ -67,9 +67,12 @@ def test_native_layer_matches_reference(mode, window, T):
     kr, vr = kc.copy(), vc.copy()
     nw = (1 + 0.1 * rng.randn(H)).astype(np.float32)
     invf = (1.0 / (10000 ** (np.arange(0, D, 2) / D))).astype(np.float32)
-    ref = R.decoder_attention(x, pos, mask, kr, vr, nw, invf, q, k, v, o, past, Hq, 1e-5, D ** -0.5, 1.0, window)
     out = x.copy()  # out == x: in place
-    HC.entry("cdecoder_attention_fp32")(out, pos, mask, kc, vc, nw, invf, *q, *k, *v, *o, past, Hq, 1e-5,
+    qn = (1 + 0.1 * rng.randn(D)).astype(np.float32) if mode == "dq" else None  # QK-norm (Qwen3)
+    kn = (1 + 0.1 * rng.randn(D)).astype(np.float32) if mode == "dq" else None
+    ref = R.decoder_attention(x, pos, mask, kr, vr, nw, invf, q, k, v, o, past, Hq, 1e-5, D ** -0.5, 1.0, window,
+                              qn, kn)
+    HC.entry("cdecoder_attention_fp32")(out, pos, mask, kc, vc, nw, invf, qn, kn, *q, *k, *v, *o, past, Hq, 1e-5,
                                         D ** -0.5, 1.0, window, out)
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6 * np.abs(ref).max())
     np.testing.assert_allclose(kc, kr, rtol=0, atol=1e-6)
@@ -105,6 +108,8 @@ def _cfg(family, **kw):
         return LlamaConfig(tie_word_embeddings=True, **base)
     if family == "qwen2":
         return Qwen2Config(tie_word_embeddings=False, **base)
+    if family == "qwen3":
+        return Qwen3Config(tie_word_embeddings=True, head_dim=16, **base)
     return MistralConfig(tie_word_embeddings=False, sliding_window=5, **base)
 
 
@@ -153,7 +158,7 @@ def _compare(m):
     return err
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
 def test_fused_model_matches_unfused(family):
     m = _model(_cfg(family))
     if family == "qwen2":

@@ -1,4 +1,4 @@
-"""The fused decode path: a quantized Llama / Qwen2 / Mistral causal LM's forward as a few native calls per
+"""The fused decode path: a quantized Llama / Qwen2 / Mistral / Qwen3 causal LM's forward as a few native calls per
 layer instead of thousands of mindtorch ops (issue 13).
 
 ``fuse(model)`` checks the model once (architecture, config, every decoder layer's linear layers) and
@@ -17,7 +17,7 @@ attached to the transformers ``DynamicCache`` object generate passes in (``cache
 
 Weights: each linear is our ``Linear4bit`` (NF4/FP4, with or without double quant, compute dtype fp32) or a
 plain fp32 ``nn.Linear``, in any mix. Anything else keeps the unfused path, with one warning naming the
-reason: an architecture other than those three, a rope_scaling type other than default, QK-norm, an
+reason: an architecture other than these (Qwen3 too: its QK-norm is fused), a rope_scaling type other than default, an
 activation other than SiLU, ``pretraining_tp > 1``, other layer types (e.g. int8 ``Linear8bitLt``), non-fp32
 weights. Per call, the unfused path also runs when gradients are being recorded, in graph mode, in training
 mode, when ``output_attentions``/``output_hidden_states`` are asked for, for a 4-D attention mask, or for a
@@ -57,6 +57,7 @@ FAMILIES = {
     "llama": ("transformers.models.llama.modeling_llama", "LlamaForCausalLM"),
     "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2ForCausalLM"),
     "mistral": ("transformers.models.mistral.modeling_mistral", "MistralForCausalLM"),
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3ForCausalLM"),
 }
 FUSED_PATCHES = [f"fused-{k}-causal-lm-forward" for k in FAMILIES] + [
     "fused-cache-get-seq-length", "fused-cache-reorder", "fused-cache-crop"]
@@ -159,9 +160,18 @@ class _Plan:
         attn_e, mlp_e = _hostcall.entry("cdecoder_attention_fp32"), _hostcall.entry("cdecoder_mlp_fp32")
         for i, layer in enumerate(inner.layers[: cfg.num_hidden_layers]):
             a, m, pfx = layer.self_attn, layer.mlp, f"model.layers.{i}"
+            qk = []
             for nm in ("q_norm", "k_norm"):
-                if getattr(a, nm, None) is not None:
-                    raise _Unsupported(f"{pfx}.self_attn has {nm} (QK-norm)")
+                n = getattr(a, nm, None)
+                if n is not None:
+                    if self.family != "qwen3":
+                        raise _Unsupported(f"{pfx}.self_attn has {nm} (QK-norm outside Qwen3)")
+                    if n.weight.dtype != ms.float32 or float(n.variance_epsilon) != float(
+                            layer.input_layernorm.variance_epsilon):
+                        raise _Unsupported(f"{pfx}.self_attn.{nm}: fp32 weight and the layer norms' eps needed")
+                    qk.append(_host_param(n.weight, self.keep))
+                else:
+                    qk.append(None)
             if getattr(a, "head_dim", D) != D:
                 raise _Unsupported(f"{pfx}.self_attn.head_dim differs from the config's")
             specs = [_linear_spec(a.q_proj, f"{pfx}.self_attn.q_proj", Hq * D, H, self.keep),
@@ -176,7 +186,7 @@ class _Plan:
                 if n.weight.dtype != ms.float32:
                     raise _Unsupported(f"{pfx}.{nm} is {n.weight.dtype} (fp32 only)")
             window = 0
-            sw = getattr(a, "sliding_window", None) if self.family == "qwen2" else getattr(cfg, "sliding_window", None)
+            sw = getattr(a, "sliding_window", None) if self.family in ("qwen2", "qwen3") else getattr(cfg, "sliding_window", None)
             if self.family != "llama" and sw:
                 window = int(sw)
             L = _Layer()
@@ -184,7 +194,7 @@ class _Plan:
             L.bound = None  # ids of the per-call arrays the calls are bound to (re-pointed only when they change)
             kv = np.zeros((1, KVH, 1, D), np.float32)
             L.attn = attn_e.bind(dummy_x, np.zeros((1, 1), np.int64), None, kv, kv,
-                                 _host_param(n1.weight, self.keep), self.inv_freq,
+                                 _host_param(n1.weight, self.keep), self.inv_freq, *qk,
                                  *[x for s in specs for x in s], past, Hq, float(n1.variance_epsilon),
                                  float(a.scaling), self.rope_scale, window, dummy_x)
             L.mlp = mlp_e.bind(dummy_x, _host_param(n2.weight, self.keep), *[x for s in mspecs for x in s], I,
@@ -406,7 +416,7 @@ def _fused_forward(model, plan: _Plan, kw):
             a.set(2, mask)
             a.set(3, state.k[i])
             a.set(4, state.v[i])
-            a.set(49, x)
+            a.set(51, x)
             layer.mlp.set(0, x)
             layer.mlp.set(31, x)
             layer.bound = key

@@ -13,6 +13,7 @@
 //   absmax2 (f32 | none), code2 (f32[256] | none), offset (f32 0-d | none), bias (f32 [N] | none),
 //   blocksize (i64), blocksize2 (i64)
 // Numerics (HF transformers' eager forward, fp32):
+//   QK-norm   (Qwen3) the same RMSNorm over each head's D values of q and k, before RoPE
 //   RMSNorm   r = 1/sqrt(mean(x^2) + eps) (sum in double), y = w * (x * r)
 //   RoPE      default rope type: f = float(pos) * inv_freq[i], c = cos(f) * rs, s = sin(f) * rs (rs: attention
 //             scaling), rotate_half convention: y[i] = x[i] c - x[i+D/2] s, y[i+D/2] = x[i+D/2] c + x[i] s
@@ -336,11 +337,12 @@ void attend(const AttnShape &s, const float *q, const float *kc, const float *vc
 
 // ---- entry points -------------------------------------------------------------------------------------
 // params: x f32 [B, T, H], positions i64 [B, T], key_mask u8|bool [B, >= past+T] (columns past+T.. unused) | none, k_cache f32 [B, KVH, Smax, D],
-//   v_cache (same), norm_w f32 [H], inv_freq f32 [D/2], q spec (9), k spec (9), v spec (9), o spec (9),
+//   v_cache (same), norm_w f32 [H], inv_freq f32 [D/2], q_norm_w f32 [D] | none, k_norm_w f32 [D] | none
+//   (QK-norm: RMSNorm of every head's q / k with eps, before RoPE), q spec (9), k spec (9), v spec (9), o spec (9),
 //   past i64, n_heads i64, eps f32, scaling f32, rope_scale f32, window i64 -> out f32 [B, T, H] (may alias x)
 int attention_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  enum { X, POS, MASK, KC, VC, NORM, INVF, QS = 7, KS = QS + kSpec, VS = KS + kSpec, OS = VS + kSpec,
+  enum { X, POS, MASK, KC, VC, NORM, INVF, QNORM, KNORM, QS, KS = QS + kSpec, VS = KS + kSpec, OS = VS + kSpec,
          PAST = OS + kSpec, NH, EPS, SCALING, RSCALE, WINDOW, OUT, NPARAM };
   if (nparam != NPARAM) return E_NPARAM;
   if (c.dtype(X) != DType::f32 || c.dtype(POS) != DType::i64 || c.dtype(KC) != DType::f32 ||
@@ -348,6 +350,8 @@ int attention_entry(BNB_MS_AOT_ARGS) {
       c.dtype(OUT) != DType::f32)
     return E_DTYPE;
   if (!c.is_none(MASK) && c.dtype(MASK) != DType::u8 && c.dtype(MASK) != DType::boolean) return E_DTYPE;
+  if ((!c.is_none(QNORM) && c.dtype(QNORM) != DType::f32) || (!c.is_none(KNORM) && c.dtype(KNORM) != DType::f32))
+    return E_DTYPE;
   AttnShape s;
   float eps, rscale;
   if (!c.scalar_i64(PAST, &s.past) || s.past < 0 || !c.scalar_i64(NH, &s.Hq) || s.Hq <= 0 ||
@@ -366,6 +370,7 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   const int64_t L = s.past + s.T, R = s.B * s.T;
   if (c.dim(KC, 0) != s.B || s.KVH <= 0 || s.Hq % s.KVH || s.D <= 0 || s.D % 2 || s.Smax < L) return E_SHAPE;
   if (c.numel(POS) != R || c.numel(NORM) != s.H || c.numel(INVF) != s.D / 2 || c.numel(OUT) != R * s.H) return E_SHAPE;
+  if ((!c.is_none(QNORM) && c.numel(QNORM) != s.D) || (!c.is_none(KNORM) && c.numel(KNORM) != s.D)) return E_SHAPE;
   if (!c.is_none(MASK) && (c.rank(MASK) != 2 || c.dim(MASK, 0) != s.B || c.dim(MASK, 1) < L)) return E_SHAPE;
   const int64_t QD = s.Hq * s.D, KD = s.KVH * s.D;
   Lin lq, lk, lv, lo;
@@ -396,6 +401,8 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   apply_lin(lq, xn.data(), q.data(), R);
   apply_lin(lk, xn.data(), k.data(), R);
   apply_lin(lv, xn.data(), v.data(), R);
+  if (!c.is_none(QNORM)) rms_norm(q.data(), c.ptr<float>(QNORM), eps, q.data(), R * s.Hq, s.D);  // QK-norm (Qwen3)
+  if (!c.is_none(KNORM)) rms_norm(k.data(), c.ptr<float>(KNORM), eps, k.data(), R * s.KVH, s.D);
   for (int64_t r = 0; r < R; ++r) {
     const float fp = (float)pos[r];
     for (int64_t i = 0; i < s.D / 2; ++i) {
