@@ -76,7 +76,8 @@ def _load() -> Tuple[Path, str, ct.CDLL]:
             f"bitsandbytes_ms: the native library {path} failed to load ({e}). Rebuild it from the "
             f"repository root with: {BUILD_COMMAND}"
         ) from e
-    missing = [name for name in _ops.OPS if not hasattr(dll, name)]
+    missing = [name for name, op in _ops.OPS.items()
+               if not hasattr(dll, name) and not (op.cpu_only and backend != "CPU")]
     if missing:
         raise NativeLibraryError(
             f"bitsandbytes_ms: the native library {path} lacks entry points {missing[:5]}"

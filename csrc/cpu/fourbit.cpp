@@ -24,6 +24,7 @@
 
 #include "aot.h"
 #include "cpu/cpu_features.h"
+#include "cpu/linear_kernels.h"
 #include "cpu/parallel.h"
 
 namespace bnb_ms {
@@ -799,6 +800,29 @@ int linear4_entry(BNB_MS_AOT_ARGS) {
 }
 
 }  // namespace
+
+// Internal wrapper of gemv4 for other feature files (linear_kernels.h).
+void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
+                 int64_t K) {
+  if (M * N == 0) return;
+  if (K == 0) {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) out[m * N + n] = bias ? bias[n] : 0.0f;
+    return;
+  }
+  Absmax4 amx;
+  if (w.absmax_q) {
+    amx.q = w.absmax_q;
+    amx.code2 = w.code2;
+    amx.absmax2 = w.absmax2;
+    amx.offset = w.offset;
+    amx.bs2 = w.blocksize2;
+  } else {
+    amx.f32 = w.absmax_f32;
+  }
+  gemv4<float>(w.code, w.packed, amx, A, bias, out, M, N, K, w.blocksize);
+}
+
 }  // namespace bnb_ms
 
 using bnb_ms::bf16_t;
