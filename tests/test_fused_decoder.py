@@ -169,7 +169,9 @@ def test_fused_model_matches_unfused(family):
 def test_fused_mixed_fp32_layers_fp4_no_double_quant():
     m = _model(_cfg("llama", attention_bias=True), quant_type="fp4", compress_statistics=False,
                modules_to_not_convert=["o_proj", "down_proj", "lm_head"])
-    assert type(m.model.layers[0].self_attn.o_proj) is torch.nn.Linear
+    from bitsandbytes_ms.nn import LinearFP
+
+    assert type(m.model.layers[0].self_attn.o_proj) is LinearFP  # a kept nn.Linear (quant_4bit's fast_fp_layers)
     _compare(m)
 
 

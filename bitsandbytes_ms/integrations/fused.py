@@ -16,7 +16,7 @@ attached to the transformers ``DynamicCache`` object generate passes in (``cache
 ``Cache.get_seq_length`` / ``reorder_cache`` / ``crop`` make that object answer for it (its own layers stay empty).
 
 Weights: each linear is our ``Linear4bit`` (NF4/FP4, with or without double quant, compute dtype fp32) or a
-plain fp32 ``nn.Linear``, in any mix. Anything else keeps the unfused path, with one warning naming the
+plain fp32 ``nn.Linear`` (or ``LinearFP``, what quant_8bit/quant_4bit make of the layers they keep), in any mix. Anything else keeps the unfused path, with one warning naming the
 reason: an architecture other than these (Qwen3 too: its QK-norm is fused), a rope_scaling type other than default, an
 activation other than SiLU, ``pretraining_tp > 1``, other layer types (e.g. int8 ``Linear8bitLt``), non-fp32
 weights. Per call, the unfused path also runs when gradients are being recorded, in graph mode, in training
@@ -116,7 +116,9 @@ def _linear_spec(mod, name: str, N: int, K: int, keep: Dict[int, np.ndarray]) ->
         absmax, code, absmax2, code2, offset = plan.arrays
         keep[id(packed)] = packed
         return (packed, absmax, code, absmax2, code2, offset, bias, plan.bs, plan.bs2)
-    if type(mod) is torch.nn.Linear:
+    from ..nn.linear_fp import LinearFP
+
+    if type(mod) is torch.nn.Linear or type(mod) is LinearFP:  # LinearFP: a kept nn.Linear (quant_8bit/quant_4bit)
         if mod.weight.dtype != ms.float32:
             raise _Unsupported(f"{name} is an nn.Linear in {mod.weight.dtype} (fp32 only)")
         if tuple(mod.weight.shape) != (N, K):
