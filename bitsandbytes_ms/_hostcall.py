@@ -168,7 +168,14 @@ def np_dtype(dtype) -> np.dtype:
 def _np_dtypes():
     # bfloat16: the numpy type MindSpore's own asnumpy() returns (it registers one of its own), so host
     # arrays of inputs and results compare and convert with each other
-    bf16 = Tensor(np.zeros(1, np.float32)).astype(ms.bfloat16).asnumpy().dtype
+    # (taken from mindspore.common.np_dtype: computing one with asnumpy() at import ran a kernel, which initialises
+    # MindSpore's runtime, so a later ms.set_device() -- the CLI's first step -- raised)
+    try:
+        from mindspore.common.np_dtype import bfloat16 as _ms_bf16
+
+        bf16 = np.dtype(_ms_bf16)
+    except ImportError:  # pragma: no cover - other MindSpore versions
+        bf16 = Tensor(np.zeros(1, np.float32)).astype(ms.bfloat16).asnumpy().dtype
     return {ms.float32: np.dtype(np.float32), ms.float16: np.dtype(np.float16), ms.bfloat16: bf16,
             ms.int8: np.dtype(np.int8), ms.uint8: np.dtype(np.uint8), ms.int32: np.dtype(np.int32),
             ms.int64: np.dtype(np.int64)}
