@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from . import _reference
+from . import _hostcall, _reference
 from .cextension import BNB_BACKEND, get_ptr, lib, tag_device  # noqa: F401  (get_ptr re-exported as upstream)
 from .utils import dtype_from_name, dtype_name, pack_dict_to_tensor, unpack_tensor_to_dict
 
@@ -1097,7 +1098,7 @@ def int8_linear_matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, dtype
     return _write(out, lib.cigemmlt_32(_contiguous(A), _contiguous(B)))
 
 
-def _mm_dequant(A, row_stats, col_stats, bias, dtype, fn):
+def _mm_dequant(A, row_stats, col_stats, bias, dtype, fn, mixed=None):
     _check_dtype(A, (ms.int32,), fn, "A")
     _check_dtype(row_stats, (ms.float32,), fn, "row_stats")
     _check_dtype(col_stats, (ms.float32,), fn, "col_stats")
@@ -1117,6 +1118,14 @@ def _mm_dequant(A, row_stats, col_stats, bias, dtype, fn):
         bias = _contiguous(bias).reshape(N)
     if _numel(A) == 0:
         return _empty_np((rows, N), dtype)
+    if mixed is not None:  # (activations [rows, K] of `dtype`, CB [N, K], uint8 flags [K]): the outlier columns
+        a2, CB, flags = mixed
+        _check_dtype(CB, (ms.int8,), fn, "CB")
+        if tuple(CB.shape) != (N, int(a2.shape[-1])):
+            raise ValueError(f"{_fn_name(fn, 'CB')} must be [{N}, {int(a2.shape[-1])}]; got {tuple(CB.shape)}")
+        return getattr(lib, f"cint8_mixed_mm_dequant_{_SUFFIX[dtype]}")(
+            _contiguous(A).reshape(rows, N), _contiguous(row_stats).reshape(rows), _contiguous(col_stats).reshape(N),
+            bias, a2, _contiguous(CB), _tag(Tensor(flags), (a2,)))
     res = getattr(lib, f"cdequant_mm_int32_{_SUFFIX[dtype]}")(
         _contiguous(A).reshape(rows, N), _contiguous(row_stats).reshape(rows), _contiguous(col_stats).reshape(N), bias)
     return res
@@ -1148,13 +1157,28 @@ def int8_scaled_mm(A: Tensor, B: Tensor, row_stats: Tensor, col_stats: Tensor, b
     return _tag(ms.ops.reshape(_mm_dequant(C, row_stats, col_stats, bias, dtype, fn), C.shape), (A,))
 
 
+def _outlier_flags(outlier_cols: Tensor, K: int, fn: str) -> np.ndarray:
+    """uint8 [K] flags of the outlier columns (a set: duplicates count once, any order)."""
+    _check_dtype(outlier_cols, (ms.int64, ms.int32), fn, "outlier_cols")
+    cols = outlier_cols.asnumpy().reshape(-1).astype(np.int64)
+    if cols.size and (cols.min() < 0 or cols.max() >= K):
+        raise ValueError(f"{_fn_name(fn, 'outlier_cols')} must hold column indices in [0, {K}); got "
+                         f"{int(cols.min())}..{int(cols.max())}")
+    flags = np.zeros(K, np.uint8)
+    flags[cols] = 1
+    return flags
+
+
 def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Tensor,
                          outlier_cols: Optional[Tensor] = None, bias: Optional[Tensor] = None):
     """LLM.int8() mixed-precision matmul (upstream op ``bitsandbytes::int8_mixed_scaled_mm``):
     ``int8_scaled_mm(CA, CB, SCA, SCB, bias)`` plus, for the outlier columns, ``A[:, cols] @
-    dequant(CB[:, cols]).T``. Upstream adds the outlier part in ``A.dtype``; here the int8 part is
-    dequantized to float32, the outlier product is computed in float32 and the sum is rounded once to
-    ``A.dtype`` (more accurate; MindSpore's CPU matmul has no bfloat16).
+    dequant(CB[:, cols]).T``. Upstream adds the outlier part with torch's ``addmm`` in ``A.dtype``; here
+    (native ``cint8_mixed_mm_dequant_<dtype>``, the code the fused :func:`int8_linear` runs) the int8 part
+    is dequantized to float32 (+ bias), the outlier product is summed in float32 over the outlier columns
+    in ascending order (a fixed order: bit-identical on every SIMD level and to the fused forward; more
+    accurate than fp16/bf16 accumulation) and the sum is rounded once to ``A.dtype``. ``outlier_cols`` is
+    taken as a set (duplicates count once). Without outlier columns the result is ``int8_scaled_mm``'s.
 
     Args:
         A: [rows, K] float activations; CA int8 [rows, K]; CB int8 [N, K]; SCA float32 [rows];
@@ -1162,26 +1186,130 @@ def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Te
 
     Returns:
         ``(out [rows, N] in A.dtype, subA)`` where ``subA = A[:, outlier_cols]`` (empty when none).
+
+    Raises:
+        ValueError: wrong dtypes, shapes that do not match, outlier columns outside ``[0, K)``.
     """
     fn = "int8_mixed_scaled_mm"
     _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    _check_rank(A, 1, fn, "A")
     C = int8_linear_matmul(CA, CB)
     has_outliers = outlier_cols is not None and _numel(outlier_cols) > 0
     if not has_outliers:
         out = _tag(ms.ops.reshape(_mm_dequant(C, SCA, SCB, bias, A.dtype, fn), C.shape), (A,))
         return out, _tag(Tensor(np.zeros((0,), np.float32)).astype(A.dtype), (A,))
     K = int(A.shape[-1])
+    rows = int(math.prod(C.shape[:-1]))
+    N = int(C.shape[-1])
+    if int(math.prod(A.shape[:-1])) != rows or K != int(CB.shape[-1]):
+        raise ValueError(f"{fn}: `A` must be [{rows}, {int(CB.shape[-1])}] (the rows of `CA`, the columns of `CB`); "
+                         f"got {tuple(A.shape)}")
+    flags = _outlier_flags(outlier_cols, K, fn)
     L = (A,)
-    a2 = _tag(ms.ops.cast(ms.ops.reshape(_contiguous(A), (-1, K)), ms.float32), L)
+    a2 = _tag(ms.ops.reshape(_contiguous(A), (rows, K)), L)
+    # subA (returned, as upstream): gathered in fp32 (MindSpore's CPU gather has no bfloat16)
     idx = _tag(ms.ops.cast(outlier_cols, ms.int32), L)
-    subA32 = _tag(ms.ops.gather(a2, idx, 1), L)  # (gathered in fp32: MindSpore's CPU gather has no bfloat16)
-    subA = _tag(ms.ops.cast(subA32, A.dtype), L)
-    # (cast back: under mindtorch the CPU gather of an int8 tensor comes back as float32; values are exact)
-    subB = int8_vectorwise_dequant(_tag(ms.ops.cast(ms.ops.gather(_contiguous(CB), idx, 1), ms.int8), L), SCB)
-    out = _tag(ms.ops.reshape(_mm_dequant(C, SCA, SCB, bias, ms.float32, fn), C.shape), L)
-    extra = _tag(ms.ops.matmul(subA32, _tag(ms.ops.transpose(subB, (1, 0)), L)), L)
-    out = _tag(ms.ops.cast(ms.ops.add(out, _tag(ms.ops.reshape(extra, out.shape), L)), A.dtype), L)
-    return out, subA
+    subA = _tag(ms.ops.cast(_tag(ms.ops.gather(_tag(ms.ops.cast(a2, ms.float32), L), idx, 1), L), A.dtype), L)
+    out = _mm_dequant(C, SCA, SCB, bias, A.dtype, fn, mixed=(a2, CB, flags))
+    return _tag(ms.ops.reshape(out, C.shape), L), subA
+
+
+def _check_int8_linear(A, CB, SCB, bias, threshold, fn: str) -> float:
+    _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    _check_rank(A, 1, fn, "A")
+    _check_dtype(CB, (ms.int8,), fn, "CB")
+    if CB.ndim != 2:
+        raise ValueError(f"{_fn_name(fn, 'CB')} must be 2-D [N, K]; got shape {tuple(CB.shape)}")
+    K, N = int(A.shape[-1]), int(CB.shape[0])
+    if int(CB.shape[1]) != K:
+        raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(A.shape)} @ `CB`.T {tuple(CB.shape)} "
+                         f"(A.shape[-1] must equal CB.shape[1])")
+    if K > 131071:
+        raise ValueError(f"{_fn_name(fn, 'A')} must have at most 131071 columns (int32 accumulation); got {K}")
+    _check_dtype(SCB, (ms.float32,), fn, "SCB")
+    if _numel(SCB) != N:
+        raise ValueError(f"{_fn_name(fn, 'SCB')} must have CB.shape[0] = {N} values; got {_numel(SCB)}")
+    if bias is not None:
+        _check_dtype(bias, FLOAT_DTYPES, fn, "bias")
+        if _numel(bias) != N:
+            raise ValueError(f"{_fn_name(fn, 'bias')} must have CB.shape[0] = {N} values; got {_numel(bias)}")
+    return _check_threshold(threshold, fn)
+
+
+_tls = threading.local()
+
+
+def _int8_linear(A: Tensor, CB: Tensor, SCB: Tensor, bias: Optional[Tensor], threshold: float):
+    """The fused LLM.int8() forward on validated, non-empty arguments: ``(out [..., N] in A.dtype, col_flags)``
+    with ``col_flags`` the uint8 [K] outlier flags (a host numpy array from a host call, else a Tensor).
+    One native call: a host call (:mod:`bitsandbytes_ms._hostcall`) where it is active (PyNative, no
+    gradient recorded, CPU library), else the ``ops.Custom`` op."""
+    name = _INT8_LINEAR[A.dtype]
+    N, K = int(CB.shape[0]), int(A.shape[-1])
+    if _hostcall.active():
+        calls = getattr(_tls, "int8_linear", None)
+        if calls is None:
+            calls = _tls.int8_linear = {}
+        out = _hostcall.empty(tuple(A.shape[:-1]) + (N,), A.dtype)
+        flags = np.empty(K, np.uint8)
+        host = _hostcall.host
+        args = (host(A), host(CB), host(SCB), None if bias is None else host(bias), threshold, out, flags)
+        call = calls.get(name)
+        if call is None:
+            call = calls[name] = _hostcall.entry(name).bind(*args)
+        else:
+            for i, a in enumerate(args):
+                call.set(i, a)
+        try:
+            call()
+        finally:  # drop the references to this call's arrays
+            for i in (0, 3, 5, 6):
+                call.set(i, None)
+        res = _hostcall.wrap(out)
+        tag_device(res, like=(A,))
+        return res, flags
+    out, flags = getattr(lib, name)(_contiguous(A), _contiguous(CB), _contiguous(SCB).reshape(N),
+                                    None if bias is None else _contiguous(bias).reshape(N), threshold)
+    return out, flags
+
+
+_INT8_LINEAR = {dt: f"cint8_linear_{sfx}" for dt, sfx in _SUFFIX.items()}
+
+
+def int8_linear(A: Tensor, CB: Tensor, SCB: Tensor, bias: Optional[Tensor] = None, threshold: float = 0.0):
+    """LLM.int8() linear forward ``A @ dequant(CB, SCB).T (+ bias)`` in one native call
+    (``cint8_linear_<dtype of A>``; what :class:`~bitsandbytes_ms.nn.Linear8bitLt` runs at inference).
+
+    Bit for bit what the unfused path computes: ``int8_vectorwise_quant`` of A (float32 A cast to float16
+    first, as upstream), then ``int8_scaled_mm`` in ``A.dtype`` (threshold 0) or ``int8_mixed_scaled_mm``
+    (threshold > 0: outlier columns, those holding |x| >= threshold in some row, in float32).
+
+    Args:
+        A: float16/bfloat16/float32 activations [..., K].
+        CB: int8 weight [N, K]; SCB: its float32 row scales [N].
+        bias: optional float [N].
+        threshold: outlier threshold (>= 0).
+
+    Returns:
+        ``(out [..., N] in A.dtype, outlier_cols)``: ``outlier_cols`` None for threshold 0, else the sorted
+        int64 outlier column indices (as :func:`int8_vectorwise_quant`).
+
+    Raises:
+        ValueError / TypeError naming the argument: wrong dtypes, shapes that do not match, negative threshold.
+    """
+    fn = "int8_linear"
+    threshold = _check_int8_linear(A, CB, SCB, bias, threshold, fn)
+    N, K = int(CB.shape[0]), int(A.shape[-1])
+    shape = tuple(A.shape[:-1]) + (N,)
+    if _numel(A) == 0 or N == 0:
+        out = _empty_np(shape, A.dtype)
+        tag_device(out, like=(A,))
+        return out, (_tag(Tensor(np.zeros(0, np.int64)), (A,)) if threshold > 0.0 else None)
+    out, flags = _int8_linear(A, CB, SCB, bias, threshold)
+    if threshold == 0.0:
+        return out, None
+    f = flags if isinstance(flags, np.ndarray) else flags.asnumpy()
+    return out, _tag(Tensor(np.nonzero(f)[0].astype(np.int64)), (A,))
 
 # ---- weight-only int8/int4 (W8A16/W4A16) ----
 #: Rows of activations up to which :func:`gemm_weight_only` runs the native streaming kernel; above it
