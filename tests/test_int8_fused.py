@@ -17,15 +17,11 @@ outlier columns (``cint8_mixed_mm_dequant_<dtype>``, functional.int8_mixed_scale
   calls return the library's status codes.
 """
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from ml_dtypes import bfloat16
 
 import mindspore as ms
 
@@ -43,201 +39,37 @@ from bitsandbytes_ms.autograd import _functions as AF
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = str(ROOT / "tools")
+sys.path.insert(0, TOOLS)
+import int8_fused_check as FC  # noqa: E402  (numpy + ctypes; the CPU-path harness, also run on GPU hosts)
+
 LIB = str(cextension.LIBRARY_PATH)
-NP = {"float32": np.float32, "float16": np.float16, "bfloat16": bfloat16}
 MS = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
-SFX = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-GEMM_PATHS = ("scalar", "avx2", "avx512", "avxvnni", "avx512vnni", "amx")
-ISA = {"scalar": "nothing", "avx2": "AVX2", "avx512": "AVX-512 (F/BW/VL/DQ)", "avxvnni": "AVX-VNNI",
-       "avx512vnni": "AVX-512 VNNI", "amx": "AMX-INT8 (or the OS did not grant the AMX tile state)"}
-# (GEMM path, SIMD level) pairs: each GEMM path at its natural level, the scalar GEMM also under AVX2/AVX-512
-# float kernels, and the automatic choice at each level
-RUNS = [(p, None) for p in GEMM_PATHS] + [("scalar", "avx2"), (None, "scalar"), (None, "avx2"), (None, None)]
-
-
-def _bits(a):
-    a = np.asarray(a)
-    return a.view({4: np.uint32, 2: np.uint16, 1: np.uint8}[a.dtype.itemsize])
+_bits = FC.bits
 
 
 def _values(a):
     return np.asarray(a).astype(np.float32)
 
 
-# ---------------------------------------------------------------------------------------------
-# cases: (A values, CB, SCB, bias, threshold)
-# ---------------------------------------------------------------------------------------------
-def _weight(N, K, rng):
-    W = (rng.standard_normal((N, K)) * 0.05).astype(np.float32)
-    if N > 2:
-        W[1] = 0.0  # a zero row: SCB 0
-    CB, SCB, _ = R.int8_vector_quant(W.astype(np.float16).astype(np.float32), 0.0, "float16")
-    return CB, SCB
-
-
-def _activations(lead, K, dtype, rng, plant):
-    x = rng.standard_normal(lead + (K,)).astype(np.float32)
-    a = x.reshape(-1, K)
-    if plant and K > 8:
-        a[:, 7] = 20.0 * np.sign(a[:, 7] + 0.5)  # an outlier column in every row
-        a[0, K // 2] = -9.0                       # an outlier in one row only
-        a[-1, K - 1] = 6.0                        # exactly the threshold counts
-        if dtype == "float32" and a.shape[0] > 1:
-            a[1, 3] = 7.0e4                       # beyond fp16: inf after the cast, an outlier at threshold 6,
-            # the whole row zero at threshold 0 (its absmax is inf)
-    if a.shape[0] > 2:
-        a[2] = 0.0                                # an all-zero row
-    if K > 5:
-        a[0, 5] = -0.0
-        a[0, 4] = 3e-6                            # fp16 subnormal after the cast
-    return x.astype(NP[dtype])
-
-
-def _fused_cases():
-    rng = np.random.RandomState(2024)
-    cases = {}
-    shapes = [((1,), 100, 37), ((3,), 100, 37), ((16,), 100, 37), ((2, 3), 129, 50), ((1,), 1, 3), ((3,), 15, 8),
-              ((16,), 33, 17), ((1,), 63, 64), ((3,), 65, 1), ((5,), 200, 130), ((16,), 576, 96), ((17,), 1000, 19)]
-    i = 0
-    for lead, K, N in shapes:
-        CB, SCB = _weight(N, K, rng)
-        for dt in ("float32", "float16", "bfloat16"):
-            for thr in (0.0, 6.0):
-                for bias_kind in ("none", "same", "other"):
-                    A = _activations(lead, K, dt, rng, plant=thr > 0 or i % 2 == 0)
-                    b = (rng.standard_normal(N) * 0.5).astype(np.float32)
-                    bias = None if bias_kind == "none" else b.astype(NP[dt] if bias_kind == "same" else
-                                                                       (np.float32 if dt != "float32" else np.float16))
-                    cases[f"c{i:03d}"] = dict(A=A, CB=CB, SCB=SCB, bias=bias, thr=np.float32(thr), dtype=dt)
-                    i += 1
-    return cases
-
-
-def _save_cases(cases, path):
-    flat = {}
-    for key, c in cases.items():
-        for name, v in c.items():
-            if v is None:
-                continue
-            v = np.asarray(v)
-            if v.dtype == bfloat16:  # npz keeps bits; the dtype name travels beside them
-                flat[f"{key}/{name}__bf16"] = v.view(np.uint16)
-            else:
-                flat[f"{key}/{name}"] = v
-    np.savez(path, **flat)
-
-
-_PATHS = r"""
-import json, sys
-import numpy as np
-from ml_dtypes import bfloat16
-sys.path.insert(0, sys.argv[2])
-from aot_ctypes import Aot
-lib = Aot(sys.argv[1])
-want = sys.argv[3]
-if want != "auto" and lib.int8_gemm_path() != want:  # the CPU lacks the requested path: report, test nothing
-    print(json.dumps({"path": lib.int8_gemm_path()}))
-    sys.exit(0)
-raw = np.load(sys.argv[4])
-cases = {}
-for name in raw.files:
-    key, field = name.split("/")
-    v = raw[name]
-    if field.endswith("__bf16"):
-        field, v = field[:-6], v.view(bfloat16)
-    cases.setdefault(key, {})[field] = v
-SFX = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-res, fails = {}, []
-
-def call(name, args):
-    rc = lib(name, args)
-    if rc != 0:
-        raise SystemExit(f"{name} returned {rc}")
-
-for key in sorted(cases):
-    c = cases[key]
-    A, CB, SCB, bias, thr, dt = c["A"], c["CB"], c["SCB"], c.get("bias"), c["thr"], str(c["dtype"])
-    K, N = A.shape[-1], CB.shape[0]
-    rows = int(np.prod(A.shape[:-1]))
-    sfx = SFX[dt]
-    # fused: one call
-    out = np.full(A.shape[:-1] + (N,), 7, A.dtype)
-    flags = np.full(K, 9, np.uint8)
-    call("cint8_linear_" + sfx, [A, CB, SCB, bias, np.array(thr, np.float32), out, flags])
-    # unfused: the native ops the Python path composes (fp32 activations quantized after the fp16 cast)
-    q_in = A.astype(np.float16) if dt == "float32" else A
-    CA = np.empty(A.shape, np.int8); SCA = np.empty(rows, np.float32); fl = np.empty(K, np.uint8)
-    call("cint8_vector_quant", [q_in, np.array(thr, np.float32), CA, SCA, fl])
-    C = np.empty(A.shape[:-1] + (N,), np.int32)
-    call("cigemmlt_32", [CA, CB, C])
-    ref = np.empty_like(out)
-    if thr > 0 and fl.any():
-        call("cint8_mixed_mm_dequant_" + sfx, [C, SCA, SCB, bias, A, CB, fl, ref])
-    else:
-        call("cdequant_mm_int32_" + sfx, [C, SCA, SCB, bias, ref])
-    if thr > 0:  # the mixed op without flagged columns is the plain mm dequant
-        z1, z2 = np.empty_like(out), np.empty_like(out)
-        call("cint8_mixed_mm_dequant_" + sfx, [C, SCA, SCB, bias, A, CB, np.zeros(K, np.uint8), z1])
-        call("cdequant_mm_int32_" + sfx, [C, SCA, SCB, bias, z2])
-        if z1.tobytes() != z2.tobytes():
-            fails.append(f"{key}: mixed op with no flags != cdequant_mm_int32")
-    if out.tobytes() != ref.tobytes() or flags.tobytes() != fl.tobytes():
-        fails.append(f"{key}: fused != unfused ({dt}, thr={float(thr)}, A{A.shape}, N={N}, "
-                     f"{int((out.view(np.uint8) != ref.view(np.uint8)).sum())} bytes differ)")
-    res[key + "/out"] = out.view({4: np.uint32, 2: np.uint16}[out.dtype.itemsize])
-    res[key + "/flags"] = flags
-np.savez(sys.argv[5], **res)
-print(json.dumps({"path": lib.int8_gemm_path(), "path_m1": lib.int8_gemm_path(1), "simd": lib.simd_level(),
-                  "cases": len(cases), "fails": fails[:10], "nfail": len(fails)}))
-"""
-
-
-def _env(**kw):
-    env = dict(os.environ)
-    for k in ("BNB_MS_SIMD", "BNB_MS_INT8_GEMM"):
-        env.pop(k, None)
-    env.update({k: v for k, v in kw.items() if v is not None})
-    return env
-
-
 @pytest.fixture(scope="module")
 def path_runs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fused")
-    cases = _fused_cases()
-    _save_cases(cases, d / "cases.npz")
-    runs = {}
-    for gemm, simd in RUNS:
-        out = d / f"{gemm}_{simd}.npz"
-        r = subprocess.run([sys.executable, "-c", _PATHS, LIB, TOOLS, gemm or "auto", str(d / "cases.npz"), str(out)],
-                           env=_env(BNB_MS_INT8_GEMM=gemm, BNB_MS_SIMD=simd), capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-3000:]
-        info = json.loads(r.stdout.strip().splitlines()[-1])
-        runs[(gemm, simd)] = (info, dict(np.load(out)) if out.exists() else None)
-    return cases, runs
+    cases = FC.make_cases(R)
+    return cases, FC.run_cpu_paths(LIB, cases, tmp_path_factory.mktemp("fused"))
 
 
-def _reference(c):
-    dt = c["dtype"]
-    bias = None if c["bias"] is None else _values(c["bias"])
-    with np.errstate(all="ignore"):  # fp32 beyond fp16 overflows on the cast (as in the kernels)
-        out, flags = R.int8_linear(_values(c["A"]), c["CB"], c["SCB"], bias, float(c["thr"]), dt)
-    return _bits(out.astype(NP[dt])), flags
-
-
-@pytest.mark.parametrize("gemm,simd", RUNS, ids=[f"{g or 'auto'}-{s or 'default'}" for g, s in RUNS])
+@pytest.mark.parametrize("gemm,simd", FC.RUNS, ids=[f"{g or 'auto'}-{s or 'default'}" for g, s in FC.RUNS])
 def test_fused_equals_unfused_and_reference_on_every_path(path_runs, gemm, simd):
     cases, runs = path_runs
     info, got = runs[(gemm, simd)]
-    if gemm is not None and info["path"] != gemm:
-        pytest.skip(f"CPU lacks {ISA[gemm]} (the library used {info['path']})")
-    if simd is not None and info["simd"] != simd:
-        pytest.skip(f"CPU lacks the {simd} level (ran at {info['simd']})")
+    why = FC.skip_reason(info, gemm, simd)
+    if why:
+        pytest.skip(why)
     if gemm is not None:
         assert info["path_m1"] == gemm  # a forced path is used for every M
     assert info["cases"] == len(cases) == 216
     assert info["nfail"] == 0, info["fails"]
     for key, c in cases.items():
-        ref, flags = _reference(c)
+        ref, flags = FC.reference(c, R)
         np.testing.assert_array_equal(got[key + "/out"], ref, err_msg=f"{key} vs reference ({c['dtype']}, thr={c['thr']})")
         np.testing.assert_array_equal(got[key + "/flags"], flags, err_msg=key)
 
@@ -275,8 +107,8 @@ def _state(CB, SCB, threshold):
 
 def _ms_case(lead, K, N, dtype, threshold, seed):
     rng = np.random.RandomState(seed)
-    CB, SCB = _weight(N, K, rng)
-    A = _activations(lead, K, dtype, rng, plant=True)
+    CB, SCB = FC.weight(N, K, rng, R)
+    A = FC.activations(lead, K, dtype, rng, plant=True)
     return (torch.tensor(_values(A)).to(MS[dtype]), torch.tensor(CB), torch.tensor(SCB),
             torch.tensor((rng.standard_normal(N) * 0.5).astype(np.float32)).to(MS[dtype]))
 
@@ -336,7 +168,7 @@ def test_linear8bitlt_eval_forward_is_one_native_call(fused_switch, monkeypatch,
     rng = np.random.RandomState(7)
     W = (rng.standard_normal((96, 160)) * 0.05).astype(np.float32)
     b = rng.standard_normal(96).astype(np.float32)
-    x = _activations((2, 5), 160, "float32", rng, plant=True)
+    x = FC.activations((2, 5), 160, "float32", rng, plant=True)
 
     def layer():
         m = bnb.nn.Linear8bitLt(160, 96, has_fp16_weights=False, threshold=threshold)
