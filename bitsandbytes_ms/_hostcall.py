@@ -166,11 +166,12 @@ def np_dtype(dtype) -> np.dtype:
 
 
 def _np_dtypes():
-    import ml_dtypes
-
-    return {ms.float32: np.dtype(np.float32), ms.float16: np.dtype(np.float16),
-            ms.bfloat16: np.dtype(ml_dtypes.bfloat16), ms.int8: np.dtype(np.int8), ms.uint8: np.dtype(np.uint8),
-            ms.int32: np.dtype(np.int32), ms.int64: np.dtype(np.int64)}
+    # bfloat16: the numpy type MindSpore's own asnumpy() returns (it registers one of its own), so host
+    # arrays of inputs and results compare and convert with each other
+    bf16 = Tensor(np.zeros(1, np.float32)).astype(ms.bfloat16).asnumpy().dtype
+    return {ms.float32: np.dtype(np.float32), ms.float16: np.dtype(np.float16), ms.bfloat16: bf16,
+            ms.int8: np.dtype(np.int8), ms.uint8: np.dtype(np.uint8), ms.int32: np.dtype(np.int32),
+            ms.int64: np.dtype(np.int64)}
 
 
 _NP_DTYPES = _np_dtypes()

@@ -183,6 +183,19 @@ for _sfx, _dt in DTYPE_SUFFIX.items():
             "packed weight [N, K] in registers (fp32 accumulation in 32 fixed slots, absmax applied once per block)",
     ))
 
+for _sfx, _dt in DTYPE_SUFFIX.items():
+    define(NativeOp(
+        name=f"clinear_4bit_{_sfx}",
+        inputs=("A", "B", "absmax", "code", "absmax2", "code2", "offset", "bias", "blocksize", "blocksize2", "n_out"),
+        outputs=("out",),
+        static=("n_out",),
+        infer=(lambda dt: lambda s, d, st: ((tuple(s["A"][:-1]) + (int(st["n_out"]),), dt),))(_dt),
+        doc="the inference forward of a 4-bit linear layer in one call: for one row of A cgemm_4bit_inference_naive's "
+            "sum, for more rows a fused dequantize-GEMM (code*absmax decoded per weight row, 16 fma lanes); absmax fp32, or uint8 double-quant codes decoded in the kernel as "
+            "code2[q] * absmax2[b // blocksize2] + offset (absmax2/code2/offset None otherwise), and bias (or None) "
+            "added to the result rounded to A's dtype, in fp32",
+    ))
+
 # ---- int8 (LLM.int8()) ----
 # Names are bitsandbytes' C names for the same operations (csrc/pythonInterface.cpp, CUDA build):
 # `cint8_vector_quant` (upstream: fp16 only; ours dispatches on A's dtype inside the one entry point,

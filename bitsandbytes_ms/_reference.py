@@ -285,6 +285,23 @@ def gemv_4bit(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.nd
     out = A.reshape(-1, K).astype(np.float64) @ W.T
     return cast_out(out.astype(np.float32), dtype).reshape(A.shape[:-1] + (N,))
 
+def linear_4bit(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int, N: int,
+                absmax2=None, code2=None, offset=None, bias=None, blocksize2: int = 256,
+                dtype: str = "float32") -> np.ndarray:
+    """Twin of ``clinear_4bit_*`` (to rounding: the kernel sums in fp32 in its documented order, one order
+    for one row and another for more rows): :func:`gemv_4bit` with the double-quant absmax decoded first
+    (``code2[absmax] * absmax2[b // blocksize2] + offset`` in float32, as dequantize_blockwise + offset)
+    and ``bias`` added to the result rounded to ``dtype``, in float32, then rounded again."""
+    if absmax2 is not None:
+        q = np.asarray(absmax).reshape(-1)
+        absmax = (np.asarray(code2, np.float32)[q] * np.asarray(absmax2, np.float32).reshape(-1)[
+            np.arange(q.size) // blocksize2] + np.float32(offset)).astype(np.float32)
+    out = gemv_4bit(A, packed, absmax, code, blocksize, N, dtype)
+    if bias is not None:
+        out = cast_out(out.astype(np.float32) + np.asarray(bias, np.float32), dtype)
+    return out
+
+
 # ---- int8 (LLM.int8()) ----
 def int8_vector_quant(A: np.ndarray, threshold: float = 0.0, dtype: str = "float32"):
     """Twin of ``cint8_vector_quant``: returns (int8 CA shaped like A, float32 row_stats[rows],

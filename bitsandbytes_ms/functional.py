@@ -940,6 +940,160 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
     res = getattr(lib, f"cgemm_4bit_inference_naive_{_SUFFIX[A.dtype]}")(_contiguous(A), raw, amax, code, bs, N)
     return _write(out, res)
 
+class _Linear4bitPlan:
+    """What :func:`linear_4bit` needs of one quant_state, checked and prepared once: the (nested) absmax,
+    code and shape as tensors (for ops.Custom) and host arrays (for host calls), the bound host call per
+    activation dtype, and the packed bytes of the last weight it was used with. Rebuilt when a tensor of
+    the quant_state is replaced."""
+
+    __slots__ = ("key", "N", "K", "bs", "bs2", "tensors", "arrays", "calls", "weight", "raw", "raw_host")
+
+    def __init__(self, state: QuantState, fn: str):
+        if state.shape is None or len(state.shape) != 2:
+            raise ValueError(f"{fn}: `quant_state.shape` must be 2-D [N, K]; got {state.shape}")
+        self.key = _Linear4bitPlan.key_of(state)
+        self.N, self.K = (int(x) for x in state.shape)
+        self.bs = _check_blocksize(state.blocksize, FOURBIT_BLOCKSIZES, fn)
+        code = state.code
+        _check_dtype(code, (ms.float32,), fn, "quant_state.code")
+        if _numel(code) != 16:
+            raise ValueError(f"{fn}: `quant_state.code` must have 16 entries; got {_numel(code)}")
+        nb = -(-self.N * self.K // self.bs)
+        if state.nested:
+            s2 = state.state2
+            _check_dtype(state.absmax, (ms.uint8,), fn, "quant_state.absmax")
+            _check_dtype(s2.absmax, (ms.float32,), fn, "quant_state.state2.absmax")
+            _check_dtype(s2.code, (ms.float32,), fn, "quant_state.state2.code")
+            self.bs2 = _check_blocksize(s2.blocksize, BLOCKWISE_BLOCKSIZES, fn)
+            if _numel(s2.code) != 256 or _numel(s2.absmax) < -(-nb // self.bs2):
+                raise ValueError(f"{fn}: quant_state.state2 must have a 256-entry code and ceil({nb}/{self.bs2}) "
+                                 f"absmax entries; got {_numel(s2.code)} and {_numel(s2.absmax)}")
+            offset = state.offset if isinstance(state.offset, Tensor) else Tensor(np.float32(state.offset))
+            offset = _tag(offset.astype(ms.float32).reshape(()), (state.absmax,))
+            absmax, absmax2, code2 = _contiguous(state.absmax).reshape(-1), _contiguous(s2.absmax), s2.code
+        else:
+            _check_dtype(state.absmax, (ms.float32,), fn, "quant_state.absmax")
+            self.bs2 = 256
+            absmax, absmax2, code2, offset = _contiguous(state.absmax).reshape(-1), None, None, None
+        if _numel(absmax) < nb:
+            raise ValueError(f"{fn}: quant_state.absmax must have {nb} entries; got {_numel(absmax)}")
+        self.tensors = (absmax, code, absmax2, code2, offset)
+        self.arrays = None  # host arrays, made on the first host call
+        self.calls: Dict[Any, Any] = {}
+        self.weight = self.raw = self.raw_host = None
+
+    def __reduce__(self):  # a cache: copies and pickles of the QuantState start without one
+        return (type(None), ())
+
+    @staticmethod
+    def key_of(state):
+        s2 = state.state2
+        return (state.absmax, state.code, state.offset, s2.absmax if s2 is not None else None,
+                s2.code if s2 is not None else None)
+
+    def matches(self, state) -> bool:
+        return all(a is b for a, b in zip(self.key, _Linear4bitPlan.key_of(state)))
+
+    def packed(self, B: Tensor, fn: str, host: bool):
+        """The packed bytes of ``B`` (flat uint8): a host array or a tensor; the last weight's are kept."""
+        if B is not self.weight:
+            _check_tensor(B, fn, "B")
+            raw = _as_uint8(_contiguous(B))
+            need = (self.N * self.K + 1) // 2
+            if _numel(raw) < need:
+                raise ValueError(f"{fn}: `B` holds {_numel(raw)} bytes; a [{self.N}, {self.K}] weight needs {need}")
+            self.weight, self.raw, self.raw_host = B, raw, None
+        if host and self.raw_host is None:
+            self.raw_host = _hostcall.host(self.raw)
+        return self.raw_host if host else self.raw
+
+    def host_call(self, dtype):
+        call = self.calls.get(dtype)
+        if call is None:
+            if self.arrays is None:
+                self.arrays = [None if t is None else _hostcall.host(t) for t in self.tensors]
+            absmax, code, absmax2, code2, offset = self.arrays
+            npdt = _hostcall.np_dtype(dtype)
+            call = self.calls[dtype] = _hostcall.entry(f"clinear_4bit_{_SUFFIX[dtype]}").bind(
+                np.empty((1, self.K), npdt), np.empty(1, np.uint8), absmax, code, absmax2, code2, offset, None,
+                self.bs, self.bs2, self.N, np.empty((1, self.N), npdt))
+        return call
+
+
+def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
+    plan = state.__dict__.get("_linear_plan")
+    if plan is None or not plan.matches(state):
+        plan = _Linear4bitPlan(state, fn)
+        state.__dict__["_linear_plan"] = plan
+    return plan
+
+
+#: Up to this many rows of activations a 4-bit linear forward is one fused native call (linear_4bit: the
+#: gemv kernel for one row, the fused dequantize-GEMM for more); more rows (prefill of long prompts)
+#: dequantize the weight to fp32 once and use MindSpore's matmul, which is faster there (measured with
+#: tools/bench_cpu.py --sections linear).
+LINEAR_4BIT_MAX_ROWS = 32
+
+
+def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor] = None) -> Tensor:
+    """The inference forward of a 4-bit linear layer in one native call: ``A @ W.T (+ bias)`` with W the
+    [N, K] weight behind the packed ``B`` and ``quant_state`` (NF4/FP4, with or without double quant).
+
+    Numerics: one row of A gives exactly :func:`gemv_4bit`'s result (fp32 accumulation in the kernel's
+    fixed order); 2+ rows run the fused dequantize-GEMM: the fp32 dequantized weight (``code * absmax``,
+    decoded once per call and row, never stored as a matrix) times A in 16 fma lanes, in the fixed order
+    csrc/cpu/fourbit.cpp documents (same bits at every SIMD level). The double-quant absmax is decoded in
+    the kernel as ``dequantize_blockwise`` + offset computes it; ``bias`` is added to the result rounded to A's dtype, in fp32, and rounded again
+    (as the unfused ``gemv_4bit(...) + bias`` does). In PyNative mode with no gradient being recorded the
+    entry point runs as a host call (:mod:`bitsandbytes_ms._hostcall`), otherwise through ops.Custom. The
+    weight's arrays are checked and prepared once per weight (cached on ``quant_state``).
+
+    Args:
+        A: [..., K] float32/float16/bfloat16.
+        B: packed weight (any quant_storage; ``B.t()`` accepted).
+        quant_state: its QuantState (2-D shape [N, K]).
+        bias: optional [N] (cast to A's dtype).
+
+    Returns:
+        [..., N] in A's dtype.
+    """
+    fn = "linear_4bit"
+    if quant_state is None:
+        raise ValueError(f"{fn}: `quant_state` is required")
+    plan = _plan_4bit(quant_state, fn)
+    if not isinstance(A, Tensor) or A.dtype not in _SUFFIX:
+        _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    shape = A.shape
+    if len(shape) == 0 or shape[-1] != plan.K:
+        raise ValueError(f"{fn}: `A` must have last dimension {plan.K} (quant_state.shape[1]); got shape {tuple(shape)}")
+    if bias is not None:
+        _check_dtype(bias, FLOAT_DTYPES, fn, "bias")
+        if _numel(bias) != plan.N:
+            raise ValueError(f"{fn}: `bias` must have {plan.N} elements; got shape {tuple(bias.shape)}")
+    out_shape = tuple(shape[:-1]) + (plan.N,)
+    if 0 in shape or plan.N == 0:
+        return _empty_np(out_shape, A.dtype)
+    if _hostcall.active():
+        call = plan.host_call(A.dtype)
+        out = _hostcall.empty(out_shape, A.dtype)
+        call.set(0, _hostcall.host(A))
+        call.set(1, plan.packed(B, fn, True))
+        if bias is not None:
+            b = _hostcall.host(bias)
+            call.set(7, b if b.dtype == out.dtype else b.astype(out.dtype))
+        else:
+            call.set(7, None)
+        call.set(11, out)
+        call()
+        return _hostcall.wrap(out)
+    absmax, code, absmax2, code2, offset = plan.tensors
+    raw = plan.packed(B, fn, False)
+    if bias is not None and bias.dtype != A.dtype:
+        bias = _tag(bias.astype(A.dtype), (A,))
+    return getattr(lib, f"clinear_4bit_{_SUFFIX[A.dtype]}")(_contiguous(A), raw, absmax, code, absmax2, code2, offset,
+                                                             bias, plan.bs, plan.bs2, plan.N)
+
+
 # ---- int8 (LLM.int8()) ----
 # Dettmers et al., "LLM.int8(): 8-bit Matrix Multiplication for Transformers at Scale", arXiv 2208.07339.
 # Semantics and constants follow upstream bitsandbytes 0.50.2 (functional.py and backends/default/ops.py).

@@ -188,10 +188,10 @@ def test_pi(model_and_tokenizer, reference_continuations, inference_kernel, DQ, 
         assert isinstance(layer, bnb.nn.Linear4bit) and layer.weight.quant_state.quant_type == fixture_config[1]
         assert layer.weight.quant_state.nested == DQ and layer.compute_dtype == dtype
 
-    # PORT: count the 4-bit kernels that run: with inference_kernel=True every decoding step (batch 1, one row)
-    # must go through gemv_4bit and only the prompts through dequantize_4bit + matmul; with inference_kernel=False
-    # (6 rows per step) every step dequantizes and gemv_4bit never runs.
-    calls = {"gemv_4bit": 0, "dequantize_4bit": 0}
+    # PORT: count the 4-bit kernels that run: every forward of up to F.LINEAR_4BIT_MAX_ROWS rows (each decoding
+    # step: 1 row with inference_kernel=True, 6 rows with inference_kernel=False) must go through the fused gemv
+    # kernel (F.linear_4bit), every longer one (the prompts) through dequantize_4bit + matmul.
+    calls = {"linear_4bit": 0, "dequantize_4bit": 0}
 
     def counting(name):
         kernel = getattr(F, name)
@@ -207,23 +207,30 @@ def test_pi(model_and_tokenizer, reference_continuations, inference_kernel, DQ, 
 
     if not inference_kernel:
         text = texts  # PORT: was `text = [text] * n_cases`
-    outputs = []
+    outputs, prompt_rows = [], []
     if inference_kernel:
         for i in range(n_cases):
             x = tokenizer(texts[i], return_tensors="pt")["input_ids"]  # PORT: prompt i instead of the same text
             output = model.generate(x, generation_config=generation_config)
             outputs.append(output[0, x.shape[1]:].tolist())  # PORT: new token ids, not decoded text
+            prompt_rows.append(int(x.shape[1]))
     else:
         x = tokenizer(text, return_tensors="pt")["input_ids"]  # PORT: no `.to("cuda:0")`
         outputs = model.generate(x, generation_config=generation_config)
         outputs = [output[x.shape[1]:].tolist() for output in outputs]  # PORT: new token ids, not decoded text
+        prompt_rows.append(int(x.shape[0] * x.shape[1]))
 
     n_linear = 7 * len(model.model.layers)  # PORT: kernel check (see above); one forward per new token
+    long_prompts = sum(r > F.LINEAR_4BIT_MAX_ROWS for r in prompt_rows)
     if inference_kernel:
         steps = sum(len(out) - 1 for out in outputs)
-        assert calls == {"gemv_4bit": steps * n_linear, "dequantize_4bit": n_cases * n_linear}, calls
     else:
-        assert calls == {"gemv_4bit": 0, "dequantize_4bit": len(outputs[0]) * n_linear}, calls
+        steps = len(outputs[0]) - 1
+        assert n_cases <= F.LINEAR_4BIT_MAX_ROWS
+    assert long_prompts >= 1  # the dequantize path is exercised too
+    expected = {"linear_4bit": (steps + len(prompt_rows) - long_prompts) * n_linear,
+                "dequantize_4bit": long_prompts * n_linear}
+    assert calls == expected, calls
 
     assert len(outputs) == n_cases
     failure_count = 0

@@ -12,6 +12,7 @@ from mindspore import Tensor as _Tensor
 from mindspore import nn as _msnn
 from mindspore import ops as _msops
 
+from .. import _hostcall
 from .. import functional as _F
 from ..cextension import tag_device as _tag_device
 
@@ -42,16 +43,14 @@ def _dequant_weight_f32(B, quant_state):
 
 
 def _forward_4bit(A, B, quant_state, bias):
-    """A[..., K] @ W[N, K]^T (+ bias) in A's dtype: the gemv kernel for a single row, otherwise
-    dequantize to fp32, matmul in fp32, cast."""
+    """A[..., K] @ W[N, K]^T (+ bias) in A's dtype: up to ``functional.LINEAR_4BIT_MAX_ROWS`` rows one
+    native call (:func:`~bitsandbytes_ms.functional.linear_4bit`: the gemv kernel per row, bias fused),
+    otherwise dequantize to fp32, matmul in fp32, cast."""
     N = int(quant_state.shape[0])
     K = A.shape[-1]
     rows = int(_math.prod(A.shape[:-1]))
-    if rows == 1 and A.dtype in _F.FLOAT_DTYPES:
-        res = _F.gemv_4bit(A, B, state=quant_state)
-        if bias is not None:
-            res = (res.astype(_ms.float32) + bias.astype(_ms.float32)).astype(A.dtype)
-        return res
+    if rows <= _F.LINEAR_4BIT_MAX_ROWS and A.dtype in _F.FLOAT_DTYPES:
+        return _F.linear_4bit(A, B, quant_state, bias)
     W = _dequant_weight_f32(B, quant_state)
     a = A.reshape(-1, K).astype(_ms.float32)
     res = _mm_nt(a, W, (A,))
@@ -135,6 +134,8 @@ def matmul_4bit(A, B, quant_state, out: _Optional[_Tensor] = None, bias: _Option
         raise ValueError(f"matmul_4bit: `A` must have last dimension {Kq} (quant_state.shape[1]); got {K}")
     if _math.prod(A.shape) == 0:
         return _F._write(out, _F._empty_np(tuple(A.shape[:-1]) + (N,), A.dtype))
+    if _hostcall.active():  # inference: no autograd cell, the forward directly
+        return _F._write(out, _forward_4bit(A, B, quant_state, bias))
     return MatMul4Bit.apply(A, B, out, bias, quant_state)
 
 # ---- int8 (LLM.int8()) ----

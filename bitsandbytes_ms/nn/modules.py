@@ -4,12 +4,14 @@
 # ---- 4-bit (Params4bit, Linear4bit, LinearFP4, LinearNF4) ----
 import copy as _copy
 import logging as _logging
+import math as _math
 from typing import Any as _Any, Dict as _Dict, Optional as _Optional
 
 import mindnlp  # noqa: F401,E402  (must precede `import torch`; makes torch = mindtorch)
 import mindspore as _ms  # noqa: E402
 import mindtorch as torch  # noqa: E402
 
+from .. import _hostcall  # noqa: E402
 from .. import functional as _F  # noqa: E402
 from ..autograd._functions import matmul_4bit as _matmul_4bit  # noqa: E402
 
@@ -252,6 +254,13 @@ class Linear4bit(torch.nn.Linear):
                                       error_msgs)
 
     def forward(self, x):
+        w = self.weight
+        qs = getattr(w, "quant_state", None)
+        if (qs is not None and self.compute_type_is_set and _hostcall.active() and isinstance(w, Params4bit)
+                and x.dtype == (self.compute_dtype or x.dtype) and x.ndim >= 1
+                and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
+            # inference, compute dtype = input dtype: one native call (kernel, bias and double-quant absmax fused)
+            return _F.linear_4bit(x, w, qs, self.bias)
         if not isinstance(self.weight, Params4bit) or getattr(self.weight, "quant_state", None) is None:
             if isinstance(self.weight, Params4bit) and not self.weight.bnb_quantized:
                 self.weight.quantize()

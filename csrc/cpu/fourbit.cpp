@@ -345,12 +345,20 @@ void gemv4_permute32(const float *x, float *xp) {
   for (int p = 0; p < kGroup; ++p) xp[p] = x[Kern::xelem(p)];
 }
 
-// Output rows [n0, n1) for every A row.  xn: A in fp32 (M x K); xp: each A row's whole 32-element groups
+// The bias is added as the unfused layer adds it: to the result already rounded to T, in fp32, rounded again.
+template <class T>
+BNB_MS_INLINE T with_bias(T r, const T *bias, int64_t n) {
+  return bias ? from_f32<T>(to_f32(r) + to_f32(bias[n])) : r;
+}
+
+// Output rows [n0, n1) for every A row.  absmax[b - blk_off] is block b's scale (blk_off: the first block
+// the caller decoded, 0 when absmax is the whole array); bias (may be null) is added per output.  xn: A in fp32 (M x K); xp: each A row's whole 32-element groups
 // in the kernel's order (M x K32).  Stamped out per SIMD level so that everything inlines.
 #define BNB_MS_GEMV4_ROWS(NAME, TARGET, KERN)                                                                 \
   template <class T>                                                                                          \
-  TARGET void NAME(const float *code, const uint8_t *q, const float *absmax, const float *xn, const float *xp, \
-                   T *out, int64_t M, int64_t N, int64_t K, int64_t bs, int64_t n0, int64_t n1) {             \
+  TARGET void NAME(const float *code, const uint8_t *q, const float *absmax, int64_t blk_off, const float *xn,  \
+                   const float *xp, const T *bias, T *out, int64_t M, int64_t N, int64_t K, int64_t bs,        \
+                   int64_t n0, int64_t n1) {                                                                  \
     const int64_t K32 = K / kGroup * kGroup;                                                                  \
     if (K % bs == 0 && bs % kGroup == 0) { /* common case: whole blocks per row, every group full */          \
       const int64_t G = bs / kGroup, nb = K / bs;                                                             \
@@ -359,7 +367,7 @@ void gemv4_permute32(const float *x, float *xp) {
           KERN k;                                                                                             \
           k.init(code);                                                                                       \
           const uint8_t *qg = q + n * K / 2;                                                                  \
-          const float *xg = xp + m * K, *am = absmax + n * nb;                                                \
+          const float *xg = xp + m * K, *am = absmax + (n * nb - blk_off);                                    \
           for (int64_t b = 0; b < nb; ++b) {                                                                  \
             k.seg_begin();                                                                                    \
             if (G == 2) {                                                                                     \
@@ -372,7 +380,7 @@ void gemv4_permute32(const float *x, float *xp) {
             }                                                                                                 \
             k.seg_end(am[b]);                                                                                 \
           }                                                                                                   \
-          out[m * N + n] = from_f32<T>(k.row_end());                                                          \
+          out[m * N + n] = with_bias(from_f32<T>(k.row_end()), bias, n);                                      \
         }                                                                                                     \
       return;                                                                                                 \
     }                                                                                                         \
@@ -399,9 +407,9 @@ void gemv4_permute32(const float *x, float *xp) {
             gemv4_permute32<KERN>(xt, xpt);                                                                   \
             k.group(pt, xpt);                                                                                 \
           }                                                                                                   \
-          k.seg_end(absmax[blk]);                                                                             \
+          k.seg_end(absmax[blk - blk_off]);                                                                   \
         }                                                                                                     \
-        out[m * N + n] = from_f32<T>(k.row_end());                                                            \
+        out[m * N + n] = with_bias(from_f32<T>(k.row_end()), bias, n);                                        \
       }                                                                                                       \
     }                                                                                                         \
   }
@@ -435,20 +443,50 @@ void gemv4_parallel_rows(int64_t N, int64_t K, F &&f) {
   if (N > 0) f(0, N);
 }
 
+// absmax of a 4-bit weight: fp32 per block, or (double quant, QLoRA's nested statistics) uint8 codes
+// of a 256-entry code with fp32 absmax2 per bs2 blocks and an fp32 offset: the value of block b is
+// code2[q[b]] * absmax2[b / bs2] + offset, in fp32, which is exactly what dequantize_blockwise followed by
+// "+ offset" computes for the unfused path.
+struct Absmax4 {
+  const float *f32 = nullptr;
+  const uint8_t *q = nullptr;
+  const float *code2 = nullptr, *absmax2 = nullptr;
+  float offset = 0.0f;
+  int64_t bs2 = 1;
+  bool nested() const { return f32 == nullptr; }
+  void decode(int64_t b0, int64_t b1, float *dst) const {
+    for (int64_t b = b0; b < b1; ++b) dst[b - b0] = code2[q[b]] * absmax2[b / bs2] + offset;
+  }
+};
+
 template <class T>
-void gemv4(const float *code, const uint8_t *q, const float *absmax, const T *A, T *out, int64_t M, int64_t N,
-           int64_t K, int64_t bs) {
+void gemv4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out, int64_t M,
+           int64_t N, int64_t K, int64_t bs) {
   const SimdLevel lvl = simd_level();
-  // x in fp32, natural order and in the kernel's group order: converted once, reused by every row
-  std::vector<float> xn((size_t)(M * K)), xp((size_t)(M * (K / kGroup * kGroup)) + 1);
+  // x in fp32, natural order and in the kernel's group order: converted once, reused by every row.  The
+  // buffers are kept per calling thread, so a call allocates nothing once they have grown.
+  static thread_local std::vector<float> xn, xp;
+  xn.resize((size_t)(M * K));
+  xp.resize((size_t)(M * (K / kGroup * kGroup)) + 1);
   for (int64_t i = 0; i < M * K; ++i) xn[i] = to_f32(A[i]);
   if (lvl >= SimdLevel::avx512) gemv4_prep<Gemv4Avx512>(xn.data(), xp.data(), M, K);
   else if (lvl >= SimdLevel::avx2) gemv4_prep<Gemv4Avx2>(xn.data(), xp.data(), M, K);
   else gemv4_prep<Gemv4Scalar>(xn.data(), xp.data(), M, K);
+  const float *xnp = xn.data(), *xpp = xp.data();
   gemv4_parallel_rows(N, K, [&](int64_t n0, int64_t n1) {
-    if (lvl >= SimdLevel::avx512) gemv4_rows_avx512<T>(code, q, absmax, xn.data(), xp.data(), out, M, N, K, bs, n0, n1);
-    else if (lvl >= SimdLevel::avx2) gemv4_rows_avx2<T>(code, q, absmax, xn.data(), xp.data(), out, M, N, K, bs, n0, n1);
-    else gemv4_rows_scalar<T>(code, q, absmax, xn.data(), xp.data(), out, M, N, K, bs, n0, n1);
+    const float *am = amx.f32;
+    int64_t off = 0;
+    if (amx.nested()) {  // decode the scales of the blocks that rows [n0, n1) touch, in this worker
+      static thread_local std::vector<float> dq;
+      off = n0 * K / bs;
+      const int64_t end = (n1 * K + bs - 1) / bs;
+      dq.resize((size_t)(end - off));
+      amx.decode(off, end, dq.data());
+      am = dq.data();
+    }
+    if (lvl >= SimdLevel::avx512) gemv4_rows_avx512<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
+    else if (lvl >= SimdLevel::avx2) gemv4_rows_avx2<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
+    else gemv4_rows_scalar<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
   });
 }
 
@@ -535,7 +573,231 @@ int gemv4_entry(BNB_MS_AOT_ARGS) {
     for (int64_t i = 0; i < M * N; ++i) o[i] = from_f32<T>(0.0f);
     return OK;
   }
-  gemv4<T>(c.ptr<float>(CODE), c.ptr<uint8_t>(B), c.ptr<float>(ABSMAX), c.ptr<T>(A), o, M, N, K, bs);
+  Absmax4 amx;
+  amx.f32 = c.ptr<float>(ABSMAX);
+  gemv4<T>(c.ptr<float>(CODE), c.ptr<uint8_t>(B), amx, c.ptr<T>(A), nullptr, o, M, N, K, bs);
+  return OK;
+}
+
+// ---- GEMM: 2+ rows of A ---------------------------------------------------------------------------
+// out[m, n] = sum_k x[m, k] * w[n, k] with w = code[q(n, k)] * absmax[block] in fp32 (the bytes
+// dequantize_4bit gives), decoded once per weight row into a row buffer that every A row then reads, so
+// the packed weight is streamed once per call and never materialised as a matrix.  Numerics (identical
+// at every SIMD level): the row is zero-padded to a multiple of 16; lane l (0..15) accumulates
+// a[l] = fma(w[k], x[k], a[l]) over k = 16j + l in increasing j; then v[l] = a[l] + a[l + 8],
+// u[l] = v[l] + v[l + 4] (l < 4), result (u[0] + u[2]) + (u[1] + u[3]).
+constexpr int kLanes = 16;
+
+BNB_MS_INLINE float lanes_reduce(const float *a) {
+  float v[8], u[4];
+  for (int l = 0; l < 8; ++l) v[l] = a[l] + a[l + 8];
+  for (int l = 0; l < 4; ++l) u[l] = v[l] + v[l + 4];
+  return (u[0] + u[2]) + (u[1] + u[3]);
+}
+
+// Decode the dequantized weight row n (K values, zero-padded to K16) into w.
+BNB_MS_INLINE void decode_row_scalar(const float *code, const uint8_t *q, const float *am, int64_t blk_off, int64_t n,
+                                     int64_t K, int64_t K16, int64_t bs, float *w) {
+  const int64_t r0 = n * K;
+  for (int64_t k = 0; k < K; ++k) w[k] = code[nib_at(q, r0 + k)] * am[(r0 + k) / bs - blk_off];
+  for (int64_t k = K; k < K16; ++k) w[k] = 0.0f;
+}
+
+BNB_MS_TARGET_AVX2 void decode_row_avx2(const float *code, const uint8_t *q, const float *am, int64_t blk_off,
+                                        int64_t n, int64_t K, int64_t K16, int64_t bs, float *w) {
+  const int64_t r0 = n * K;
+  for (int64_t b = r0 / bs, s = r0; s < r0 + K; ++b) {
+    const int64_t e = std::min((b + 1) * bs, r0 + K);
+    const float sc = am[b - blk_off];
+    const __m256 vs = _mm256_set1_ps(sc);
+    const __m256 tlo = _mm256_mul_ps(_mm256_loadu_ps(code), vs), thi = _mm256_mul_ps(_mm256_loadu_ps(code + 8), vs);
+    int64_t i = s;
+    if (i & 1) { w[i - r0] = code[nib_at(q, i)] * sc; ++i; }
+    for (; i + 16 <= e; i += 16) {
+      __m256i i0, i1;
+      nibbles16_avx2(q + (i >> 1), &i0, &i1);
+      _mm256_storeu_ps(w + (i - r0), lut16_avx2(tlo, thi, i0));
+      _mm256_storeu_ps(w + (i - r0) + 8, lut16_avx2(tlo, thi, i1));
+    }
+    for (; i < e; ++i) w[i - r0] = code[nib_at(q, i)] * sc;
+    s = e;
+  }
+  for (int64_t k = K; k < K16; ++k) w[k] = 0.0f;
+}
+
+BNB_MS_TARGET_AVX512 void decode_row_avx512(const float *code, const uint8_t *q, const float *am, int64_t blk_off,
+                                            int64_t n, int64_t K, int64_t K16, int64_t bs, float *w) {
+  const int64_t r0 = n * K;
+  for (int64_t b = r0 / bs, s = r0; s < r0 + K; ++b) {
+    const int64_t e = std::min((b + 1) * bs, r0 + K);
+    const float sc = am[b - blk_off];
+    const __m512 tab = _mm512_mul_ps(_mm512_loadu_ps(code), _mm512_set1_ps(sc));
+    int64_t i = s;
+    if (i & 1) { w[i - r0] = code[nib_at(q, i)] * sc; ++i; }
+    for (; i + 16 <= e; i += 16) _mm512_storeu_ps(w + (i - r0), _mm512_permutexvar_ps(nibbles16_avx512(q + (i >> 1)), tab));
+    for (; i < e; ++i) w[i - r0] = code[nib_at(q, i)] * sc;
+    s = e;
+  }
+  for (int64_t k = K; k < K16; ++k) w[k] = 0.0f;
+}
+
+// One weight row against every padded A row (x: M x K16).
+BNB_MS_INLINE void dot_rows_scalar(const float *w, const float *x, int64_t M, int64_t K16, float *r) {
+  for (int64_t m = 0; m < M; ++m) {
+    float a[kLanes] = {0};
+    const float *xm = x + m * K16;
+    for (int64_t k = 0; k < K16; k += kLanes)
+      for (int l = 0; l < kLanes; ++l) a[l] = std::fma(w[k + l], xm[k + l], a[l]);
+    r[m] = lanes_reduce(a);
+  }
+}
+
+BNB_MS_TARGET_AVX2 BNB_MS_INLINE float reduce16_avx2(__m256 lo, __m256 hi) {
+  const __m256 v = _mm256_add_ps(lo, hi);
+  const __m128 u = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(u, _mm_movehl_ps(u, u));  // u0+u2, u1+u3
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+BNB_MS_TARGET_AVX2 void dot_rows_avx2(const float *w, const float *x, int64_t M, int64_t K16, float *r) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) {  // 4 A rows share each weight load
+    const float *x0 = x + m * K16, *x1 = x0 + K16, *x2 = x1 + K16, *x3 = x2 + K16;
+    __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
+    for (int64_t k = 0; k < K16; k += kLanes) {
+      const __m256 wl = _mm256_loadu_ps(w + k), wh = _mm256_loadu_ps(w + k + 8);
+      a0 = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x0 + k), a0); b0 = _mm256_fmadd_ps(wh, _mm256_loadu_ps(x0 + k + 8), b0);
+      a1 = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x1 + k), a1); b1 = _mm256_fmadd_ps(wh, _mm256_loadu_ps(x1 + k + 8), b1);
+      a2 = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x2 + k), a2); b2 = _mm256_fmadd_ps(wh, _mm256_loadu_ps(x2 + k + 8), b2);
+      a3 = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x3 + k), a3); b3 = _mm256_fmadd_ps(wh, _mm256_loadu_ps(x3 + k + 8), b3);
+    }
+    r[m] = reduce16_avx2(a0, b0); r[m + 1] = reduce16_avx2(a1, b1);
+    r[m + 2] = reduce16_avx2(a2, b2); r[m + 3] = reduce16_avx2(a3, b3);
+  }
+  for (; m < M; ++m) {
+    const float *x0 = x + m * K16;
+    __m256 a0 = _mm256_setzero_ps(), b0 = a0;
+    for (int64_t k = 0; k < K16; k += kLanes) {
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x0 + k), a0);
+      b0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(x0 + k + 8), b0);
+    }
+    r[m] = reduce16_avx2(a0, b0);
+  }
+}
+
+BNB_MS_TARGET_AVX512 BNB_MS_INLINE float reduce16_avx512(__m512 a) {
+  return reduce16_avx2(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+BNB_MS_TARGET_AVX512 void dot_rows_avx512(const float *w, const float *x, int64_t M, int64_t K16, float *r) {
+  int64_t m = 0;
+  for (; m + 8 <= M; m += 8) {
+    __m512 a[8];
+    for (int j = 0; j < 8; ++j) a[j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K16; k += kLanes) {
+      const __m512 wv = _mm512_loadu_ps(w + k);
+      for (int j = 0; j < 8; ++j) a[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (m + j) * K16 + k), a[j]);
+    }
+    for (int j = 0; j < 8; ++j) r[m + j] = reduce16_avx512(a[j]);
+  }
+  for (; m < M; ++m) {
+    __m512 a0 = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K16; k += kLanes)
+      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + m * K16 + k), a0);
+    r[m] = reduce16_avx512(a0);
+  }
+}
+
+template <class T>
+void gemm4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out, int64_t M,
+           int64_t N, int64_t K, int64_t bs) {
+  const SimdLevel lvl = simd_level();
+  const int64_t K16 = (K + kLanes - 1) / kLanes * kLanes;
+  static thread_local std::vector<float> xpad;  // A in fp32, rows zero-padded to K16
+  xpad.assign((size_t)(M * K16), 0.0f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xpad[m * K16 + k] = to_f32(A[m * K + k]);
+  const float *xp = xpad.data();
+  gemv4_parallel_rows(N, K * std::max<int64_t>(1, M / 4), [&](int64_t n0, int64_t n1) {
+    static thread_local std::vector<float> dq, wrow, res;
+    const float *am = amx.f32;
+    int64_t off = 0;
+    if (amx.nested()) {
+      off = n0 * K / bs;
+      const int64_t end = (n1 * K + bs - 1) / bs;
+      dq.resize((size_t)(end - off));
+      amx.decode(off, end, dq.data());
+      am = dq.data();
+    }
+    wrow.resize((size_t)K16);
+    res.resize((size_t)M);
+    for (int64_t n = n0; n < n1; ++n) {
+      if (lvl >= SimdLevel::avx512) {
+        decode_row_avx512(code, q, am, off, n, K, K16, bs, wrow.data());
+        dot_rows_avx512(wrow.data(), xp, M, K16, res.data());
+      } else if (lvl >= SimdLevel::avx2) {
+        decode_row_avx2(code, q, am, off, n, K, K16, bs, wrow.data());
+        dot_rows_avx2(wrow.data(), xp, M, K16, res.data());
+      } else {
+        decode_row_scalar(code, q, am, off, n, K, K16, bs, wrow.data());
+        dot_rows_scalar(wrow.data(), xp, M, K16, res.data());
+      }
+      for (int64_t m = 0; m < M; ++m) out[m * N + n] = with_bias(from_f32<T>(res[m]), bias, n);
+    }
+  });
+}
+
+// The fused inference forward of a 4-bit linear layer: one row runs gemv4 (gemv_4bit's bits), more rows
+// gemm4; the double-quant absmax is decoded in the kernel and the bias added, one call per layer (see
+// bitsandbytes_ms/_ops.py, clinear_4bit_*).
+// params: A T[..., K], B u8[>= (N*K+1)/2], absmax f32[nb] | u8[nb] (nested), code f32[16],
+//   absmax2 f32[>= ceil(nb/bs2)] | none, code2 f32[256] | none, offset f32 0-d | none, bias T[N] | none,
+//   blocksize i64, blocksize2 i64, n_out i64 -> out T[..., N]        (nb = ceil(N*K/blocksize))
+template <class T>
+int linear4_entry(BNB_MS_AOT_ARGS) {
+  Call<> c(nparam, params, ndims, shapes, dtypes, stream);
+  if (nparam != 12) return E_NPARAM;
+  enum { A, B, ABSMAX, CODE, ABSMAX2, CODE2, OFFSET, BIAS, BS, BS2, NOUT, OUT };
+  int64_t bs, bs2, N;
+  const bool nested = c.dtype(ABSMAX) == DType::u8;
+  if (c.dtype(A) != dtype_of<T>() || c.dtype(B) != DType::u8 || (!nested && c.dtype(ABSMAX) != DType::f32) ||
+      c.dtype(CODE) != DType::f32 || c.dtype(OUT) != dtype_of<T>() || (!c.is_none(BIAS) && c.dtype(BIAS) != dtype_of<T>()))
+    return E_DTYPE;
+  if (nested && (c.dtype(ABSMAX2) != DType::f32 || c.dtype(CODE2) != DType::f32 || c.dtype(OFFSET) != DType::f32))
+    return E_DTYPE;
+  if (!c.scalar_i64(BS, &bs) || bs <= 0 || bs % 2 || !c.scalar_i64(NOUT, &N) || N < 0 || !c.scalar_i64(BS2, &bs2) ||
+      bs2 <= 0)
+    return E_VALUE;
+  if (c.rank(A) < 1) return E_SHAPE;
+  const int64_t K = c.cols(A), M = c.rows(A), nb = (N * K + bs - 1) / bs;
+  if (c.numel(CODE) != kCode4 || c.numel(OUT) != M * N || c.numel(B) < (N * K + 1) / 2 || c.numel(ABSMAX) < nb ||
+      (!c.is_none(BIAS) && c.numel(BIAS) != N))
+    return E_SHAPE;
+  if (nested && (c.numel(CODE2) != 256 || c.numel(ABSMAX2) < (nb + bs2 - 1) / bs2 || c.rank(OFFSET) != 0))
+    return E_SHAPE;
+  if (M * N == 0) return OK;
+  if (!c.params[A] || !c.params[B] || !c.params[ABSMAX] || !c.params[CODE] || !c.params[OUT] ||
+      (nested && (!c.params[ABSMAX2] || !c.params[CODE2] || !c.params[OFFSET])))
+    return E_NULL;
+  T *o = c.ptr<T>(OUT);
+  const T *bias = c.is_none(BIAS) ? nullptr : c.ptr<T>(BIAS);
+  if (K == 0) {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) o[m * N + n] = with_bias(from_f32<T>(0.0f), bias, n);
+    return OK;
+  }
+  Absmax4 amx;
+  if (nested) {
+    amx.q = c.ptr<uint8_t>(ABSMAX);
+    amx.code2 = c.ptr<float>(CODE2);
+    amx.absmax2 = c.ptr<float>(ABSMAX2);
+    amx.offset = *c.ptr<float>(OFFSET);
+    amx.bs2 = bs2;
+  } else {
+    amx.f32 = c.ptr<float>(ABSMAX);
+  }
+  if (M == 1) gemv4<T>(c.ptr<float>(CODE), c.ptr<uint8_t>(B), amx, c.ptr<T>(A), bias, o, M, N, K, bs);
+  else gemm4<T>(c.ptr<float>(CODE), c.ptr<uint8_t>(B), amx, c.ptr<T>(A), bias, o, M, N, K, bs);
   return OK;
 }
 
@@ -560,3 +822,6 @@ BNB_MS_EXPORT int cdequantize_blockwise_bf16_nf4(BNB_MS_AOT_ARGS) { BNB_MS_FWD(b
 BNB_MS_EXPORT int cgemm_4bit_inference_naive_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::gemv4_entry<float>); }
 BNB_MS_EXPORT int cgemm_4bit_inference_naive_fp16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::gemv4_entry<fp16_t>); }
 BNB_MS_EXPORT int cgemm_4bit_inference_naive_bf16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::gemv4_entry<bf16_t>); }
+BNB_MS_EXPORT int clinear_4bit_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear4_entry<float>); }
+BNB_MS_EXPORT int clinear_4bit_fp16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear4_entry<fp16_t>); }
+BNB_MS_EXPORT int clinear_4bit_bf16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear4_entry<bf16_t>); }

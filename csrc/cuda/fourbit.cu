@@ -449,6 +449,77 @@ int gemv4_entry(BNB_MS_AOT_ARGS) {
   return launch_status();
 }
 
+// ---- fused 4-bit linear forward (clinear_4bit_*; the CPU library's linear4_entry) ------------------
+// Double-quant absmax decoded into a stream-ordered scratch buffer (code2[q] * absmax2[b / bs2] + offset),
+// the gemv kernels above, then the bias added to the rounded result in fp32.
+__global__ void decode_nested_absmax(const uint8_t *__restrict__ q, const float *__restrict__ code2,
+                                     const float *__restrict__ absmax2, const float *__restrict__ offset, int64_t bs2,
+                                     int64_t nb, float *__restrict__ dst) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nb; i += (int64_t)gridDim.x * blockDim.x)
+    dst[i] = __fadd_rn(__fmul_rn(code2[q[i]], absmax2[i / bs2]), *offset);
+}
+
+template <class T>
+__global__ void add_bias_rows(T *__restrict__ out, const T *__restrict__ bias, int64_t M, int64_t N) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < M * N; i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = from_float<T>(__fadd_rn(to_float(out[i]), to_float(bias[i % N])));
+}
+
+template <class H>
+int linear4_entry(BNB_MS_AOT_ARGS) {
+  using T = typename DevType<H>::type;
+  CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
+  if (nparam != 12) return E_NPARAM;
+  enum { A, B, ABSMAX, CODE, ABSMAX2, CODE2, OFFSET, BIAS, BS, BS2, NOUT, OUT };
+  int64_t bs, bs2, N;
+  const bool nested = c.dtype(ABSMAX) == DType::u8;
+  if (c.dtype(A) != dtype_of<H>() || c.dtype(B) != DType::u8 || (!nested && c.dtype(ABSMAX) != DType::f32) ||
+      c.dtype(CODE) != DType::f32 || c.dtype(OUT) != dtype_of<H>() || (!c.is_none(BIAS) && c.dtype(BIAS) != dtype_of<H>()))
+    return E_DTYPE;
+  if (nested && (c.dtype(ABSMAX2) != DType::f32 || c.dtype(CODE2) != DType::f32 || c.dtype(OFFSET) != DType::f32))
+    return E_DTYPE;
+  if (!c.scalar_i64(BS, &bs) || bs <= 0 || bs % 2 || !c.scalar_i64(NOUT, &N) || N < 0 || !c.scalar_i64(BS2, &bs2) ||
+      bs2 <= 0)
+    return E_VALUE;
+  if (c.rank(A) < 1) return E_SHAPE;
+  const int64_t K = c.cols(A), M = c.rows(A), nb = (N * K + bs - 1) / bs;
+  if (c.numel(CODE) != kCode4 || c.numel(OUT) != M * N || c.numel(B) < (N * K + 1) / 2 || c.numel(ABSMAX) < nb ||
+      (!c.is_none(BIAS) && c.numel(BIAS) != N))
+    return E_SHAPE;
+  if (nested && (c.numel(CODE2) != 256 || c.numel(ABSMAX2) < (nb + bs2 - 1) / bs2 || c.rank(OFFSET) != 0))
+    return E_SHAPE;
+  if (M * N == 0) return OK;
+  if (!c.params[A] || !c.params[B] || !c.params[ABSMAX] || !c.params[CODE] || !c.params[OUT] ||
+      (nested && (!c.params[ABSMAX2] || !c.params[CODE2] || !c.params[OFFSET])))
+    return E_NULL;
+  T *o = c.ptr<T>(OUT);
+  const cudaStream_t st = c.cu_stream();
+  const int64_t row_blocks = (N + kGWarps - 1) / kGWarps;
+  if (row_blocks > 0x7fffffff) return E_SHAPE;
+  if (K == 0) {
+    fill_zero<T><<<grid_for(M * N, 256, 8), 256, 0, st>>>(o, M * N);
+  } else {
+    const float *am = c.ptr<float>(ABSMAX);
+    float *dq = nullptr;
+    if (nested) {
+      if (cudaMallocAsync(reinterpret_cast<void **>(&dq), (size_t)nb * sizeof(float), st) != cudaSuccess) return E_DEVICE;
+      decode_nested_absmax<<<grid_for(nb, 256, 8), 256, 0, st>>>(c.ptr<uint8_t>(ABSMAX), c.ptr<float>(CODE2),
+                                                               c.ptr<float>(ABSMAX2), c.ptr<float>(OFFSET), bs2, nb, dq);
+      am = dq;
+    }
+    dim3 grid((unsigned)row_blocks, (unsigned)(M < 65535 ? M : 65535));
+    const T *a = c.ptr<T>(A);
+    const uint8_t *b = c.ptr<uint8_t>(B);
+    if (K % 32 == 0 && bs % 32 == 0 && aligned16(a) && aligned16(b))
+      gemv4_fast<T><<<grid, kGWarps * 32, 0, st>>>(c.ptr<float>(CODE), b, am, a, o, M, N, K, bs, log2_exact(bs));
+    else
+      gemv4_generic<T><<<grid, kGWarps * 32, 0, st>>>(c.ptr<float>(CODE), b, am, a, o, M, N, K, bs);
+    if (dq && cudaFreeAsync(dq, st) != cudaSuccess) return E_DEVICE;
+  }
+  if (!c.is_none(BIAS)) add_bias_rows<T><<<grid_for(M * N, 256, 8), 256, 0, st>>>(o, c.ptr<T>(BIAS), M, N);
+  return launch_status();
+}
+
 }  // namespace
 }  // namespace cuda
 }  // namespace bnb_ms
@@ -471,4 +542,7 @@ BNB_MS_EXPORT int cdequantize_blockwise_bf16_nf4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_
 BNB_MS_EXPORT int cgemm_4bit_inference_naive_fp32(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::gemv4_entry<float>); }
 BNB_MS_EXPORT int cgemm_4bit_inference_naive_fp16(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::gemv4_entry<fp16_t>); }
 BNB_MS_EXPORT int cgemm_4bit_inference_naive_bf16(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::gemv4_entry<bf16_t>); }
+BNB_MS_EXPORT int clinear_4bit_fp32(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::linear4_entry<float>); }
+BNB_MS_EXPORT int clinear_4bit_fp16(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::linear4_entry<fp16_t>); }
+BNB_MS_EXPORT int clinear_4bit_bf16(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::linear4_entry<bf16_t>); }
 #undef BNB_FWD
