@@ -1368,66 +1368,98 @@ def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Te
     return _tag(ms.ops.reshape(out, C.shape), L), subA
 
 
-def _check_int8_linear(A, CB, SCB, bias, threshold, fn: str) -> float:
-    _check_dtype(A, FLOAT_DTYPES, fn, "A")
-    _check_rank(A, 1, fn, "A")
-    _check_dtype(CB, (ms.int8,), fn, "CB")
-    if CB.ndim != 2:
-        raise ValueError(f"{_fn_name(fn, 'CB')} must be 2-D [N, K]; got shape {tuple(CB.shape)}")
-    K, N = int(A.shape[-1]), int(CB.shape[0])
-    if int(CB.shape[1]) != K:
-        raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(A.shape)} @ `CB`.T {tuple(CB.shape)} "
-                         f"(A.shape[-1] must equal CB.shape[1])")
-    if K > 131071:
-        raise ValueError(f"{_fn_name(fn, 'A')} must have at most 131071 columns (int32 accumulation); got {K}")
-    _check_dtype(SCB, (ms.float32,), fn, "SCB")
-    if _numel(SCB) != N:
-        raise ValueError(f"{_fn_name(fn, 'SCB')} must have CB.shape[0] = {N} values; got {_numel(SCB)}")
-    if bias is not None:
-        _check_dtype(bias, FLOAT_DTYPES, fn, "bias")
-        if _numel(bias) != N:
-            raise ValueError(f"{_fn_name(fn, 'bias')} must have CB.shape[0] = {N} values; got {_numel(bias)}")
-    return _check_threshold(threshold, fn)
+class Int8LinearPlan:
+    """What the fused LLM.int8() forward needs of one quantized weight, checked once: ``CB`` (int8 [N, K])
+    and ``SCB`` (float32 [N]), and the bound host call per activation dtype and thread. :meth:`matches` tells whether a state still holds the same tensors (callers rebuild the plan
+    when ``CB`` or ``SCB`` is replaced). The host arrays of ``CB``/``SCB`` are taken again on every call
+    (~5-10 us each): an in-place write such as ``CB.copy_(...)`` gives a tensor new storage under mindtorch,
+    so a view kept from an earlier call could be stale."""
 
+    __slots__ = ("CB", "SCB", "N", "K", "_local")
 
-_tls = threading.local()
+    def __init__(self, CB: Tensor, SCB: Tensor, fn: str = "int8_linear"):
+        _check_dtype(CB, (ms.int8,), fn, "CB")
+        if CB.ndim != 2:
+            raise ValueError(f"{_fn_name(fn, 'CB')} must be 2-D [N, K]; got shape {tuple(CB.shape)}")
+        self.N, self.K = int(CB.shape[0]), int(CB.shape[1])
+        if self.K > checks_int8_max_K:
+            raise ValueError(f"{_fn_name(fn, 'CB')} must have at most {checks_int8_max_K} columns (exact int32 "
+                             f"accumulation); got {self.K}")
+        _check_dtype(SCB, (ms.float32,), fn, "SCB")
+        if _numel(SCB) != self.N:
+            raise ValueError(f"{_fn_name(fn, 'SCB')} must have CB.shape[0] = {self.N} values; got {_numel(SCB)}")
+        self.CB, self.SCB = CB, SCB
+        self._local = threading.local()  # bound host calls: per thread (a call runs without the GIL)
 
+    def __reduce__(self):  # a cache: copies and pickles of its owner start without one
+        return (type(None), ())
 
-def _int8_linear(A: Tensor, CB: Tensor, SCB: Tensor, bias: Optional[Tensor], threshold: float):
-    """The fused LLM.int8() forward on validated, non-empty arguments: ``(out [..., N] in A.dtype, col_flags)``
-    with ``col_flags`` the uint8 [K] outlier flags (a host numpy array from a host call, else a Tensor).
-    One native call: a host call (:mod:`bitsandbytes_ms._hostcall`) where it is active (PyNative, no
-    gradient recorded, CPU library), else the ``ops.Custom`` op."""
-    name = _INT8_LINEAR[A.dtype]
-    N, K = int(CB.shape[0]), int(A.shape[-1])
-    if _hostcall.active():
-        calls = getattr(_tls, "int8_linear", None)
+    def matches(self, CB, SCB) -> bool:
+        return CB is self.CB and SCB is self.SCB
+
+    def host_call(self, dtype):
+        calls = getattr(self._local, "calls", None)
         if calls is None:
-            calls = _tls.int8_linear = {}
-        out = _hostcall.empty(tuple(A.shape[:-1]) + (N,), A.dtype)
-        flags = np.empty(K, np.uint8)
-        host = _hostcall.host
-        args = (host(A), host(CB), host(SCB), None if bias is None else host(bias), threshold, out, flags)
-        call = calls.get(name)
-        if call is None:
-            call = calls[name] = _hostcall.entry(name).bind(*args)
-        else:
-            for i, a in enumerate(args):
-                call.set(i, a)
-        try:
+            calls = self._local.calls = {}
+        entry = calls.get(dtype)
+        if entry is None:
+            npdt = _hostcall.np_dtype(dtype)
+            a, b = np.empty((1, 1), npdt), np.empty(1, np.float32)  # placeholders: every call sets its arrays
+            call = _hostcall.entry(_INT8_LINEAR[dtype]).bind(a, a, b, None, 0.0, a, b)
+            entry = calls[dtype] = [call, 0.0]  # the bound call and its bound threshold
+        return entry
+
+    def __call__(self, A: Tensor, bias: Optional[Tensor], threshold: float, fn: str = "int8_linear"):
+        """``(out [..., N] in A.dtype, col_flags)`` for validated-here ``A``/``bias`` and a checked threshold;
+        ``col_flags`` (uint8 [K], the outlier columns) is a host numpy array after a host call, else a tensor."""
+        shape = A.shape
+        if not isinstance(A, Tensor) or A.dtype not in _SUFFIX:
+            _check_dtype(A, FLOAT_DTYPES, fn, "A")
+        if len(shape) == 0 or shape[-1] != self.K:
+            raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(shape)} @ `CB`.T ({self.N}, {self.K}) "
+                             f"(A.shape[-1] must equal CB.shape[1])")
+        if bias is not None:
+            _check_dtype(bias, FLOAT_DTYPES, fn, "bias")
+            if _numel(bias) != self.N:
+                raise ValueError(f"{_fn_name(fn, 'bias')} must have CB.shape[0] = {self.N} values; got {_numel(bias)}")
+        out_shape = tuple(shape[:-1]) + (self.N,)
+        if _hostcall.active():
+            entry = self.host_call(A.dtype)
+            call = entry[0]
+            out = _hostcall.empty(out_shape, A.dtype)
+            flags = np.empty(self.K, np.uint8)
+            host = _hostcall.host
+            call.set(0, host(A))
+            call.set(1, host(self.CB))
+            call.set(2, host(self.SCB))
+            call.set(3, None if bias is None else host(bias))
+            if threshold != entry[1]:
+                call.set(4, threshold)
+                entry[1] = threshold
+            call.set(5, out)
+            call.set(6, flags)
             call()
-        finally:  # drop the references to this call's arrays
-            for i in (0, 3, 5, 6):
-                call.set(i, None)
-        res = _hostcall.wrap(out)
-        tag_device(res, like=(A,))
-        return res, flags
-    out, flags = getattr(lib, name)(_contiguous(A), _contiguous(CB), _contiguous(SCB).reshape(N),
-                                    None if bias is None else _contiguous(bias).reshape(N), threshold)
-    return out, flags
+            return _hostcall.wrap(out), flags
+        out, flags = getattr(lib, _INT8_LINEAR[A.dtype])(_contiguous(A), _contiguous(self.CB),
+                                                         _contiguous(self.SCB).reshape(self.N),
+                                                         None if bias is None else _contiguous(bias).reshape(self.N),
+                                                         threshold)
+        return out, flags
 
 
+#: Longest K of the int8 GEMM (csrc/checks/int8.h kIgemmMaxK: |sum| <= K * 2^14 < 2^31).
+checks_int8_max_K = 131071
 _INT8_LINEAR = {dt: f"cint8_linear_{sfx}" for dt, sfx in _SUFFIX.items()}
+
+
+def int8_linear_plan(owner, CB: Tensor, SCB: Tensor, fn: str = "int8_linear") -> Int8LinearPlan:
+    """The :class:`Int8LinearPlan` cached on ``owner`` (e.g. a MatmulLtState), rebuilt when ``CB``/``SCB``
+    are other tensors than the plan's."""
+    plan = owner.__dict__.get("_int8_linear_plan")
+    if plan is None or not plan.matches(CB, SCB):
+        plan = Int8LinearPlan(CB, SCB, fn)
+        owner.__dict__["_int8_linear_plan"] = plan
+    return plan
 
 
 def int8_linear(A: Tensor, CB: Tensor, SCB: Tensor, bias: Optional[Tensor] = None, threshold: float = 0.0):
@@ -1435,13 +1467,16 @@ def int8_linear(A: Tensor, CB: Tensor, SCB: Tensor, bias: Optional[Tensor] = Non
     (``cint8_linear_<dtype of A>``; what :class:`~bitsandbytes_ms.nn.Linear8bitLt` runs at inference).
 
     Bit for bit what the unfused path computes: ``int8_vectorwise_quant`` of A (float32 A cast to float16
-    first, as upstream), then ``int8_scaled_mm`` in ``A.dtype`` (threshold 0) or ``int8_mixed_scaled_mm``
-    (threshold > 0: outlier columns, those holding |x| >= threshold in some row, in float32).
+    first, as upstream), the int8 GEMM, then ``int8_scaled_mm``'s dequant in ``A.dtype`` (threshold 0) or
+    ``int8_mixed_scaled_mm`` (threshold > 0: the outlier columns, those holding |x| >= threshold in some
+    row, multiplied in float32 in a fixed order; see there). In PyNative mode with no gradient being
+    recorded the entry point runs as a host call (:mod:`bitsandbytes_ms._hostcall`), otherwise through
+    ops.Custom.
 
     Args:
         A: float16/bfloat16/float32 activations [..., K].
         CB: int8 weight [N, K]; SCB: its float32 row scales [N].
-        bias: optional float [N].
+        bias: optional float [N] (any float dtype).
         threshold: outlier threshold (>= 0).
 
     Returns:
@@ -1452,18 +1487,28 @@ def int8_linear(A: Tensor, CB: Tensor, SCB: Tensor, bias: Optional[Tensor] = Non
         ValueError / TypeError naming the argument: wrong dtypes, shapes that do not match, negative threshold.
     """
     fn = "int8_linear"
-    threshold = _check_int8_linear(A, CB, SCB, bias, threshold, fn)
-    N, K = int(CB.shape[0]), int(A.shape[-1])
-    shape = tuple(A.shape[:-1]) + (N,)
-    if _numel(A) == 0 or N == 0:
+    _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    _check_rank(A, 1, fn, "A")
+    plan = Int8LinearPlan(CB, SCB, fn)
+    if int(A.shape[-1]) != plan.K:
+        raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(A.shape)} @ `CB`.T {tuple(CB.shape)} "
+                         f"(A.shape[-1] must equal CB.shape[1])")
+    if bias is not None:
+        _check_dtype(bias, FLOAT_DTYPES, fn, "bias")
+        if _numel(bias) != plan.N:
+            raise ValueError(f"{_fn_name(fn, 'bias')} must have CB.shape[0] = {plan.N} values; got {_numel(bias)}")
+    threshold = _check_threshold(threshold, fn)
+    shape = tuple(A.shape[:-1]) + (plan.N,)
+    if _numel(A) == 0 or plan.N == 0:
         out = _empty_np(shape, A.dtype)
         tag_device(out, like=(A,))
         return out, (_tag(Tensor(np.zeros(0, np.int64)), (A,)) if threshold > 0.0 else None)
-    out, flags = _int8_linear(A, CB, SCB, bias, threshold)
+    out, flags = plan(A, bias, threshold, fn)
     if threshold == 0.0:
         return out, None
     f = flags if isinstance(flags, np.ndarray) else flags.asnumpy()
     return out, _tag(Tensor(np.nonzero(f)[0].astype(np.int64)), (A,))
+
 
 # ---- weight-only int8/int4 (W8A16/W4A16) ----
 #: Rows of activations up to which :func:`gemm_weight_only` runs the native streaming kernel; above it

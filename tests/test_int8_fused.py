@@ -311,7 +311,7 @@ def _good():
     ("bias size", "bias", ValueError, "`bias` must have CB.shape\\[0\\] = 16 values"),
     ("threshold negative", "threshold", ValueError, "`threshold` must be >= 0"),
     ("threshold str", "threshold", TypeError, "`threshold` must be a float"),
-    ("K too large", "A", ValueError, "at most 131071 columns"),
+    ("K too large", "A", ValueError, "`CB` must have at most 131071 columns"),
 ])
 def test_int8_linear_bad_input_raises_before_native_code(monkeypatch, what, arg, exc, match):
     A, CB, SCB, bias = _good()
@@ -327,7 +327,7 @@ def test_int8_linear_bad_input_raises_before_native_code(monkeypatch, what, arg,
     if what == "K too large":
         kw["CB"] = torch.zeros(16, 131072, dtype=torch.int8)
     native = []
-    monkeypatch.setattr(F, "_int8_linear", lambda *a, **k: native.append(1))
+    monkeypatch.setattr(F.Int8LinearPlan, "__call__", lambda *a, **k: native.append(1))
     with pytest.raises(exc, match=f"int8_linear: .*{match}|int8_linear: {match}"):
         F.int8_linear(**kw)
     assert not native
@@ -384,3 +384,54 @@ def test_malformed_native_calls_return_status():
     assert lib("cint8_linear_fp32", [np.zeros((3, 0), np.float32), np.zeros((16, 0), np.int8), SCB, None, thr, o0,
                                      np.empty(0, np.uint8)]) == 0
     assert not o0.any()
+
+
+def test_plan_follows_replaced_and_rewritten_weights(fused_switch):
+    """The plan cached on the state is rebuilt when CB/SCB are replaced and sees in-place writes (mindtorch's
+    copy_ gives the tensor new storage), so a forward always uses the current weight."""
+    fused_switch(True)
+    A, CB, SCB, bias = _ms_case((3,), 100, 37, "float16", 6.0, seed=21)
+    _, CB2, SCB2, _ = _ms_case((3,), 100, 37, "float16", 6.0, seed=22)
+    st = _state(CB, SCB, 6.0)
+
+    def ref(cb, scb):
+        fused_switch(False)
+        try:
+            return bnb.matmul(A, cb, state=_state(cb, scb, 6.0), bias=bias).numpy()
+        finally:
+            fused_switch(True)
+
+    np.testing.assert_array_equal(bnb.matmul(A, CB, state=st, bias=bias).numpy(), ref(CB, SCB))
+    plan = st.__dict__["_int8_linear_plan"]
+    st.CB, st.SCB = CB2, SCB2  # replaced: a new plan
+    np.testing.assert_array_equal(bnb.matmul(A, CB2, state=st, bias=bias).numpy(), ref(CB2, SCB2))
+    assert st.__dict__["_int8_linear_plan"] is not plan
+    plan = st.__dict__["_int8_linear_plan"]
+    CB2.copy_(CB)  # rewritten in place: same plan, the new bytes
+    SCB2.copy_(SCB)
+    np.testing.assert_array_equal(bnb.matmul(A, CB2, state=st, bias=bias).numpy(), ref(CB, SCB))
+    assert st.__dict__["_int8_linear_plan"] is plan
+
+
+def test_linear8bitlt_load_state_dict_after_fused_forward(fused_switch):
+    """A layer that ran fused forwards and then loads another quantized checkpoint gives that checkpoint's
+    result (the one a fresh layer loading it gives)."""
+    fused_switch(True)
+    rng = np.random.RandomState(8)
+    x = torch.tensor(rng.standard_normal((2, 64)).astype(np.float32)).half()
+
+    def layer(seed):
+        r = np.random.RandomState(seed)
+        m = bnb.nn.Linear8bitLt(64, 24, has_fp16_weights=False, threshold=6.0)
+        m.weight = bnb.nn.Int8Params(torch.tensor((r.standard_normal((24, 64)) * 0.1).astype(np.float32)),
+                                     requires_grad=False, has_fp16_weights=False)
+        m.bias = torch.nn.Parameter(torch.tensor(r.standard_normal(24).astype(np.float32)), requires_grad=False)
+        return m.to("cpu").eval()
+
+    a, b = layer(1), layer(2)
+    a(x)
+    a.load_state_dict(b.state_dict())
+    fresh = layer(3)
+    fresh.load_state_dict(b.state_dict())
+    np.testing.assert_array_equal(a(x).numpy(), fresh(x).numpy())
+    np.testing.assert_array_equal(a(x).numpy(), b(x).numpy())

@@ -296,16 +296,19 @@ def _int8_forward(A: Tensor, B: Tensor, bias: Optional[Tensor], state: MatmulLtS
 
 def _int8_forward_fused(A: Tensor, B: Tensor, out: Optional[Tensor], bias: Optional[Tensor],
                         state: MatmulLtState) -> Tensor:
-    """:func:`_int8_forward` in one native call (``functional._int8_linear``: ``cint8_linear_<dtype>``,
-    through a host call where active), bit for bit the same result; used at inference (no gradient
-    being recorded, CPU library), where MatMul8bitLt's custom bprop is not needed. ``state.idx`` is set
-    (lazily) as the unfused forward sets it."""
+    """:func:`_int8_forward` in one native call (``cint8_linear_<dtype>`` through the
+    :class:`~bitsandbytes_ms.functional.Int8LinearPlan` cached on ``state``: a host call where active), bit
+    for bit the same result; used at inference (no gradient being recorded, CPU library), where
+    MatMul8bitLt's custom bprop is not needed. ``state.idx`` is set (lazily) as the unfused forward sets it."""
     _quantize_weight(B, state)
     if _prod(tuple(A.shape)) == 0 or int(state.CB.shape[0]) == 0:
         res = _int8_forward(A, B, bias, state)  # nothing to compute: the unfused path's result
     else:
-        threshold = F._check_int8_linear(A, state.CB, state.SCB, bias, state.threshold, "matmul")
-        res, flags = F._int8_linear(A, state.CB, state.SCB, bias, threshold)
+        plan = F.int8_linear_plan(state, state.CB, state.SCB, "matmul")
+        threshold = state.threshold
+        if threshold != 0.0:
+            threshold = F._check_threshold(threshold, "matmul")
+        res, flags = plan(A, bias, threshold, "matmul")
         if threshold > 0.0:
             state._set_outlier_flags(flags, A)
     if out is not None:
