@@ -1369,13 +1369,17 @@ def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Te
 
 
 class Int8LinearPlan:
-    """What the fused LLM.int8() forward needs of one quantized weight, checked once: ``CB`` (int8 [N, K])
-    and ``SCB`` (float32 [N]), and the bound host call per activation dtype and thread. :meth:`matches` tells whether a state still holds the same tensors (callers rebuild the plan
-    when ``CB`` or ``SCB`` is replaced). The host arrays of ``CB``/``SCB`` are taken again on every call
-    (~5-10 us each): an in-place write such as ``CB.copy_(...)`` gives a tensor new storage under mindtorch,
-    so a view kept from an earlier call could be stale."""
+    """What the fused LLM.int8() forward needs of one quantized weight, checked and prepared once: ``CB``
+    (int8 [N, K]) and ``SCB`` (float32 [N]), their host arrays (made on the first host call) and the bound
+    host call per activation dtype and thread. As :class:`_Linear4bitPlan`, a plan is tied to the tensor
+    objects it was made from: :meth:`matches` tells whether a state still holds them, and callers rebuild
+    the plan when ``CB`` or ``SCB`` is replaced (``load_state_dict``, re-quantization). An in-place write
+    into the same tensor objects after the first host call (``CB.copy_(...)``, ``CB.data = ...``: under
+    mindtorch these give the tensor new storage) is not seen by the cached host arrays; call
+    :meth:`refresh` after one. (Taking the host arrays on every call instead costs a full copy of the
+    weight for an op-produced tensor: ``asnumpy`` syncs its device buffer, ~11 ms for 4096 x 11008.)"""
 
-    __slots__ = ("CB", "SCB", "N", "K", "_local")
+    __slots__ = ("CB", "SCB", "N", "K", "arrays", "_local")
 
     def __init__(self, CB: Tensor, SCB: Tensor, fn: str = "int8_linear"):
         _check_dtype(CB, (ms.int8,), fn, "CB")
@@ -1389,7 +1393,13 @@ class Int8LinearPlan:
         if _numel(SCB) != self.N:
             raise ValueError(f"{_fn_name(fn, 'SCB')} must have CB.shape[0] = {self.N} values; got {_numel(SCB)}")
         self.CB, self.SCB = CB, SCB
+        self.arrays = None
         self._local = threading.local()  # bound host calls: per thread (a call runs without the GIL)
+
+    def refresh(self) -> None:
+        """Drops the cached host arrays and bound calls (after an in-place write into ``CB``/``SCB``)."""
+        self.arrays = None
+        self._local = threading.local()
 
     def __reduce__(self):  # a cache: copies and pickles of its owner start without one
         return (type(None), ())
@@ -1403,9 +1413,11 @@ class Int8LinearPlan:
             calls = self._local.calls = {}
         entry = calls.get(dtype)
         if entry is None:
+            if self.arrays is None:
+                self.arrays = (_hostcall.host(self.CB), _hostcall.host(self.SCB))
             npdt = _hostcall.np_dtype(dtype)
-            a, b = np.empty((1, 1), npdt), np.empty(1, np.float32)  # placeholders: every call sets its arrays
-            call = _hostcall.entry(_INT8_LINEAR[dtype]).bind(a, a, b, None, 0.0, a, b)
+            a, b = np.empty((1, self.K), npdt), np.empty(self.K, np.uint8)  # placeholders: set on every call
+            call = _hostcall.entry(_INT8_LINEAR[dtype]).bind(a, self.arrays[0], self.arrays[1], None, 0.0, a, b)
             entry = calls[dtype] = [call, 0.0]  # the bound call and its bound threshold
         return entry
 
@@ -1430,8 +1442,6 @@ class Int8LinearPlan:
             flags = np.empty(self.K, np.uint8)
             host = _hostcall.host
             call.set(0, host(A))
-            call.set(1, host(self.CB))
-            call.set(2, host(self.SCB))
             call.set(3, None if bias is None else host(bias))
             if threshold != entry[1]:
                 call.set(4, threshold)
