@@ -305,9 +305,8 @@ def _int8_forward_fused(A: Tensor, B: Tensor, out: Optional[Tensor], bias: Optio
         res = _int8_forward(A, B, bias, state)  # nothing to compute: the unfused path's result
     else:
         plan = F.int8_linear_plan(state, state.CB, state.SCB, "matmul")
-        threshold = state.threshold
-        if threshold != 0.0:
-            threshold = F._check_threshold(threshold, "matmul")
+        # the unfused forward's branch: outlier columns only for threshold > 0 (0, negative or NaN: none)
+        threshold = float(state.threshold) if state.threshold > 0.0 else 0.0
         res, flags = plan(A, bias, threshold, "matmul")
         if threshold > 0.0:
             state._set_outlier_flags(flags, A)
