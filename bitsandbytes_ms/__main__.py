@@ -43,6 +43,8 @@ def diagnostics() -> int:
     print(f"  CPU features      {' '.join(feats) if feats else '(none beyond baseline x86-64)'}")
     print(f"  CPU kernel path   {cextension.simd_level()}  (BNB_MS_SIMD=scalar|avx2|avx512 lowers it)")
     if cextension.BNB_BACKEND == "CPU":
+        print(f"  CPU threads       {cextension.get_num_threads()}  (own pool, sleeps between calls; "
+              "BNB_MS_NUM_THREADS=<n> overrides)")
         big, small = cextension.int8_gemm_path(), cextension.int8_gemm_path(1)
         print(f"  int8 GEMM path    {big}" + (f" ({small} below 8 rows)" if small != big else "")
               + "  (BNB_MS_INT8_GEMM=scalar|avx2|avx512|avxvnni|avx512vnni|amx forces one)")

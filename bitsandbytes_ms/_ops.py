@@ -48,6 +48,8 @@ class NativeOp:
         bnb_args: upstream bitsandbytes' positional argument order for this symbol.
         has_error: the last output is an int32[1] status written by the kernel (see cextension).
         doc: one line on what the op computes and its source.
+        cpu_only: only the CPU library exports it (a CPU inference path with no CUDA twin yet, e.g. the
+            fused decoder layers); the CUDA library is not required to have it.
     """
 
     name: str
@@ -58,6 +60,7 @@ class NativeOp:
     bnb_args: Optional[Tuple[str, ...]] = None
     has_error: bool = False
     doc: str = ""
+    cpu_only: bool = False
 
 
 OPS: Dict[str, NativeOp] = {}
@@ -298,3 +301,56 @@ for _sfx, _dt in DTYPE_SUFFIX.items():
             doc="out[..., n] = scale[n] * sum_k A[..., k] * q[n, k]: weight-only GEMM/GEMV that widens the "
                 "int weight in registers (fp32 accumulation in 16 fixed lanes)",
         ))
+
+# ---- fused decoder layers (Llama / Qwen2 / Mistral-style; csrc/cpu/decoder.cpp) ----
+# A "linear spec" is 9 consecutive inputs describing one linear layer's weight: W (fp32 [N, K] or the packed
+# 4-bit uint8 bytes), absmax (fp32 | uint8 double-quant codes | None for fp32 W), code (fp32[16] | None),
+# absmax2, code2, offset (double quant, else None), bias (fp32 [N] | None), blocksize, blocksize2.
+LINEAR_SPEC = ("W", "absmax", "code", "absmax2", "code2", "offset", "bias", "blocksize", "blocksize2")
+
+
+def _spec(prefix: str) -> Tuple[str, ...]:
+    return tuple(f"{prefix}_{n}" for n in LINEAR_SPEC)
+
+
+define(NativeOp(
+    name="cdecoder_attention_fp32",
+    cpu_only=True,
+    inputs=("x", "positions", "key_mask", "k_cache", "v_cache", "norm_w", "inv_freq", "q_norm_w", "k_norm_w")
+           + _spec("q") + _spec("k") + _spec("v") + _spec("o")
+           + ("past", "n_heads", "eps", "scaling", "rope_scale", "window"),
+    outputs=("out",),
+    infer=lambda s, d, st: ((s["x"], ms.float32),),
+    doc="the attention half of a decoder layer, fp32: out = x + O(attn) with RMSNorm(x; norm_w, eps), Q/K/V "
+        "projections (+bias), QK-norm (q_norm_w/k_norm_w [D] or None: RMSNorm per head, Qwen3), RoPE (rotate_half; f = pos * inv_freq, cos/sin * rope_scale), K/V written IN PLACE "
+        "into k_cache/v_cache [B, KVH, S_max, D] at [past, past+T), causal GQA softmax(q.k * scaling) over "
+        "[0, past+T) with key_mask [B, >= past+T] (0 = padding; first past+T columns) and an optional sliding window (0 = none); "
+        "x [B, T, H], positions int64 [B, T]; out may be x",
+))
+define(NativeOp(
+    name="cdecoder_mlp_fp32",
+    cpu_only=True,
+    inputs=("x", "norm_w") + _spec("gate") + _spec("up") + _spec("down") + ("intermediate", "eps"),
+    outputs=("out",),
+    infer=lambda s, d, st: ((s["x"], ms.float32),),
+    doc="the MLP half of a decoder layer, fp32: out = x + Down(silu(Gate(y)) * Up(y)), y = RMSNorm(x; norm_w, eps); "
+        "out may be x",
+))
+define(NativeOp(
+    name="cdecoder_linear_fp32",
+    cpu_only=True,
+    inputs=("x",) + _spec("w") + ("n_out",),
+    outputs=("out",),
+    static=("n_out",),
+    infer=lambda s, d, st: ((tuple(s["x"][:-1]) + (int(st["n_out"]),), ms.float32),),
+    doc="one linear layer given as a linear spec (fp32 or 4-bit weight), fp32 x [..., K] -> [..., n_out] "
+        "(e.g. the lm_head of a fused model)",
+))
+define(NativeOp(
+    name="crms_norm_fp32",
+    cpu_only=True,
+    inputs=("x", "w", "eps"),
+    outputs=("out",),
+    infer=lambda s, d, st: ((s["x"], ms.float32),),
+    doc="RMSNorm over the last dimension, fp32: w * (x / sqrt(mean(x^2) + eps)); out may be x",
+))

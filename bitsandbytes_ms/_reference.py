@@ -450,3 +450,100 @@ def gemm_weight_only(A: np.ndarray, q: np.ndarray, scale: np.ndarray, bits: int,
     qi = np.asarray(q, np.int8) if bits == 8 else unpack_weight_only_int4(q, K)
     out = (A.reshape(-1, K).astype(np.float64) @ qi.astype(np.float64).T) * np.asarray(scale, np.float64)[None, :]
     return cast_out(out.astype(np.float32), dtype).reshape(A.shape[:-1] + (qi.shape[0],))
+
+
+# ---- fused decoder layers (cdecoder_*_fp32, crms_norm_fp32) ----
+# A linear spec is (W, absmax, code, absmax2, code2, offset, bias, blocksize, blocksize2) as in _ops.LINEAR_SPEC:
+# W fp32 [N, K], or the packed 4-bit bytes with fp32 absmax or double-quant codes.
+def linear_spec_weight(spec, N: int, K: int) -> np.ndarray:
+    """The fp32 [N, K] weight a linear spec stands for."""
+    W, absmax, code, absmax2, code2, offset, _bias, bs, bs2 = spec
+    W = np.asarray(W)
+    if W.dtype == np.float32:
+        return W.reshape(N, K)
+    if absmax2 is not None:
+        q = np.asarray(absmax).reshape(-1)
+        absmax = (np.asarray(code2, np.float32)[q] * np.asarray(absmax2, np.float32).reshape(-1)[
+            np.arange(q.size) // int(bs2)] + np.float32(offset)).astype(np.float32)
+    return dequantize_4bit(W, absmax, code, int(bs), N * K).reshape(N, K)
+
+
+def linear_spec(x: np.ndarray, spec, N: int) -> np.ndarray:
+    """x [..., K] @ W.T + bias in float64, rounded to fp32."""
+    x = np.asarray(x, np.float32)
+    K = x.shape[-1]
+    out = x.reshape(-1, K).astype(np.float64) @ linear_spec_weight(spec, N, K).astype(np.float64).T
+    if spec[6] is not None:
+        out = out + np.asarray(spec[6], np.float64)
+    return out.astype(np.float32).reshape(x.shape[:-1] + (N,))
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """HF's LlamaRMSNorm in fp32: w * (x * rsqrt(mean(x^2) + eps))."""
+    x = np.asarray(x, np.float32)
+    var = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True).astype(np.float32)
+    return (np.asarray(w, np.float32) * (x * (np.float32(1) / np.sqrt(var + np.float32(eps))))).astype(np.float32)
+
+
+def _rope(v: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, rope_scale: float) -> np.ndarray:
+    """v [B, T, nh, D]; HF's rotate_half convention (default rope type)."""
+    f = pos.astype(np.float32)[..., None] * np.asarray(inv_freq, np.float32)  # [B, T, D/2]
+    emb = np.concatenate([f, f], axis=-1)
+    cos = (np.cos(emb) * np.float32(rope_scale)).astype(np.float32)[:, :, None, :]
+    sin = (np.sin(emb) * np.float32(rope_scale)).astype(np.float32)[:, :, None, :]
+    h = v.shape[-1] // 2
+    rot = np.concatenate([-v[..., h:], v[..., :h]], axis=-1)
+    return (v * cos + rot * sin).astype(np.float32)
+
+
+def decoder_attention(x, positions, key_mask, k_cache, v_cache, norm_w, inv_freq, q, k, v, o, past: int,
+                      n_heads: int, eps: float, scaling: float, rope_scale: float = 1.0, window: int = 0,
+                      q_norm_w=None, k_norm_w=None):
+    """Twin of ``cdecoder_attention_fp32``: returns ``x + O(attention)`` [B, T, H] and writes the new keys and
+    values into ``k_cache``/``v_cache`` [B, KVH, S_max, D] at [past, past + T) (in place, as the kernel does).
+    q/k/v/o are linear specs; key_mask [B, >= past + T] (nonzero = attend; its first past + T columns) or None; window 0 = no sliding window."""
+    x = np.asarray(x, np.float32)
+    B, T, H = x.shape
+    KVH, D = k_cache.shape[1], k_cache.shape[3]
+    L = past + T
+    y = rms_norm(x, norm_w, eps)
+    qs = linear_spec(y, q, n_heads * D).reshape(B, T, n_heads, D)
+    ks = linear_spec(y, k, KVH * D).reshape(B, T, KVH, D)
+    vs = linear_spec(y, v, KVH * D).reshape(B, T, KVH, D)
+    if q_norm_w is not None:
+        qs = rms_norm(qs, q_norm_w, eps)
+    if k_norm_w is not None:
+        ks = rms_norm(ks, k_norm_w, eps)
+    pos = np.asarray(positions).reshape(B, T)
+    qs, ks = _rope(qs, pos, inv_freq, rope_scale), _rope(ks, pos, inv_freq, rope_scale)
+    k_cache[:, :, past:L] = ks.transpose(0, 2, 1, 3)
+    v_cache[:, :, past:L] = vs.transpose(0, 2, 1, 3)
+    rep = n_heads // KVH
+    kk = np.repeat(k_cache[:, :, :L], rep, axis=1).astype(np.float64)  # [B, Hq, L, D]
+    vv = np.repeat(v_cache[:, :, :L], rep, axis=1).astype(np.float64)
+    s = np.einsum("bthd,bhjd->bhtj", qs.astype(np.float64), kk) * float(np.float32(scaling))
+    qi = past + np.arange(T)[:, None]
+    j = np.arange(L)[None, :]
+    vis = j <= qi
+    if window:
+        vis = vis & (qi - j < window)
+    vis = np.broadcast_to(vis, (B, 1, T, L))
+    if key_mask is not None:
+        vis = vis & (np.asarray(key_mask)[:, :L].reshape(B, 1, 1, L) != 0)
+    s = np.where(vis, s, -np.inf)
+    mx = s.max(-1, keepdims=True)
+    e = np.where(vis, np.exp(s - np.where(np.isfinite(mx), mx, 0)), 0.0)
+    den = e.sum(-1, keepdims=True)
+    p = np.where(den > 0, e / np.where(den > 0, den, 1), 0.0)
+    attn = np.einsum("bhtj,bhjd->bthd", p, vv).astype(np.float32).reshape(B, T, n_heads * D)
+    return (x + linear_spec(attn, o, H)).astype(np.float32)
+
+
+def decoder_mlp(x, norm_w, gate, up, down, intermediate: int, eps: float):
+    """Twin of ``cdecoder_mlp_fp32``: x + Down(silu(Gate(y)) * Up(y)), y = RMSNorm(x)."""
+    x = np.asarray(x, np.float32)
+    y = rms_norm(x, norm_w, eps)
+    g = linear_spec(y, gate, intermediate)
+    u = linear_spec(y, up, intermediate)
+    a = (g / (np.float32(1) + np.exp(-g)) * u).astype(np.float32)
+    return (x + linear_spec(a, down, x.shape[-1])).astype(np.float32)

@@ -76,7 +76,8 @@ def _load() -> Tuple[Path, str, ct.CDLL]:
             f"bitsandbytes_ms: the native library {path} failed to load ({e}). Rebuild it from the "
             f"repository root with: {BUILD_COMMAND}"
         ) from e
-    missing = [name for name in _ops.OPS if not hasattr(dll, name)]
+    missing = [name for name, op in _ops.OPS.items()
+               if not hasattr(dll, name) and not (op.cpu_only and backend != "CPU")]
     if missing:
         raise NativeLibraryError(
             f"bitsandbytes_ms: the native library {path} lacks entry points {missing[:5]}"
@@ -125,6 +126,25 @@ def int8_gemm_path(rows: Optional[int] = None) -> str:
         return "n/a"
     _dll.bnb_ms_int8_gemm_path.restype = ct.c_char_p
     return _dll.bnb_ms_int8_gemm_path().decode()
+
+
+def get_num_threads() -> int:
+    """Threads the CPU kernels use (the calling thread included): the CPUs this process may run on
+    (``sched_getaffinity``, capped by a cgroup CPU quota), or ``BNB_MS_NUM_THREADS``, or what
+    :func:`set_num_threads` set. The library's own pool (no OpenMP): its workers sleep between calls, so
+    they do not compete with MindSpore's CPU thread pool."""
+    if not hasattr(_dll, "bnb_ms_get_num_threads"):
+        return 1
+    return int(_dll.bnb_ms_get_num_threads())
+
+
+def set_num_threads(n: int) -> int:
+    """Sets the threads the CPU kernels use (``n <= 0``: back to the default); returns the count in
+    effect. Results do not depend on it (every kernel gives the same bytes for any thread count)."""
+    if not hasattr(_dll, "bnb_ms_set_num_threads"):
+        return 1
+    _dll.bnb_ms_set_num_threads.argtypes = [ct.c_int]
+    return int(_dll.bnb_ms_set_num_threads(int(n)))
 
 
 # ---------------------------------------------------------------------------------------------

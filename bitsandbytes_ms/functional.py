@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+from threading import get_ident as _get_ident
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -1008,13 +1009,16 @@ class _Linear4bitPlan:
         return self.raw_host if host else self.raw
 
     def host_call(self, dtype):
-        call = self.calls.get(dtype)
+        # one bound call per activation dtype and thread: a bound call's argument arrays are re-pointed on
+        # every call, and ctypes releases the GIL while the kernel runs
+        key = (dtype, _get_ident())
+        call = self.calls.get(key)
         if call is None:
             if self.arrays is None:
                 self.arrays = [None if t is None else _hostcall.host(t) for t in self.tensors]
             absmax, code, absmax2, code2, offset = self.arrays
             npdt = _hostcall.np_dtype(dtype)
-            call = self.calls[dtype] = _hostcall.entry(f"clinear_4bit_{_SUFFIX[dtype]}").bind(
+            call = self.calls[key] = _hostcall.entry(f"clinear_4bit_{_SUFFIX[dtype]}").bind(
                 np.empty((1, self.K), npdt), np.empty(1, np.uint8), absmax, code, absmax2, code2, offset, None,
                 self.bs, self.bs2, self.N, np.empty((1, self.N), npdt))
         return call

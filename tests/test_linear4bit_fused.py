@@ -215,3 +215,28 @@ def test_simd_levels_agree():
     assert native == ref, f"{native_level} differs from scalar"
     if native_level == "avx512":
         assert run("avx2")[1] == ref
+
+
+def test_concurrent_threads_get_their_own_results():
+    """Host calls release the GIL: two threads running the same layer at once must not see each other's
+    activations (one bound call per thread)."""
+    import threading
+
+    rng = np.random.default_rng(11)
+    W = Tensor(rng.standard_normal((256, 512)).astype(np.float32))
+    q, qs = F.quantize_4bit(W, quant_type="nf4")
+    xs = [Tensor(rng.standard_normal((1, 512)).astype(np.float32)) for _ in range(4)]
+    want = [F.linear_4bit(x, q, qs).asnumpy() for x in xs]
+    errors = []
+
+    def work(i):
+        for _ in range(30):
+            if not np.array_equal(F.linear_4bit(xs[i], q, qs).asnumpy(), want[i]):
+                errors.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors

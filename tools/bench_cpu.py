@@ -2,6 +2,8 @@
 
     .venv/bin/python tools/bench_cpu.py                 # every section, writes benchmarks/cpu.md
     .venv/bin/python tools/bench_cpu.py --sections blockwise --no-upstream
+    .venv/bin/python tools/bench_cpu.py --sections threads --threads-baseline-lib OLD/libbitsandbytes_ms_cpu.so \
+        --output benchmarks/cpu_threads.md     # MindSpore ops next to our kernels; OLD: the OpenMP build
 
 How each comparison is measured (``alternate`` below): every op runs on the same inputs in both
 libraries (generated here with numpy and handed to the upstream env as an .npz file; weights are
@@ -501,6 +503,179 @@ def bench_optim(ctx):
                    "(foreach) implementation. Every step updates the same parameters in place (both sides).")
 
 
+# ---------------------------------------------------------------------------------------------
+# threads: MindSpore ops next to our kernels (our threads must not compete with MindSpore's)
+# ---------------------------------------------------------------------------------------------
+THREADS_SCRIPT = r"""
+import ctypes, json, os, sys, time
+from statistics import median
+import numpy as np
+import mindspore as ms
+ms.set_device("CPU"); ms.runtime.launch_blocking()
+from mindspore import ops
+from bitsandbytes_ms import cextension, functional as F
+
+R, ITERS = int(sys.argv[1]), int(sys.argv[2])
+dll = cextension._dll
+if hasattr(dll, "bnb_ms_set_num_threads"):       # this build: the library's pool
+    set_threads = dll.bnb_ms_set_num_threads     # (0: the default)
+else:                                            # the OpenMP build: libgomp's count for this thread
+    _gomp, _ncpu = ctypes.CDLL("libgomp.so.1"), len(os.sched_getaffinity(0))
+    set_threads = lambda n: _gomp.omp_set_num_threads(n if n > 0 else _ncpu)
+rng = np.random.default_rng(0)
+def t32(*shape, scale=1.0):
+    return ms.Tensor((rng.standard_normal(shape, dtype=np.float32) * scale))
+def nf4(n, k):
+    q, st = F.quantize_4bit(t32(n, k, scale=0.02), blocksize=64, quant_type="nf4")
+    return q, st
+
+# ---- a MindSpore op timed alone and right after one of our kernels
+W, x1 = nf4(4096, 4096), t32(1, 4096)
+big = t32(1 << 20)
+i8a = ms.Tensor(rng.integers(-127, 128, (16, 4096), dtype=np.int8))
+i8b = ms.Tensor(rng.integers(-127, 128, (4096, 4096), dtype=np.int8))
+kernels = {
+    "gemv_4bit nf4 1x4096 @ [4096,4096]": lambda: F.gemv_4bit(x1, W[0], state=W[1]),
+    "quantize_blockwise fp32 [1M]": lambda: F.quantize_blockwise(big),
+    "int8_linear_matmul 16x4096 @ [4096,4096]": lambda: F.int8_linear_matmul(i8a, i8b),
+}
+a1, b1 = t32(1, 4096), t32(1, 4096)
+a16, b16 = t32(16, 4096), t32(16, 4096)
+a64, b64 = t32(64, 4096), t32(64, 4096)
+m1, m2 = t32(1, 1024), t32(1024, 1024)
+msops = {
+    "mul [1,4096]": lambda: a1 * b1,
+    "add [16,4096]": lambda: a16 + b16,
+    "mul [64,4096]": lambda: a64 * b64,
+    "matmul [1,1024] @ [1024,1024]": lambda: ops.matmul(m1, m2),
+}
+conds = [("alone", None, 0)] + [(f"{k}|{t}", k, t) for k in kernels for t in (1, 0)]
+after = {o: {c: [] for c, _, _ in conds} for o in msops}
+ktime = {f"{k}|{t}": [] for k in kernels for t in (1, 0)}
+for f in list(kernels.values()) + list(msops.values()):
+    f(); f()
+for rep in range(R):
+    for o, op in msops.items():
+        for c, k, t in conds:
+            time.sleep(0.012)  # let every thread (ours, libgomp's, MindSpore's) settle first
+            op()
+            if k is not None:
+                set_threads(t)
+                t0 = time.perf_counter(); kernels[k](); ktime[c].append(time.perf_counter() - t0)
+                set_threads(0)
+            t0 = time.perf_counter(); op(); after[o][c].append(time.perf_counter() - t0)
+
+# ---- a decode-like loop: 2 Llama-style layers (hidden 2048, MLP 5632, NF4 weights) at batch 1,
+# our gemv_4bit for every projection and MindSpore ops (RMSNorm, attention over a 128-token cache,
+# SiLU, residuals) in between
+H, FF, HEADS, T = 2048, 5632, 16, 128
+layers = []
+for _ in range(2):
+    layers.append(dict(q=nf4(H, H), k=nf4(H, H), v=nf4(H, H), o=nf4(H, H), g=nf4(FF, H), u=nf4(FF, H),
+                       d=nf4(H, FF), n1=t32(1, H), n2=t32(1, H), K=t32(HEADS, H // HEADS, T), V=t32(HEADS, T, H // HEADS)))
+def lin(x, w):
+    return F.gemv_4bit(x, w[0], state=w[1])
+def rms(x, w):
+    return x * ops.rsqrt((x * x).mean(axis=-1, keep_dims=True) + 1e-6) * w
+def step(x):
+    for L in layers:
+        h = rms(x, L["n1"])
+        q, _, _ = lin(h, L["q"]), lin(h, L["k"]), lin(h, L["v"])
+        p = ops.softmax(ops.matmul(q.reshape(HEADS, 1, H // HEADS), L["K"]) * 0.088, axis=-1)
+        x = x + lin(ops.matmul(p, L["V"]).reshape(1, H), L["o"])
+        h = rms(x, L["n2"])
+        g, u = lin(h, L["g"]), lin(h, L["u"])
+        x = x + lin(ops.sigmoid(g) * g * u, L["d"])
+    return x.asnumpy()
+x0 = t32(1, H, scale=0.5)
+decode = {"0": [], "1": []}
+for t in ("0", "1"):
+    set_threads(int(t)); step(x0); step(x0)
+for it in range(ITERS):
+    for t in ("0", "1"):
+        set_threads(int(t))
+        t0 = time.perf_counter(); step(x0); decode[t].append(time.perf_counter() - t0)
+set_threads(0)
+threads = int(dll.bnb_ms_get_num_threads()) if hasattr(dll, "bnb_ms_get_num_threads") else len(os.sched_getaffinity(0))
+print("RESULT " + json.dumps({"after": after, "ktime": ktime, "decode": decode, "threads": threads,
+                              "msops": list(msops), "kernels": list(kernels)}))
+"""
+
+
+def _threads_round(env_extra: Dict[str, str], repeat: int, iters: int) -> dict:
+    env = dict(os.environ, **env_extra)
+    for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "BNB_MS_NUM_THREADS", "BNB_MS_LIBRARY"):
+        if k not in env_extra:
+            env.pop(k, None)
+    out = subprocess.run([sys.executable, "-c", THREADS_SCRIPT, str(repeat), str(iters)], capture_output=True,
+                         text=True, env=env, cwd=str(ROOT))
+    if out.returncode != 0:
+        raise RuntimeError(f"threads benchmark subprocess failed:\n{out.stderr[-3000:]}")
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+@section("threads")
+def bench_threads(ctx):
+    """MindSpore CPU ops timed alone and right after one of our kernels, and a decode-like loop that
+    alternates our gemv_4bit with MindSpore ops. Each variant runs in its own process (its library, its
+    environment); the variants alternate over ``--threads-rounds`` rounds and the samples are pooled.
+    ``--threads-baseline-lib`` adds the OpenMP build of the library (e.g. one built from a commit before
+    the pool) as it ran by default and with OMP_WAIT_POLICY=PASSIVE."""
+    variants = [("this build (own pool)", {})]
+    if ctx.threads_baseline:
+        lib = str(Path(ctx.threads_baseline).resolve())
+        variants += [("OpenMP build", {"BNB_MS_LIBRARY": lib}),
+                     ("OpenMP build, OMP_WAIT_POLICY=PASSIVE", {"BNB_MS_LIBRARY": lib, "OMP_WAIT_POLICY": "PASSIVE"})]
+    rounds: Dict[str, List[dict]] = {name: [] for name, _ in variants}
+    for _ in range(ctx.threads_rounds):
+        for name, env in variants:
+            rounds[name].append(_threads_round(env, max(5, ctx.repeat * 2), max(4, ctx.repeat)))
+
+    def pooled(name, *path):
+        vals = []
+        for r in rounds[name]:
+            d = r
+            for p in path:
+                d = d[p]
+            vals.extend(d)
+        return median(vals)
+
+    first = rounds[variants[0][0]][0]
+    msops, kernels, nthreads = first["msops"], first["kernels"], first["threads"]
+    header = ["MindSpore op", "right after", "alone us"]
+    for name, _ in variants:
+        short = "ours" if name.startswith("this") else ("OpenMP PASSIVE" if "PASSIVE" in name else "OpenMP")
+        header += [f"{short}: after / alone, all threads", f"{short}: after / alone, 1 thread"]
+    rows = []
+    for o in msops:
+        for k in kernels:
+            row = [o, k.split(" ")[0], f"{1e6 * pooled(variants[0][0], 'after', o, 'alone'):.0f}"]
+            for name, _ in variants:
+                alone = pooled(name, "after", o, "alone")
+                row += [f"{pooled(name, 'after', o, f'{k}|0') / alone:.2f}",
+                        f"{pooled(name, 'after', o, f'{k}|1') / alone:.2f}"]
+            rows.append(row)
+    ctx.report.add(
+        f"Threads: a MindSpore op right after one of our kernels ({nthreads} threads)", header, rows,
+        "Ratio of the op's time right after the kernel to its time alone (1.00: the kernel's threads leave no "
+        "trace); 'all threads' ran the kernel with the library's default thread count, '1 thread' serially, "
+        "which shows what the kernel leaves behind in caches and MindSpore's own pool (the floor). Every "
+        "measurement starts after 12 ms of idle and one warm-up run of the op. The kernels: "
+        + "; ".join(kernels) + ".")
+    rows = []
+    for name, _ in variants:
+        rows.append([name, fmt_ms(pooled(name, "decode", "0")), fmt_ms(pooled(name, "decode", "1"))]
+                    + [fmt_ms(pooled(name, "ktime", f"{kernels[0]}|0")), fmt_ms(pooled(name, "ktime", f"{kernels[0]}|1"))])
+    ctx.report.add(
+        "Threads: decode-like loop (our gemv_4bit + MindSpore ops)",
+        ["library", "ms / iteration, all threads", "ms / iteration, 1 thread", "gemv_4bit 4096^2 ms, all threads",
+         "gemv_4bit 4096^2 ms, 1 thread"], rows,
+        "One iteration: 2 Llama-style layers (hidden 2048, MLP 5632, NF4 weights, batch 1): 7 gemv_4bit per "
+        "layer and ~20 MindSpore ops (RMSNorm, attention over a 128-token cache, SiLU, residuals). The "
+        "gemv_4bit columns time the kernel alone (from the first table's runs).")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, from {list(SECTIONS)}")
@@ -508,6 +683,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-upstream", action="store_true", help="skip upstream bitsandbytes (no env is built)")
     ap.add_argument("--big", action="store_true", help="also the 4096^3 int8 GEMM")
     ap.add_argument("--optim-params", type=int, default=100_000_000, help="parameters in the optimizer benchmark")
+    ap.add_argument("--threads-baseline-lib", default=None,
+                    help="threads section: also time this (OpenMP) build of libbitsandbytes_ms_cpu.so")
+    ap.add_argument("--threads-rounds", type=int, default=2, help="threads section: rounds per variant")
     ap.add_argument("--output", default=str(ROOT / "benchmarks" / "cpu.md"))
     args = ap.parse_args(argv)
 
@@ -523,10 +701,14 @@ def main(argv=None) -> int:
     ctx.repeat = args.repeat
     ctx.big = args.big
     ctx.optim_params = args.optim_params
+    ctx.threads_baseline = args.threads_baseline_lib
+    ctx.threads_rounds = args.threads_rounds
     ctx.report = Report()
-    ctx.upstream = Upstream(not args.no_upstream, args.repeat)
-    for name in args.sections.split(","):
-        SECTIONS[name.strip()](ctx)
+    names = [name.strip() for name in args.sections.split(",")]
+    # (the threads section compares builds of this library only: no upstream env for it)
+    ctx.upstream = Upstream(not args.no_upstream and any(n != "threads" for n in names), args.repeat)
+    for name in names:
+        SECTIONS[name](ctx)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(ctx.report.markdown(machine_description()))
     print(f"\nwrote {args.output}")

@@ -35,7 +35,7 @@ Python packages, no MindSpore or pybind11 headers are needed):
 
 or without CMake:
 
-    mkdir -p build/host && g++ -O3 -std=c++17 -fPIC -shared -fopenmp -fno-math-errno -ffp-contract=off \\
+    mkdir -p build/host && g++ -O3 -std=c++17 -fPIC -shared -pthread -fno-math-errno -ffp-contract=off \\
         -D_GLIBCXX_USE_CXX11_ABI=0 -Icsrc csrc/cpu/*.cpp -o build/host/libbitsandbytes_ms_cpu.so
 
 then ``python3 tools/cpu_isa_check.py --cpu-lib build/host/libbitsandbytes_ms_cpu.so``.
@@ -472,6 +472,54 @@ class OpsChild:
                                f"(atol tol*(max|ref|+1), rtol tol; tol 1e-5/1e-3/8e-3); worst err/tol {worst:.3f}"
                                f"{'; ' + ', '.join(bad[:4]) if bad else ''}")
 
+    def linear4(self):
+        """clinear_4bit (the fused 4-bit linear forward): gemv for one row, the dequantize-GEMM for more, with
+        double-quant absmax and bias; within the gemv tolerance of the reference, bytes kept for the
+        cross-level comparison (the kernel's order is the same at every level)."""
+        ref, rng = self.ref, np.random.RandomState(16)
+        shapes = [(1, 64, 256, 64), (2, 40, 192, 64), (3, 33, 100, 64), (5, 17, 77, 32), (8, 64, 512, 128),
+                  (9, 24, 1000, 256), (17, 50, 96, 64)]
+        if not self.quick:
+            shapes += [(4, 1536, 576, 64), (16, 576, 1536, 64), (32, 256, 4096, 64)]
+        tol = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
+        code2 = dynamic_map(ref)
+        ok = total = 0
+        bad = []
+        for dt in DTYPES:
+            for (M, N, K, bs) in shapes:
+                for nested in (False, True):
+                    code = code4("nf4")
+                    warg, _ = to_dtype(rng.randn(N * K).astype(np.float32), dt)
+                    q = np.empty(((N * K + 1) // 2, 1), np.uint8)
+                    nb = -(-N * K // bs)
+                    am = np.empty(nb, np.float32)
+                    rc0 = self.lib(f"cquantize_blockwise_{SFX[dt]}_nf4", [code, warg, i64(bs), q, am])
+                    if nested:
+                        off = np.float32(am.mean())
+                        aq = np.empty(nb, np.uint8)
+                        am2 = np.empty(-(-nb // 256), np.float32)
+                        rc0 |= self.lib("cquantize_blockwise_fp32", [code2, (am - off).astype(np.float32), i64(256), aq, am2])
+                        amx, extra = aq, [am2, code2, np.array(off, np.float32)]
+                        am_used = (code2[aq] * np.repeat(am2, 256)[:nb] + off).astype(np.float32)
+                    else:
+                        amx, extra, am_used = am, [None, None, None], am
+                    aarg, av = to_dtype(rng.randn(M, K).astype(np.float32), dt)
+                    barg, bv = to_dtype(rng.randn(N).astype(np.float32), dt)
+                    oarg, raw = out_array((M, N), dt)
+                    rc = self.lib(f"clinear_4bit_{SFX[dt]}", [aarg, q, amx, code] + extra +
+                                  [barg, i64(bs), i64(256), i64(N), oarg])
+                    r = ref.gemv_4bit(av, q, am_used, code, bs, N).astype(np.float32) + bv
+                    o = vals_of(raw, dt)
+                    t = tol[dt]
+                    good = rc0 == 0 and rc == 0 and bool(np.all(np.abs(o - r) <= t * (np.abs(r).max() + 1) + t * np.abs(r)))
+                    total += 1
+                    ok += good
+                    if not good:
+                        bad.append(f"{dt} {M}x{N}x{K} bs={bs} nested={nested} rc={rc0},{rc}")
+                    self.keep(f"lin4/{dt}/{M}/{N}/{K}/{bs}/{nested}", bits_of(raw))
+        self.line(ok == total, f"clinear_4bit (fused 4-bit linear, gemv + dequantize-GEMM): {ok}/{total} within the "
+                               f"gemv tolerance of the reference{'; ' + ', '.join(bad[:4]) if bad else ''}")
+
     # ---- optimizers ----
     HP = {"adam": (0.9, 0.999, 0.0, 0.0, 1e-8, 1e-3), "momentum": (0.9, 0.0, 0.0, 0.0, 1e-8, 1e-2),
           "rmsprop": (0.99, 0.0, 0.0, 0.0, 1e-8, 1e-2), "lion": (0.9, 0.99, 0.0, 0.0, 1e-8, 1e-4),
@@ -631,7 +679,8 @@ class OpsChild:
                                f"{'; ' + ', '.join(bad[:4]) if bad else ''}")
 
     def run(self):
-        for f in (self.vq, self.mmdq, self.blockwise, self.fourbit, self.gemv, self.optim32, self.optim8, self.weightonly):
+        for f in (self.vq, self.mmdq, self.blockwise, self.fourbit, self.gemv, self.linear4, self.optim32, self.optim8,
+                  self.weightonly):
             t0 = time.perf_counter()
             try:
                 f()

@@ -1655,7 +1655,7 @@ def op_names(path: str | None) -> list[str]:
         mod = importlib.util.module_from_spec(spec)
         sys.modules["bnb_ms_ops_table"] = mod
         spec.loader.exec_module(mod)
-        return list(mod.OPS)
+        return [n for n, op in mod.OPS.items() if not getattr(op, "cpu_only", False)]
     except Exception as e:
         if not path:
             raise RuntimeError(f"_ops.py not loadable ({type(e).__name__}: {e}) and no --op-names file") from e

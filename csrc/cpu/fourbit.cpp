@@ -24,6 +24,7 @@
 
 #include "aot.h"
 #include "cpu/cpu_features.h"
+#include "cpu/linear_kernels.h"
 #include "cpu/parallel.h"
 
 namespace bnb_ms {
@@ -427,20 +428,17 @@ void gemv4_prep(const float *xn, float *xp, int64_t M, int64_t K) {
 
 // Output rows in chunks handed out dynamically: on a machine whose cores are shared, a thread that is
 // descheduled for a while does not hold up the whole call (each row's result does not depend on the
-// split).  About 16 chunks per thread, each at least ~32K weights.
+// split).  About 16 chunks per thread, each at least ~32K weights; serial below 512K weights (~40 us
+// on one AVX2 core), where waking a worker costs about what it saves.
 template <class F>
 void gemv4_parallel_rows(int64_t N, int64_t K, F &&f) {
-#ifdef _OPENMP
-  const int64_t nt = omp_get_max_threads();
-  const int64_t chunk = std::max<int64_t>({1, 32768 / std::max<int64_t>(K, 1), N / (16 * nt)});
-  const int64_t nchunks = (N + chunk - 1) / chunk;
-  if (nchunks > 1 && nt > 1 && !omp_in_parallel()) {
-#pragma omp parallel for schedule(dynamic, 1) num_threads((int)std::min(nt, nchunks))
-    for (int64_t c = 0; c < nchunks; ++c) f(c * chunk, std::min(N, (c + 1) * chunk));
+  if (N * K < (int64_t)1 << 19) {
+    if (N > 0) f(0, N);
     return;
   }
-#endif
-  if (N > 0) f(0, N);
+  const int64_t nt = max_parallel_threads();
+  const int64_t chunk = std::max<int64_t>({1, 32768 / std::max<int64_t>(K, 1), N / (16 * nt)});
+  parallel_for_dynamic(N, chunk, f);
 }
 
 // absmax of a 4-bit weight: fp32 per block, or (double quant, QLoRA's nested statistics) uint8 codes
@@ -802,6 +800,29 @@ int linear4_entry(BNB_MS_AOT_ARGS) {
 }
 
 }  // namespace
+
+// Internal wrapper of gemv4 for other feature files (linear_kernels.h).
+void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
+                 int64_t K) {
+  if (M * N == 0) return;
+  if (K == 0) {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) out[m * N + n] = bias ? bias[n] : 0.0f;
+    return;
+  }
+  Absmax4 amx;
+  if (w.absmax_q) {
+    amx.q = w.absmax_q;
+    amx.code2 = w.code2;
+    amx.absmax2 = w.absmax2;
+    amx.offset = w.offset;
+    amx.bs2 = w.blocksize2;
+  } else {
+    amx.f32 = w.absmax_f32;
+  }
+  gemv4<float>(w.code, w.packed, amx, A, bias, out, M, N, K, w.blocksize);
+}
+
 }  // namespace bnb_ms
 
 using bnb_ms::bf16_t;

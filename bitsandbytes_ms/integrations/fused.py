@@ -1,0 +1,511 @@
+"""The fused decode path: a quantized Llama / Qwen2 / Mistral / Qwen3 causal LM's forward as a few native calls per
+layer instead of thousands of mindtorch ops (issue 13).
+
+``fuse(model)`` checks the model once (architecture, config, every decoder layer's linear layers) and
+attaches a plan: the host arrays of every weight, and one bound host call (:mod:`bitsandbytes_ms._hostcall`)
+per layer half (``cdecoder_attention_fp32``: RMSNorm + Q/K/V (+bias) + RoPE + KV-cache append + causal GQA
+attention with the padding mask + O + residual; ``cdecoder_mlp_fp32``: RMSNorm + gate/up + SiLU*up + down +
+residual; see csrc/cpu/decoder.cpp). While a model carries a plan, its ``*ForCausalLM.forward`` (a registered
+patch, :mod:`.patches`) runs: embedding lookup (numpy), 2 native calls per layer, the final norm and the
+lm_head (``cdecoder_linear_fp32``; only the ``logits_to_keep`` positions), and returns the usual
+``CausalLMOutputWithPast``, so ``model.generate()`` (greedy, sampling, ``attention_mask`` with left padding,
+batch >= 1, ``max_new_tokens``, EOS) works unchanged.
+
+The KV cache is ours: fp32 arrays [B, KVH, capacity, D] per layer, preallocated and grown by doubling,
+attached to the transformers ``DynamicCache`` object generate passes in (``cache._bnb_fused_kv``). Patches on
+``Cache.get_seq_length`` / ``reorder_cache`` / ``crop`` make that object answer for it (its own layers stay empty).
+
+Weights: each linear is our ``Linear4bit`` (NF4/FP4, with or without double quant, compute dtype fp32) or a
+plain fp32 ``nn.Linear``, in any mix. Anything else keeps the unfused path, with one warning naming the
+reason: an architecture other than these (Qwen3 too: its QK-norm is fused), a rope_scaling type other than default, an
+activation other than SiLU, ``pretraining_tp > 1``, other layer types (e.g. int8 ``Linear8bitLt``), non-fp32
+weights. Per call, the unfused path also runs when gradients are being recorded, in graph mode, in training
+mode, when ``output_attentions``/``output_hidden_states`` are asked for, for a 4-D attention mask, or for a
+cache that the unfused path has already filled (one warning per reason).
+
+Numerics: decode (one token) runs the same 4-bit kernel as the unfused layers (bit-identical projections);
+RMSNorm, RoPE, softmax and the residual adds are fp32 like transformers' but in another order, so logits
+differ by rounding (tests/test_fused_decoder.py measures max|diff| / max|logit|). Prefill uses the gemv kernel
+for every row (the unfused Linear4bit dequantizes and runs a matmul above 8 rows).
+
+Switches: ``unfuse(model)``; ``set_enabled(False)`` (or ``BNB_MS_FUSED=0``) for every model.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from .. import _hostcall
+from .patches import registry
+
+__all__ = ["fuse", "unfuse", "is_fused", "set_enabled", "unsupported_reason", "FUSED_PATCHES"]
+
+_enabled = os.environ.get("BNB_MS_FUSED", "1") != "0"
+_PLAN = "_bnb_fused_plan"
+_KV = "_bnb_fused_kv"
+_SPEC_NONE = (None, None, None, None, None, None, None, 64, 256)
+_warned: set = set()
+#: how many forwards took the fused path (tests and benchmarks read it)
+stats = {"fused_forwards": 0}
+
+#: architectures (config.model_type) -> the modeling module whose ``*ForCausalLM.forward`` is patched
+FAMILIES = {
+    "llama": ("transformers.models.llama.modeling_llama", "LlamaForCausalLM"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2ForCausalLM"),
+    "mistral": ("transformers.models.mistral.modeling_mistral", "MistralForCausalLM"),
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3ForCausalLM"),
+}
+FUSED_PATCHES = [f"fused-{k}-causal-lm-forward" for k in FAMILIES] + [
+    "fused-cache-get-seq-length", "fused-cache-reorder", "fused-cache-crop"]
+
+
+def set_enabled(flag: bool) -> bool:
+    """Switches the fused path on or off for every fused model (off: the unfused forward). Returns the old value."""
+    global _enabled
+    old, _enabled = _enabled, bool(flag)
+    return old
+
+
+def _warn_once(key, msg: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(msg, stacklevel=3)
+
+
+class _Unsupported(Exception):
+    pass
+
+
+# ---- the plan: host arrays and bound host calls --------------------------------------------------------
+def _host_param(p, keep: Dict[int, np.ndarray]) -> np.ndarray:
+    a = keep.get(id(p))
+    if a is None:
+        a = keep[id(p)] = _hostcall.host(p)
+    return a
+
+
+def _linear_spec(mod, name: str, N: int, K: int, keep: Dict[int, np.ndarray]) -> tuple:
+    import mindspore as ms
+    import torch
+
+    from .. import functional as F
+    from ..nn.modules import Linear4bit, Params4bit
+
+    bias = None
+    if getattr(mod, "bias", None) is not None:
+        if mod.bias.dtype != ms.float32:
+            raise _Unsupported(f"{name}.bias is {mod.bias.dtype}, not float32")
+        bias = _host_param(mod.bias, keep)
+    if isinstance(mod, Linear4bit):
+        w = mod.weight
+        qs = getattr(w, "quant_state", None)
+        if not isinstance(w, Params4bit) or qs is None:
+            raise _Unsupported(f"{name} is a Linear4bit whose weight is not quantized")
+        if mod.compute_dtype not in (None, ms.float32):
+            raise _Unsupported(f"{name} computes in {mod.compute_dtype} (the fused path computes in float32)")
+        if tuple(qs.shape) != (N, K):
+            raise _Unsupported(f"{name} has shape {tuple(qs.shape)}, expected {(N, K)}")
+        plan = F._plan_4bit(qs, "fuse")
+        packed = plan.packed(w, "fuse", True)
+        if plan.arrays is None:
+            plan.arrays = [None if t is None else _hostcall.host(t) for t in plan.tensors]
+        absmax, code, absmax2, code2, offset = plan.arrays
+        keep[id(packed)] = packed
+        return (packed, absmax, code, absmax2, code2, offset, bias, plan.bs, plan.bs2)
+    if type(mod) is torch.nn.Linear:
+        if mod.weight.dtype != ms.float32:
+            raise _Unsupported(f"{name} is an nn.Linear in {mod.weight.dtype} (fp32 only)")
+        if tuple(mod.weight.shape) != (N, K):
+            raise _Unsupported(f"{name} has shape {tuple(mod.weight.shape)}, expected {(N, K)}")
+        return (_host_param(mod.weight, keep), None, None, None, None, None, bias, 64, 256)
+    raise _Unsupported(f"{name} is a {type(mod).__name__} (fused: Linear4bit or fp32 nn.Linear)")
+
+
+class _Layer:
+    __slots__ = ("attn", "mlp", "window", "bound")
+
+
+class _Plan:
+    """Everything a fused forward needs, checked once."""
+
+    def __init__(self, model):
+        import mindspore as ms
+
+        cfg = model.config
+        self.family = cfg.model_type
+        inner = model.model
+        self.keep: Dict[int, np.ndarray] = {}
+        H, Hq, KVH = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+        D = getattr(cfg, "head_dim", None) or H // Hq
+        I = cfg.intermediate_size
+        self.H, self.Hq, self.KVH, self.D, self.I = H, Hq, KVH, D, I
+        emb = inner.embed_tokens.weight
+        if emb.dtype != ms.float32:
+            raise _Unsupported(f"the embedding is {emb.dtype} (fp32 only)")
+        self.embed = _host_param(emb, self.keep)
+        rot = inner.rotary_emb
+        self.inv_freq = np.ascontiguousarray(_hostcall.host(rot.inv_freq).astype(np.float32))
+        if self.inv_freq.size != D // 2:
+            raise _Unsupported(f"rotary embedding covers {2 * self.inv_freq.size} of head_dim {D} (partial RoPE)")
+        self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
+        self.norm_w = _host_param(inner.norm.weight, self.keep)
+        self.norm_eps = float(inner.norm.variance_epsilon)
+        self.layers: List[_Layer] = []
+        past = np.zeros((), np.int64)
+        dummy_x = np.zeros((1, 1, H), np.float32)
+        attn_e, mlp_e = _hostcall.entry("cdecoder_attention_fp32"), _hostcall.entry("cdecoder_mlp_fp32")
+        for i, layer in enumerate(inner.layers[: cfg.num_hidden_layers]):
+            a, m, pfx = layer.self_attn, layer.mlp, f"model.layers.{i}"
+            qk = []
+            for nm in ("q_norm", "k_norm"):
+                n = getattr(a, nm, None)
+                if n is not None:
+                    if self.family != "qwen3":
+                        raise _Unsupported(f"{pfx}.self_attn has {nm} (QK-norm outside Qwen3)")
+                    if n.weight.dtype != ms.float32 or float(n.variance_epsilon) != float(
+                            layer.input_layernorm.variance_epsilon):
+                        raise _Unsupported(f"{pfx}.self_attn.{nm}: fp32 weight and the layer norms' eps needed")
+                    qk.append(_host_param(n.weight, self.keep))
+                else:
+                    qk.append(None)
+            if getattr(a, "head_dim", D) != D:
+                raise _Unsupported(f"{pfx}.self_attn.head_dim differs from the config's")
+            specs = [_linear_spec(a.q_proj, f"{pfx}.self_attn.q_proj", Hq * D, H, self.keep),
+                     _linear_spec(a.k_proj, f"{pfx}.self_attn.k_proj", KVH * D, H, self.keep),
+                     _linear_spec(a.v_proj, f"{pfx}.self_attn.v_proj", KVH * D, H, self.keep),
+                     _linear_spec(a.o_proj, f"{pfx}.self_attn.o_proj", H, Hq * D, self.keep)]
+            mspecs = [_linear_spec(m.gate_proj, f"{pfx}.mlp.gate_proj", I, H, self.keep),
+                      _linear_spec(m.up_proj, f"{pfx}.mlp.up_proj", I, H, self.keep),
+                      _linear_spec(m.down_proj, f"{pfx}.mlp.down_proj", H, I, self.keep)]
+            n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+            for nm, n in (("input_layernorm", n1), ("post_attention_layernorm", n2)):
+                if n.weight.dtype != ms.float32:
+                    raise _Unsupported(f"{pfx}.{nm} is {n.weight.dtype} (fp32 only)")
+            window = 0
+            sw = getattr(a, "sliding_window", None) if self.family in ("qwen2", "qwen3") else getattr(cfg, "sliding_window", None)
+            if self.family != "llama" and sw:
+                window = int(sw)
+            L = _Layer()
+            L.window = window
+            L.bound = None  # ids of the per-call arrays the calls are bound to (re-pointed only when they change)
+            kv = np.zeros((1, KVH, 1, D), np.float32)
+            L.attn = attn_e.bind(dummy_x, np.zeros((1, 1), np.int64), None, kv, kv,
+                                 _host_param(n1.weight, self.keep), self.inv_freq, *qk,
+                                 *[x for s in specs for x in s], past, Hq, float(n1.variance_epsilon),
+                                 float(a.scaling), self.rope_scale, window, dummy_x)
+            L.mlp = mlp_e.bind(dummy_x, _host_param(n2.weight, self.keep), *[x for s in mspecs for x in s], I,
+                               float(n2.variance_epsilon), dummy_x)
+            self.layers.append(L)
+        self.past = past  # the 0-d int64 every attention call reads (updated in place)
+        head = model.lm_head
+        try:
+            self.lm_spec = _linear_spec(head, "lm_head", cfg.vocab_size, H, self.keep)
+            self.lm_call = _hostcall.entry("cdecoder_linear_fp32").bind(
+                dummy_x, *self.lm_spec, cfg.vocab_size, np.zeros((1, 1, cfg.vocab_size), np.float32))
+        except _Unsupported:
+            self.lm_spec = self.lm_call = None  # the lm_head module runs (e.g. an int8 lm_head)
+        self.norm_call = _hostcall.entry("crms_norm_fp32").bind(dummy_x, self.norm_w, self.norm_eps, dummy_x)
+        self.vocab = cfg.vocab_size
+
+
+def unsupported_reason(model) -> Optional[str]:
+    """Why ``model`` cannot take the fused path (None when it can)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) not in FAMILIES:
+        return f"architecture {getattr(cfg, 'model_type', type(model).__name__)!r} (fused: {', '.join(FAMILIES)})"
+    if type(model).__name__ != FAMILIES[cfg.model_type][1]:
+        return f"{type(model).__name__} (fused: {FAMILIES[cfg.model_type][1]})"
+    rs = getattr(cfg, "rope_scaling", None)
+    if rs:
+        t = rs.get("rope_type", rs.get("type", "default"))
+        if t != "default":
+            return f"rope_scaling type {t!r} (fused: default RoPE)"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} (fused: silu)"
+    if getattr(cfg, "pretraining_tp", 1) > 1:
+        return "pretraining_tp > 1"
+    if cfg.model_type == "qwen2" and getattr(cfg, "use_sliding_window", False):
+        # windows per layer are supported; only say nothing here
+        pass
+    return None
+
+
+def _build(model):
+    reason = unsupported_reason(model)
+    if reason is None:
+        try:
+            return _Plan(model), None
+        except _Unsupported as e:
+            reason = str(e)
+    return None, reason
+
+
+def fuse(model) -> bool:
+    """Installs the fused forward on ``model`` (a quantized Llama/Qwen2/Mistral causal LM). Returns True when
+    fused; otherwise warns once with the reason and leaves the model on its unfused path."""
+    if not _hostcall.active() and not _hostcall._enabled:
+        _warn_once(("fuse", id(model), "hostcall"), "bitsandbytes_ms.fuse: host calls are off "
+                   "(BNB_MS_HOSTCALL=0 or not the CPU library); the model keeps the unfused path")
+        return False
+    plan, reason = _build(model)
+    if plan is None:
+        _warn_once(("fuse", id(model), reason),
+                   f"bitsandbytes_ms.fuse: {type(model).__name__} keeps the unfused path: {reason}")
+        return False
+    registry.apply(FUSED_PATCHES)
+    object.__setattr__(model, _PLAN, plan)
+    return True
+
+
+def unfuse(model) -> None:
+    """Removes the fused forward from ``model`` (the patches stay installed and do nothing for it)."""
+    model.__dict__.pop(_PLAN, None)
+
+
+def is_fused(model) -> bool:
+    return model.__dict__.get(_PLAN) is not None
+
+
+# ---- our KV cache ------------------------------------------------------------------------------------
+class _KVState:
+    """Per-layer fp32 K/V arrays [B, KVH, capacity, D]; ``length`` tokens are valid."""
+
+    def __init__(self, plan: _Plan, B: int):
+        self.plan, self.B, self.length, self.cap = plan, B, 0, 0
+        self.k: List[np.ndarray] = []
+        self.v: List[np.ndarray] = []
+        self.mask = np.ones((B, 0), np.uint8)  # [B, cap]: the padding mask, columns >= length unused
+        self.x: Dict[int, np.ndarray] = {}  # T -> [B, T, H] activation buffer (reused every decode step)
+        self.pos: Dict[int, np.ndarray] = {}  # T -> [B, T] positions buffer
+
+    def ensure(self, L: int) -> None:
+        if L <= self.cap:
+            return
+        cap = max(L, 2 * self.cap, 64)
+        cap = -(-cap // 64) * 64
+        p = self.plan
+        shape = (self.B, p.KVH, cap, p.D)
+        nk, nv = [], []
+        for i in range(len(p.layers)):
+            k, v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+            if self.length:
+                k[:, :, : self.length] = self.k[i][:, :, : self.length]
+                v[:, :, : self.length] = self.v[i][:, :, : self.length]
+            nk.append(k)
+            nv.append(v)
+        mask = np.ones((self.B, cap), np.uint8)
+        mask[:, : self.mask.shape[1]] = self.mask
+        self.k, self.v, self.cap, self.mask = nk, nv, cap, mask
+
+    def buffers(self, T: int):
+        x = self.x.get(T)
+        if x is None:
+            if len(self.x) > 4:
+                self.x.clear()
+                self.pos.clear()
+            x = self.x[T] = np.empty((self.B, T, self.plan.H), np.float32)
+            self.pos[T] = np.empty((self.B, T), np.int64)
+        return x, self.pos[T]
+
+    def reorder(self, idx: np.ndarray) -> None:
+        self.k = [np.ascontiguousarray(k[idx]) for k in self.k]
+        self.v = [np.ascontiguousarray(v[idx]) for v in self.v]
+        self.mask = np.ascontiguousarray(self.mask[idx])
+        self.B = len(idx)
+        self.x.clear()
+        self.pos.clear()
+
+
+# ---- the fused forward -------------------------------------------------------------------------------
+_FWD_ARGS = ("input_ids", "attention_mask", "position_ids", "past_key_values", "inputs_embeds", "labels",
+             "use_cache", "cache_position", "logits_to_keep")
+
+
+def _runtime_reason(model, kw) -> Optional[str]:
+    if not _hostcall.active():
+        return "gradients are being recorded, graph mode, or host calls are off"
+    if model.training:
+        return "training mode"
+    for k in ("output_attentions", "output_hidden_states"):
+        if kw.get(k):
+            return f"{k}=True"
+    am = kw.get("attention_mask")
+    if am is not None and am.ndim != 2:
+        return f"a {am.ndim}-D attention_mask (fused: 2-D padding mask)"
+    pkv = kw.get("past_key_values")
+    if pkv is not None:
+        from transformers.cache_utils import DynamicCache
+
+        if pkv.__dict__.get(_KV) is None:
+            if type(pkv) is not DynamicCache:
+                return f"a {type(pkv).__name__} (fused: DynamicCache)"
+            if pkv.get_seq_length() > 0:
+                return "a DynamicCache already filled by the unfused path"
+    return None
+
+
+def _host_int(t) -> np.ndarray:
+    return _hostcall.host(t) if not isinstance(t, np.ndarray) else t
+
+
+def _fused_forward(model, plan: _Plan, kw):
+    import torch
+    from transformers.cache_utils import DynamicCache
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    stats["fused_forwards"] += 1
+    ids, emb = kw.get("input_ids"), kw.get("inputs_embeds")
+    if emb is not None:
+        src = _hostcall.host(emb).astype(np.float32, copy=False)
+    else:
+        src = _host_int(ids).astype(np.int64, copy=False)
+    B, T = (src.shape[0], src.shape[1]) if src.ndim >= 2 else (1, src.shape[0])
+    pkv = kw.get("past_key_values")
+    use_cache = kw.get("use_cache")
+    if use_cache is None:
+        use_cache = getattr(model.config, "use_cache", True)
+    if pkv is None and use_cache:
+        pkv = DynamicCache(config=model.config)
+    state = pkv.__dict__.get(_KV) if pkv is not None else None
+    if state is None or state.plan is not plan:
+        state = _KVState(plan, B)
+        if pkv is not None:
+            pkv.__dict__[_KV] = state
+    if state.B != B:
+        raise ValueError(f"fused forward: batch {B} does not match the cache's batch {state.B}")
+    past = state.length
+    cp = kw.get("cache_position")
+    if cp is not None:
+        c0 = int(_host_int(cp).reshape(-1)[0])
+        if c0 > past:
+            raise ValueError(f"fused forward: cache_position starts at {c0} but the cache holds {past} tokens")
+        past = c0
+    L = past + T
+    state.ensure(L)
+    x, pos = state.buffers(T)
+    if emb is not None:
+        x[...] = src.reshape(B, T, -1)
+    else:
+        np.take(plan.embed, src.reshape(B, T), axis=0, out=x)
+    p = kw.get("position_ids")
+    if p is None:
+        pos[...] = np.arange(past, L, dtype=np.int64)
+    else:
+        pos[...] = _host_int(p).reshape(-1, T)
+    am = kw.get("attention_mask")
+    mask = None
+    if am is not None:
+        m = _host_int(am)
+        if m.shape[1] < L:
+            raise ValueError(f"fused forward: attention_mask covers {m.shape[1]} of {L} positions")
+        m = m[:, :L]
+        if not m.all():
+            mask = state.mask
+            mask[:, :L] = m != 0
+    plan.past[...] = past
+    key = (id(x), id(pos), id(mask), id(state))
+    for i, layer in enumerate(plan.layers):
+        a = layer.attn
+        if layer.bound != key or state.k[i] is not a._keep[3]:
+            a.set(0, x)
+            a.set(1, pos)
+            a.set(2, mask)
+            a.set(3, state.k[i])
+            a.set(4, state.v[i])
+            a.set(51, x)
+            layer.mlp.set(0, x)
+            layer.mlp.set(31, x)
+            layer.bound = key
+        a()
+        layer.mlp()
+    state.length = L
+    keep = kw.get("logits_to_keep") or 0
+    hs = x[:, -keep:] if isinstance(keep, int) and keep > 0 else (x if isinstance(keep, int) else x[:, _host_int(keep)])
+    hs = np.ascontiguousarray(hs)
+    nc = plan.norm_call
+    nc.set(0, hs)
+    nc.set(3, hs)
+    nc()
+    if plan.lm_call is not None:
+        logits = np.empty(hs.shape[:-1] + (plan.vocab,), np.float32)
+        lc = plan.lm_call
+        lc.set(0, hs)
+        lc.set(11, logits)
+        lc()
+        logits_t = _hostcall.wrap(logits)
+    else:
+        logits_t = model.lm_head(_hostcall.wrap(hs))
+    loss = None
+    if kw.get("labels") is not None:
+        loss = model.loss_function(logits=logits_t, labels=kw["labels"], vocab_size=model.config.vocab_size)
+    out = CausalLMOutputWithPast(loss=loss, logits=logits_t, past_key_values=pkv if use_cache else None)
+    rd = kw.get("return_dict")
+    if rd is None:
+        rd = getattr(model.config, "use_return_dict", True)
+    return out if rd else out.to_tuple()
+
+
+def _causal_lm_forward(wrapped, instance, args, kwargs):
+    plan = instance.__dict__.get(_PLAN) if instance is not None else None
+    if plan is None or not _enabled:
+        return wrapped(*args, **kwargs)
+    kw = dict(zip(_FWD_ARGS, args))
+    kw.update(kwargs)
+    reason = _runtime_reason(instance, kw)
+    if reason is not None:
+        pkv = kw.get("past_key_values")
+        if pkv is not None and pkv.__dict__.get(_KV) is not None:
+            raise RuntimeError(f"bitsandbytes_ms fused forward: this cache was filled by the fused path, which "
+                               f"cannot continue here: {reason}")
+        _warn_once(("run", reason), f"bitsandbytes_ms fused forward: the unfused path runs: {reason}")
+        return wrapped(*args, **kwargs)
+    unknown = set(kw) - set(_FWD_ARGS) - {"return_dict", "output_attentions", "output_hidden_states"}
+    if unknown:
+        _warn_once(("kw", tuple(sorted(unknown))), f"bitsandbytes_ms fused forward ignores {sorted(unknown)}")
+    return _fused_forward(instance, plan, kw)
+
+
+for _fam, (_mod, _cls) in FAMILIES.items():
+    registry.register(
+        f"fused-{_fam}-causal-lm-forward", _mod, f"{_cls}.forward",
+        f"{_cls}.forward dispatches ~80 mindtorch ops per layer and token (~40-70 us each); a fused model "
+        f"(bitsandbytes_ms.integrations.fuse) runs 2 native calls per layer instead")(_causal_lm_forward)
+
+
+def _state_of(cache):
+    return cache.__dict__.get(_KV) if cache is not None else None
+
+
+@registry.register("fused-cache-get-seq-length", "transformers.cache_utils", "Cache.get_seq_length",
+                   "a fused model keeps its KV cache in its own arrays behind the Cache object generate passes "
+                   "in; the object must report their length")
+def _get_seq_length(wrapped, instance, args, kwargs):
+    st = _state_of(instance)
+    return st.length if st is not None else wrapped(*args, **kwargs)
+
+
+@registry.register("fused-cache-reorder", "transformers.cache_utils", "Cache.reorder_cache",
+                   "beam search reorders the cache's batch; a fused model's arrays must follow")
+def _reorder_cache(wrapped, instance, args, kwargs):
+    st = _state_of(instance)
+    if st is None:
+        return wrapped(*args, **kwargs)
+    beam_idx = args[0] if args else kwargs["beam_idx"]
+    st.reorder(_host_int(beam_idx).astype(np.int64).reshape(-1))
+    return None
+
+
+@registry.register("fused-cache-crop", "transformers.cache_utils", "Cache.crop",
+                   "assisted decoding crops the cache; a fused model's length must follow")
+def _crop(wrapped, instance, args, kwargs):
+    st = _state_of(instance)
+    if st is None:
+        return wrapped(*args, **kwargs)
+    n = args[0] if args else next(iter(kwargs.values()))
+    n = int(n)
+    st.length = max(0, st.length + n) if n < 0 else min(st.length, n)
+    return None

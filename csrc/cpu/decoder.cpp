@@ -1,0 +1,508 @@
+// decoder.cpp -- fused decoder-layer forwards for Llama / Qwen2 / Mistral-style causal LMs (inference).
+//
+// One native call per half of a decoder layer instead of ~80 framework ops (issue 13):
+//   cdecoder_attention_fp32:  out = x + O(attn(RoPE(Q(rms(x))), RoPE(K(rms(x))) -> cache, V(rms(x)) -> cache))
+//   cdecoder_mlp_fp32:        out = x + Down(silu(Gate(rms(x))) * Up(rms(x)))
+// plus two helpers for the model's ends: cdecoder_linear_fp32 (one linear, e.g. lm_head) and
+// crms_norm_fp32 (the final norm).  Activations are fp32.  A linear layer's weight is either
+//   * fp32 [N, K] (a layer left unquantized): AVX2/scalar GEMV of this file (fp32 accumulation), or
+//   * NF4/FP4 packed + absmax fp32 or double quant: the 4-bit GEMV of fourbit.cpp (linear_kernels.h), the
+//     same kernel (and bits) as the unfused Linear4bit forward at <= 8 rows.
+// Every linear is given as 9 consecutive params ("linear spec"):
+//   W (f32 [N, K] | u8 packed >= (N*K+1)/2), absmax (f32 [nb] | u8 [nb] | none for fp32 W), code (f32[16] | none),
+//   absmax2 (f32 | none), code2 (f32[256] | none), offset (f32 0-d | none), bias (f32 [N] | none),
+//   blocksize (i64), blocksize2 (i64)
+// Numerics (HF transformers' eager forward, fp32):
+//   QK-norm   (Qwen3) the same RMSNorm over each head's D values of q and k, before RoPE
+//   RMSNorm   r = 1/sqrt(mean(x^2) + eps) (sum in double), y = w * (x * r)
+//   RoPE      default rope type: f = float(pos) * inv_freq[i], c = cos(f) * rs, s = sin(f) * rs (rs: attention
+//             scaling), rotate_half convention: y[i] = x[i] c - x[i+D/2] s, y[i+D/2] = x[i+D/2] c + x[i] s
+//   attention query row t of sequence b sits at cache index past + t; key j is visible iff j <= past + t,
+//             key_mask[b, j] != 0 and (window == 0 or past + t - j < window); softmax in fp32 (max-subtracted,
+//             sum in double); a row with no visible key gives 0.  GQA: head h reads kv head h / (Hq / KVH).
+//   SiLU      g / (1 + exp(-g))
+// The KV cache is the caller's preallocated k_cache/v_cache [B, KVH, S_max, D] (fp32), written IN PLACE at
+// [past, past + T) before attending over [0, past + T).  `out` may be the same memory as `x`.
+// Threads: parallel_for (parallel.h) for this file's loops; the 4-bit GEMV threads itself.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "aot.h"
+#include "cpu/cpu_features.h"
+#include "cpu/linear_kernels.h"
+#include "cpu/parallel.h"
+
+namespace bnb_ms {
+namespace {
+
+// ---- small fp32 vector helpers ----------------------------------------------------------------------
+float dot_scalar(const float *a, const float *b, int64_t n) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) s[l] = std::fma(a[i + l], b[i + l], s[l]);
+  float r = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+  for (; i < n; ++i) r = std::fma(a[i], b[i], r);
+  return r;
+}
+
+BNB_MS_TARGET_AVX2 float dot_avx2(const float *a, const float *b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  const __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+  const __m128 u = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));
+  float r = _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
+  for (; i < n; ++i) r = std::fma(a[i], b[i], r);
+  return r;
+}
+
+// y += p * x
+void axpy_scalar(float *y, float p, const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(p, x[i], y[i]);
+}
+BNB_MS_TARGET_AVX2 void axpy_avx2(float *y, float p, const float *x, int64_t n) {
+  const __m256 vp = _mm256_set1_ps(p);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] = std::fma(p, x[i], y[i]);
+}
+
+BNB_MS_INLINE float dot(const float *a, const float *b, int64_t n) {
+  return has_avx2() ? dot_avx2(a, b, n) : dot_scalar(a, b, n);
+}
+BNB_MS_INLINE void axpy(float *y, float p, const float *x, int64_t n) {
+  if (has_avx2()) axpy_avx2(y, p, x, n);
+  else axpy_scalar(y, p, x, n);
+}
+
+// ---- linear layers --------------------------------------------------------------------------------
+struct Lin {
+  bool dense = false;
+  const float *W = nullptr;  // dense [N, K]
+  Linear4Weight q4;
+  const float *bias = nullptr;
+  int64_t N = 0, K = 0;
+};
+
+constexpr int kSpec = 9;
+enum { L_W, L_ABSMAX, L_CODE, L_ABSMAX2, L_CODE2, L_OFFSET, L_BIAS, L_BS, L_BS2 };
+
+// Checks the linear spec at params [i0, i0 + 9) for an [N, K] weight; fills `l`.
+int parse_lin(const Call<> &c, int i0, int64_t N, int64_t K, Lin *l) {
+  l->N = N;
+  l->K = K;
+  const int b = i0 + L_BIAS;
+  if (!c.is_none(b)) {
+    if (c.dtype(b) != DType::f32) return E_DTYPE;
+    if (c.numel(b) != N) return E_SHAPE;
+    l->bias = c.ptr<float>(b);
+  }
+  const int w = i0 + L_W;
+  if (c.is_none(w)) return E_NULL;
+  if (c.dtype(w) == DType::f32) {
+    if (c.rank(w) != 2 || c.dim(w, 0) != N || c.dim(w, 1) != K) return E_SHAPE;
+    l->dense = true;
+    l->W = c.ptr<float>(w);
+    return OK;
+  }
+  if (c.dtype(w) != DType::u8) return E_DTYPE;
+  int64_t bs, bs2;
+  if (!c.scalar_i64(i0 + L_BS, &bs) || bs <= 0 || bs % 2 || !c.scalar_i64(i0 + L_BS2, &bs2) || bs2 <= 0) return E_VALUE;
+  const int64_t nb = (N * K + bs - 1) / bs;
+  if (c.numel(w) < (N * K + 1) / 2) return E_SHAPE;
+  const int am = i0 + L_ABSMAX, cd = i0 + L_CODE;
+  if (c.is_none(am) || c.is_none(cd)) return E_NULL;
+  if (c.dtype(cd) != DType::f32) return E_DTYPE;
+  if (c.numel(cd) != 16 || c.numel(am) < nb) return E_SHAPE;
+  Linear4Weight &q = l->q4;
+  q.packed = c.ptr<uint8_t>(w);
+  q.code = c.ptr<float>(cd);
+  q.blocksize = bs;
+  q.blocksize2 = bs2;
+  if (c.dtype(am) == DType::u8) {
+    const int a2 = i0 + L_ABSMAX2, c2 = i0 + L_CODE2, of = i0 + L_OFFSET;
+    if (c.is_none(a2) || c.is_none(c2) || c.is_none(of)) return E_NULL;
+    if (c.dtype(a2) != DType::f32 || c.dtype(c2) != DType::f32 || c.dtype(of) != DType::f32) return E_DTYPE;
+    if (c.numel(c2) != 256 || c.numel(a2) < (nb + bs2 - 1) / bs2 || c.rank(of) != 0) return E_SHAPE;
+    q.absmax_q = c.ptr<uint8_t>(am);
+    q.code2 = c.ptr<float>(c2);
+    q.absmax2 = c.ptr<float>(a2);
+    q.offset = *c.ptr<float>(of);
+  } else if (c.dtype(am) == DType::f32) {
+    q.absmax_f32 = c.ptr<float>(am);
+  } else {
+    return E_DTYPE;
+  }
+  return OK;
+}
+
+// out[m, n] = x[m, :] . W[n, :] (+ bias[n]), dense fp32, parallel over n.
+void dense_gemv(const float *W, const float *bias, const float *x, float *out, int64_t M, int64_t N, int64_t K) {
+  parallel_for(N, std::max<int64_t>(16, 16384 / std::max<int64_t>(K, 1)), [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const float *w = W + n * K;
+      const float b = bias ? bias[n] : 0.0f;
+      for (int64_t m = 0; m < M; ++m) out[m * N + n] = dot(x + m * K, w, K) + b;
+    }
+  });
+}
+
+// ---- many rows (prefill): weight rows in chunks of kChunk (4-bit: dequantized to fp32 first), then a
+// register-tiled GEMM (4 x-rows x 2 weight rows per tile) over every x row.
+constexpr int64_t kChunk = 32;
+
+BNB_MS_TARGET_AVX2 BNB_MS_INLINE float hsum_avx2(__m256 v) {
+  const __m128 u = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));
+  return _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
+}
+
+// out[m * ldo + j] = x[m, :] . w[j, :] + (bias ? bias[j] : 0) for m < M, j < nr.
+BNB_MS_TARGET_AVX2 void gemm_tile_avx2(const float *x, int64_t M, const float *w, int64_t nr, int64_t K,
+                                       const float *bias, float *out, int64_t ldo) {
+  const int64_t K8 = K / 8 * 8;
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) {
+    const float *x0 = x + m * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
+    int64_t j = 0;
+    for (; j + 2 <= nr; j += 2) {
+      const float *w0 = w + j * K, *w1 = w0 + K;
+      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+      for (int64_t k = 0; k < K8; k += 8) {
+        const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
+        __m256 xv = _mm256_loadu_ps(x0 + k);
+        a00 = _mm256_fmadd_ps(xv, v0, a00);
+        a01 = _mm256_fmadd_ps(xv, v1, a01);
+        xv = _mm256_loadu_ps(x1 + k);
+        a10 = _mm256_fmadd_ps(xv, v0, a10);
+        a11 = _mm256_fmadd_ps(xv, v1, a11);
+        xv = _mm256_loadu_ps(x2 + k);
+        a20 = _mm256_fmadd_ps(xv, v0, a20);
+        a21 = _mm256_fmadd_ps(xv, v1, a21);
+        xv = _mm256_loadu_ps(x3 + k);
+        a30 = _mm256_fmadd_ps(xv, v0, a30);
+        a31 = _mm256_fmadd_ps(xv, v1, a31);
+      }
+      float r[8] = {hsum_avx2(a00), hsum_avx2(a01), hsum_avx2(a10), hsum_avx2(a11),
+                    hsum_avx2(a20), hsum_avx2(a21), hsum_avx2(a30), hsum_avx2(a31)};
+      for (int64_t k = K8; k < K; ++k) {
+        const float *xs[4] = {x0, x1, x2, x3};
+        for (int i = 0; i < 4; ++i) {
+          r[2 * i] = std::fma(xs[i][k], w0[k], r[2 * i]);
+          r[2 * i + 1] = std::fma(xs[i][k], w1[k], r[2 * i + 1]);
+        }
+      }
+      const float b0 = bias ? bias[j] : 0.0f, b1 = bias ? bias[j + 1] : 0.0f;
+      for (int i = 0; i < 4; ++i) {
+        out[(m + i) * ldo + j] = r[2 * i] + b0;
+        out[(m + i) * ldo + j + 1] = r[2 * i + 1] + b1;
+      }
+    }
+    for (; j < nr; ++j)
+      for (int i = 0; i < 4; ++i) out[(m + i) * ldo + j] = dot_avx2(x + (m + i) * K, w + j * K, K) + (bias ? bias[j] : 0.0f);
+  }
+  for (; m < M; ++m)
+    for (int64_t j = 0; j < nr; ++j) out[m * ldo + j] = dot_avx2(x + m * K, w + j * K, K) + (bias ? bias[j] : 0.0f);
+}
+
+void gemm_tile_scalar(const float *x, int64_t M, const float *w, int64_t nr, int64_t K, const float *bias, float *out,
+                      int64_t ldo) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < nr; ++j) out[m * ldo + j] = dot_scalar(x + m * K, w + j * K, K) + (bias ? bias[j] : 0.0f);
+}
+
+// rows [n0, n1) of a 4-bit weight in fp32: code[nibble] * absmax(block), absmax decoded as linear4_f32 does.
+void dequant4_rows(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K, float *dst) {
+  const int64_t bs = w.blocksize;
+  int64_t cur_blk = -1;
+  float sc = 0.0f;
+  for (int64_t i = n0 * K, e = n1 * K; i < e; ++i) {
+    const int64_t b = i / bs;
+    if (b != cur_blk) {
+      cur_blk = b;
+      sc = w.absmax_q ? w.code2[w.absmax_q[b]] * w.absmax2[b / w.blocksize2] + w.offset : w.absmax_f32[b];
+    }
+    const int nib = (w.packed[i >> 1] >> ((i & 1) ? 0 : 4)) & 15;
+    dst[i - n0 * K] = w.code[nib] * sc;
+  }
+}
+
+void gemm_rows(const Lin &l, const float *x, float *out, int64_t M) {
+  const int64_t N = l.N, K = l.K, nchunks = (N + kChunk - 1) / kChunk;
+  const bool avx2 = has_avx2();
+  parallel_for(nchunks, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> wbuf(l.dense ? 0 : (size_t)(kChunk * K));
+    for (int64_t ch = c0; ch < c1; ++ch) {
+      const int64_t n0 = ch * kChunk, n1 = std::min(N, n0 + kChunk);
+      const float *w = l.W ? l.W + n0 * K : wbuf.data();
+      if (!l.dense) dequant4_rows(l.q4, n0, n1, K, wbuf.data());
+      const float *b = l.bias ? l.bias + n0 : nullptr;
+      if (avx2) gemm_tile_avx2(x, M, w, n1 - n0, K, b, out + n0, N);
+      else gemm_tile_scalar(x, M, w, n1 - n0, K, b, out + n0, N);
+    }
+  });
+}
+
+// up to this many rows a linear runs the GEMV kernels (4-bit: the unfused Linear4bit's kernel, same bits);
+// more rows (prefill) run gemm_rows (as the unfused Linear4bit dequantizes and multiplies above 8 rows).
+constexpr int64_t kGemvMaxRows = 8;
+
+void apply_lin(const Lin &l, const float *x, float *out, int64_t M) {
+  if (M > kGemvMaxRows) gemm_rows(l, x, out, M);
+  else if (l.dense) dense_gemv(l.W, l.bias, x, out, M, l.N, l.K);
+  else linear4_f32(l.q4, x, l.bias, out, M, l.N, l.K);
+}
+
+// ---- norms, RoPE, attention ---------------------------------------------------------------------------
+void rms_norm(const float *x, const float *w, float eps, float *y, int64_t R, int64_t H) {
+  for (int64_t r = 0; r < R; ++r) {
+    const float *xr = x + r * H;
+    float *yr = y + r * H;
+    double ss = 0.0;
+    for (int64_t i = 0; i < H; ++i) ss += (double)xr[i] * (double)xr[i];
+    const float var = (float)(ss / (double)H);
+    const float inv = 1.0f / std::sqrt(var + eps);
+    for (int64_t i = 0; i < H; ++i) yr[i] = w[i] * (xr[i] * inv);
+  }
+}
+
+// In place on `nh` heads of D values each (row layout [nh, D]).
+void rope_row(float *v, int64_t nh, int64_t D, const float *cs, const float *sn) {
+  const int64_t h2 = D / 2;
+  for (int64_t h = 0; h < nh; ++h) {
+    float *p = v + h * D;
+    for (int64_t i = 0; i < h2; ++i) {
+      const float a = p[i], b = p[i + h2];
+      p[i] = a * cs[i] - b * sn[i];
+      p[i + h2] = b * cs[i] + a * sn[i];
+    }
+  }
+}
+
+struct AttnShape {
+  int64_t B, T, H, Hq, KVH, D, Smax, past, window;
+  float scaling;
+};
+
+// attn[r, h*D:(h+1)*D] for every row r = b*T + t and head h, from q [R, Hq*D] and the caches.
+void attend(const AttnShape &s, const float *q, const float *kc, const float *vc, const uint8_t *mask,
+            int64_t mask_stride, float *attn) {
+  const int64_t L = s.past + s.T, rep = s.Hq / s.KVH, tasks = s.B * s.Hq * s.T;
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(L * s.D, 1));
+  parallel_for(tasks, grain, [&](int64_t t0, int64_t t1) {
+    std::vector<float> p((size_t)L);
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t t = task % s.T, h = (task / s.T) % s.Hq, b = task / (s.T * s.Hq);
+      const int64_t g = h / rep, qi = s.past + t;
+      const float *qv = q + (b * s.T + t) * s.Hq * s.D + h * s.D;
+      const float *kb = kc + (b * s.KVH + g) * s.Smax * s.D, *vb = vc + (b * s.KVH + g) * s.Smax * s.D;
+      const uint8_t *mrow = mask ? mask + b * mask_stride : nullptr;
+      float *o = attn + (b * s.T + t) * s.Hq * s.D + h * s.D;
+      const int64_t j0 = s.window > 0 ? std::max<int64_t>(0, qi - s.window + 1) : 0;
+      float mx = -INFINITY;
+      for (int64_t j = j0; j <= qi; ++j) {
+        if (mrow && !mrow[j]) {
+          p[j] = -INFINITY;
+          continue;
+        }
+        p[j] = dot(qv, kb + j * s.D, s.D) * s.scaling;
+        mx = std::max(mx, p[j]);
+      }
+      std::fill(o, o + s.D, 0.0f);
+      if (mx == -INFINITY) continue;  // no visible key
+      double sum = 0.0;
+      for (int64_t j = j0; j <= qi; ++j) {
+        const float e = p[j] == -INFINITY ? 0.0f : std::exp(p[j] - mx);
+        p[j] = e;
+        sum += e;
+      }
+      const float inv = (float)(1.0 / sum);
+      for (int64_t j = j0; j <= qi; ++j)
+        if (p[j] != 0.0f) axpy(o, p[j] * inv, vb + j * s.D, s.D);
+    }
+  });
+}
+
+// ---- entry points -------------------------------------------------------------------------------------
+// params: x f32 [B, T, H], positions i64 [B, T], key_mask u8|bool [B, >= past+T] (columns past+T.. unused) | none, k_cache f32 [B, KVH, Smax, D],
+//   v_cache (same), norm_w f32 [H], inv_freq f32 [D/2], q_norm_w f32 [D] | none, k_norm_w f32 [D] | none
+//   (QK-norm: RMSNorm of every head's q / k with eps, before RoPE), q spec (9), k spec (9), v spec (9), o spec (9),
+//   past i64, n_heads i64, eps f32, scaling f32, rope_scale f32, window i64 -> out f32 [B, T, H] (may alias x)
+int attention_entry(BNB_MS_AOT_ARGS) {
+  Call<> c(nparam, params, ndims, shapes, dtypes, stream);
+  enum { X, POS, MASK, KC, VC, NORM, INVF, QNORM, KNORM, QS, KS = QS + kSpec, VS = KS + kSpec, OS = VS + kSpec,
+         PAST = OS + kSpec, NH, EPS, SCALING, RSCALE, WINDOW, OUT, NPARAM };
+  if (nparam != NPARAM) return E_NPARAM;
+  if (c.dtype(X) != DType::f32 || c.dtype(POS) != DType::i64 || c.dtype(KC) != DType::f32 ||
+      c.dtype(VC) != DType::f32 || c.dtype(NORM) != DType::f32 || c.dtype(INVF) != DType::f32 ||
+      c.dtype(OUT) != DType::f32)
+    return E_DTYPE;
+  if (!c.is_none(MASK) && c.dtype(MASK) != DType::u8 && c.dtype(MASK) != DType::boolean) return E_DTYPE;
+  if ((!c.is_none(QNORM) && c.dtype(QNORM) != DType::f32) || (!c.is_none(KNORM) && c.dtype(KNORM) != DType::f32))
+    return E_DTYPE;
+  AttnShape s;
+  float eps, rscale;
+  if (!c.scalar_i64(PAST, &s.past) || s.past < 0 || !c.scalar_i64(NH, &s.Hq) || s.Hq <= 0 ||
+      !c.scalar_f32(EPS, &eps) || !c.scalar_f32(SCALING, &s.scaling) || !c.scalar_f32(RSCALE, &rscale) ||
+      !c.scalar_i64(WINDOW, &s.window) || s.window < 0)
+    return E_VALUE;
+  if (c.rank(X) != 3 || c.rank(KC) != 4 || c.rank(VC) != 4) return E_SHAPE;
+  s.B = c.dim(X, 0);
+  s.T = c.dim(X, 1);
+  s.H = c.dim(X, 2);
+  s.KVH = c.dim(KC, 1);
+  s.Smax = c.dim(KC, 2);
+  s.D = c.dim(KC, 3);
+  for (int d = 0; d < 4; ++d)
+    if (c.dim(VC, d) != c.dim(KC, d)) return E_SHAPE;
+  const int64_t L = s.past + s.T, R = s.B * s.T;
+  if (c.dim(KC, 0) != s.B || s.KVH <= 0 || s.Hq % s.KVH || s.D <= 0 || s.D % 2 || s.Smax < L) return E_SHAPE;
+  if (c.numel(POS) != R || c.numel(NORM) != s.H || c.numel(INVF) != s.D / 2 || c.numel(OUT) != R * s.H) return E_SHAPE;
+  if ((!c.is_none(QNORM) && c.numel(QNORM) != s.D) || (!c.is_none(KNORM) && c.numel(KNORM) != s.D)) return E_SHAPE;
+  if (!c.is_none(MASK) && (c.rank(MASK) != 2 || c.dim(MASK, 0) != s.B || c.dim(MASK, 1) < L)) return E_SHAPE;
+  const int64_t QD = s.Hq * s.D, KD = s.KVH * s.D;
+  Lin lq, lk, lv, lo;
+  int st;
+  if ((st = parse_lin(c, QS, QD, s.H, &lq)) || (st = parse_lin(c, KS, KD, s.H, &lk)) ||
+      (st = parse_lin(c, VS, KD, s.H, &lv)) || (st = parse_lin(c, OS, s.H, QD, &lo)))
+    return st;
+  if (R == 0 || s.H == 0) return OK;
+  if (!c.params[X] || !c.params[POS] || !c.params[KC] || !c.params[VC] || !c.params[NORM] || !c.params[INVF] ||
+      !c.params[OUT])
+    return E_NULL;
+  const float *x = c.ptr<float>(X);
+  const int64_t *pos = c.ptr<int64_t>(POS);
+  const uint8_t *mask = c.is_none(MASK) ? nullptr : c.ptr<uint8_t>(MASK);
+  float *kc = c.ptr<float>(KC), *vc = c.ptr<float>(VC), *out = c.ptr<float>(OUT);
+  const float *invf = c.ptr<float>(INVF);
+
+  static thread_local std::vector<float> xn, q, k, v, at, o, cs, sn;
+  xn.resize((size_t)(R * s.H));
+  q.resize((size_t)(R * QD));
+  k.resize((size_t)(R * KD));
+  v.resize((size_t)(R * KD));
+  at.resize((size_t)(R * QD));
+  o.resize((size_t)(R * s.H));
+  cs.resize((size_t)(s.D / 2));
+  sn.resize((size_t)(s.D / 2));
+  rms_norm(x, c.ptr<float>(NORM), eps, xn.data(), R, s.H);
+  apply_lin(lq, xn.data(), q.data(), R);
+  apply_lin(lk, xn.data(), k.data(), R);
+  apply_lin(lv, xn.data(), v.data(), R);
+  if (!c.is_none(QNORM)) rms_norm(q.data(), c.ptr<float>(QNORM), eps, q.data(), R * s.Hq, s.D);  // QK-norm (Qwen3)
+  if (!c.is_none(KNORM)) rms_norm(k.data(), c.ptr<float>(KNORM), eps, k.data(), R * s.KVH, s.D);
+  for (int64_t r = 0; r < R; ++r) {
+    const float fp = (float)pos[r];
+    for (int64_t i = 0; i < s.D / 2; ++i) {
+      const float f = fp * invf[i];
+      cs[i] = std::cos(f) * rscale;
+      sn[i] = std::sin(f) * rscale;
+    }
+    rope_row(q.data() + r * QD, s.Hq, s.D, cs.data(), sn.data());
+    rope_row(k.data() + r * KD, s.KVH, s.D, cs.data(), sn.data());
+    const int64_t b = r / s.T, t = r % s.T;
+    for (int64_t g = 0; g < s.KVH; ++g) {
+      const size_t dst = (size_t)(((b * s.KVH + g) * s.Smax + s.past + t) * s.D);
+      std::memcpy(kc + dst, k.data() + r * KD + g * s.D, (size_t)s.D * sizeof(float));
+      std::memcpy(vc + dst, v.data() + r * KD + g * s.D, (size_t)s.D * sizeof(float));
+    }
+  }
+  attend(s, q.data(), kc, vc, mask, c.is_none(MASK) ? 0 : c.dim(MASK, 1), at.data());
+  apply_lin(lo, at.data(), o.data(), R);
+  for (int64_t i = 0; i < R * s.H; ++i) out[i] = x[i] + o[i];
+  return OK;
+}
+
+// params: x f32 [..., H], norm_w f32 [H], gate spec (9), up spec (9), down spec (9), intermediate i64, eps f32
+//   -> out f32 [..., H] (may alias x)
+int mlp_entry(BNB_MS_AOT_ARGS) {
+  Call<> c(nparam, params, ndims, shapes, dtypes, stream);
+  enum { X, NORM, GS, US = GS + kSpec, DS = US + kSpec, INTER = DS + kSpec, EPS, OUT, NPARAM };
+  if (nparam != NPARAM) return E_NPARAM;
+  if (c.dtype(X) != DType::f32 || c.dtype(NORM) != DType::f32 || c.dtype(OUT) != DType::f32) return E_DTYPE;
+  int64_t I;
+  float eps;
+  if (!c.scalar_i64(INTER, &I) || I <= 0 || !c.scalar_f32(EPS, &eps)) return E_VALUE;
+  if (c.rank(X) < 1) return E_SHAPE;
+  const int64_t H = c.cols(X), R = c.rows(X);
+  if (c.numel(NORM) != H || c.numel(OUT) != R * H) return E_SHAPE;
+  Lin lg, lu, ld;
+  int st;
+  if ((st = parse_lin(c, GS, I, H, &lg)) || (st = parse_lin(c, US, I, H, &lu)) || (st = parse_lin(c, DS, H, I, &ld)))
+    return st;
+  if (R == 0 || H == 0) return OK;
+  if (!c.params[X] || !c.params[NORM] || !c.params[OUT]) return E_NULL;
+  const float *x = c.ptr<float>(X);
+  float *out = c.ptr<float>(OUT);
+  static thread_local std::vector<float> xn, g, u, d;
+  xn.resize((size_t)(R * H));
+  g.resize((size_t)(R * I));
+  u.resize((size_t)(R * I));
+  d.resize((size_t)(R * H));
+  rms_norm(x, c.ptr<float>(NORM), eps, xn.data(), R, H);
+  apply_lin(lg, xn.data(), g.data(), R);
+  apply_lin(lu, xn.data(), u.data(), R);
+  for (int64_t i = 0; i < R * I; ++i) {
+    const float a = g[i];
+    g[i] = a / (1.0f + std::exp(-a)) * u[i];
+  }
+  apply_lin(ld, g.data(), d.data(), R);
+  for (int64_t i = 0; i < R * H; ++i) out[i] = x[i] + d[i];
+  return OK;
+}
+
+// params: x f32 [..., K], spec (9), n_out i64 -> out f32 [..., N]
+int linear_entry(BNB_MS_AOT_ARGS) {
+  Call<> c(nparam, params, ndims, shapes, dtypes, stream);
+  enum { X, S, NOUT = S + kSpec, OUT, NPARAM };
+  if (nparam != NPARAM) return E_NPARAM;
+  if (c.dtype(X) != DType::f32 || c.dtype(OUT) != DType::f32) return E_DTYPE;
+  int64_t N;
+  if (!c.scalar_i64(NOUT, &N) || N < 0) return E_VALUE;
+  if (c.rank(X) < 1) return E_SHAPE;
+  const int64_t K = c.cols(X), M = c.rows(X);
+  if (c.numel(OUT) != M * N) return E_SHAPE;
+  Lin l;
+  if (int st = parse_lin(c, S, N, K, &l)) return st;
+  if (M * N == 0) return OK;
+  if (!c.params[X] || !c.params[OUT]) return E_NULL;
+  apply_lin(l, c.ptr<float>(X), c.ptr<float>(OUT), M);
+  return OK;
+}
+
+// params: x f32 [..., H], w f32 [H], eps f32 -> out f32 [..., H] (may alias x)
+int rms_norm_entry(BNB_MS_AOT_ARGS) {
+  Call<> c(nparam, params, ndims, shapes, dtypes, stream);
+  if (nparam != 4) return E_NPARAM;
+  if (c.dtype(0) != DType::f32 || c.dtype(1) != DType::f32 || c.dtype(3) != DType::f32) return E_DTYPE;
+  float eps;
+  if (!c.scalar_f32(2, &eps)) return E_VALUE;
+  if (c.rank(0) < 1) return E_SHAPE;
+  const int64_t H = c.cols(0), R = c.rows(0);
+  if (c.numel(1) != H || c.numel(3) != R * H) return E_SHAPE;
+  if (R * H == 0) return OK;
+  if (!c.params[0] || !c.params[1] || !c.params[3]) return E_NULL;
+  rms_norm(c.ptr<float>(0), c.ptr<float>(1), eps, c.ptr<float>(3), R, H);
+  return OK;
+}
+
+}  // namespace
+}  // namespace bnb_ms
+
+#define BNB_MS_FWD(...) return __VA_ARGS__(nparam, params, ndims, shapes, dtypes, stream, extra)
+BNB_MS_EXPORT int cdecoder_attention_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::attention_entry); }
+BNB_MS_EXPORT int cdecoder_mlp_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::mlp_entry); }
+BNB_MS_EXPORT int cdecoder_linear_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear_entry); }
+BNB_MS_EXPORT int crms_norm_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::rms_norm_entry); }

@@ -1,0 +1,26 @@
+// linear_kernels.h -- internal (not exported) linear kernels shared between feature files.
+//
+// linear4_f32: the 4-bit GEMV of fourbit.cpp (clinear_4bit_fp32's kernel) for callers inside the
+// library, e.g. the fused decoder layers of decoder.cpp.  out[m, n] = sum_k A[m, k] * W[n, k] (+ bias[n])
+// with W the [N, K] NF4/FP4 weight behind `packed`; absmax fp32 per block (absmax_f32), or double quant
+// (absmax_q uint8 codes, code2 f32[256], absmax2 f32 per bs2 blocks, offset).  Same numerics as the
+// entry point (bit-identical per row).  Threads: the kernel's own (parallel over output rows).
+#pragma once
+#include <cstdint>
+
+namespace bnb_ms {
+
+struct Linear4Weight {
+  const uint8_t *packed = nullptr;  // (N*K+1)/2 bytes
+  const float *code = nullptr;      // 16 entries
+  const float *absmax_f32 = nullptr;
+  const uint8_t *absmax_q = nullptr;  // nested (double quant) when non-null
+  const float *code2 = nullptr, *absmax2 = nullptr;
+  float offset = 0.0f;
+  int64_t blocksize = 64, blocksize2 = 256;
+};
+
+void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
+                 int64_t K);
+
+}  // namespace bnb_ms
