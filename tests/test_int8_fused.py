@@ -436,3 +436,26 @@ def test_linear8bitlt_load_state_dict_after_fused_forward(fused_switch):
     fresh.load_state_dict(b.state_dict())
     np.testing.assert_array_equal(a(x).numpy(), fresh(x).numpy())
     np.testing.assert_array_equal(a(x).numpy(), b(x).numpy())
+
+
+@pytest.mark.parametrize("threshold", [0.0, 6.0])
+def test_same_bytes_for_any_thread_count(threshold):
+    """The fused forward (vector quant, GEMM, mixed dequant on the library's pool) gives the same bytes with
+    1, 2, 3 and 5 threads."""
+    rng = np.random.RandomState(5)
+    CB, SCB = FC.weight(1024, 4096, rng, R)
+    x = rng.standard_normal((16, 4096)).astype(np.float32)
+    x[:, [5, 700, 4000]] *= 40.0
+    A, CBt, SCBt = torch.tensor(x), torch.tensor(CB), torch.tensor(SCB)
+    bias = torch.tensor(rng.standard_normal(1024).astype(np.float32))
+    outs = {}
+    try:
+        for n in (1, 2, 3, 5):
+            assert cextension.set_num_threads(n) == n
+            for rows in (1, 16):
+                out, _ = F.int8_linear(A[:rows], CBt, SCBt, bias, threshold)
+                outs[(n, rows)] = out.numpy().tobytes()
+    finally:
+        cextension.set_num_threads(0)
+    for (n, rows), v in outs.items():
+        assert v == outs[(1, rows)], (n, rows)
