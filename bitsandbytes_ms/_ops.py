@@ -241,6 +241,29 @@ for _sfx, _dt in DTYPE_SUFFIX.items():
         doc="out = float(A) * (row_stats[r] * col_stats[c]) * 6.200124e-05 (+ bias[c]), in the suffix's dtype",
     ))
 
+# LLM.int8() outlier columns and the fused linear forward (ours; no upstream C name): see csrc/cpu/int8.cpp
+# ("mixed mm dequant") for the numerics. cint8_linear_<sfx> is MatMul8bitLt's inference forward in one call.
+for _sfx, _dt in DTYPE_SUFFIX.items():
+    define(NativeOp(
+        name=f"cint8_mixed_mm_dequant_{_sfx}",
+        inputs=("C", "row_stats", "col_stats", "bias", "A", "CB", "col_flags"),
+        outputs=("out",),
+        infer=(lambda dt: lambda s, d, st: ((s["C"], dt),))(_dt),
+        doc="out = dequant(C) (+ bias) + A[:, J] @ (CB[:, J] * col_stats / 127).T for the flagged columns J, "
+            "in fp32 (J summed in ascending order), rounded once to the suffix's dtype; no flag: cdequant_mm_int32",
+    ))
+    define(NativeOp(
+        name=f"cint8_linear_{_sfx}",
+        inputs=("A", "CB", "SCB", "bias", "threshold"),
+        outputs=("out", "col_flags"),
+        infer=(lambda dt: lambda s, d, st: (
+            (tuple(s["A"][:-1]) + (s["CB"][0],), dt),
+            ((s["A"][-1] if len(s["A"]) else 1,), ms.uint8),
+        ))(_dt),
+        doc="LLM.int8() linear forward in one call: fp32 A rounded to fp16, row-wise int8 quantization with "
+            "outlier columns (threshold > 0), int8 GEMM, mm dequant (+ bias) and the outlier columns' fp32 product",
+    ))
+
 # ---- weight-only int8/int4 (W8A16/W4A16) ----
 # Per-output-channel symmetric absmax weights (ChatGLM's quantized-checkpoint scheme); see
 # csrc/cpu/weightonly.cpp. int4 rows are packed two signed nibbles per byte (k even: high nibble).

@@ -353,6 +353,57 @@ def int8_mm_dequant(A: np.ndarray, row_stats: np.ndarray, col_stats: np.ndarray,
         v = (v + np.asarray(bias, np.float32).reshape(1, -1)).astype(np.float32)
     return cast_out(v, dtype).reshape(A.shape)
 
+INT8_DEQUANT_SCALE = np.float32(7.874015718698502e-3)  # float32(1 / 127)
+
+
+def int8_mixed_mm_dequant(C: np.ndarray, row_stats: np.ndarray, col_stats: np.ndarray, bias, A: np.ndarray,
+                          CB: np.ndarray, col_flags: np.ndarray, dtype: str = "float32") -> np.ndarray:
+    """Twin of ``cint8_mixed_mm_dequant_<dtype>``: the int8 product ``C`` dequantized plus the outlier columns
+    (``col_flags`` nonzero) of ``A`` times the dequantized weight columns. No flagged column: exactly
+    :func:`int8_mm_dequant` in ``dtype``. Otherwise, every step rounded in float32: ``d`` = the float32
+    mm dequant (+ bias), ``w[n, j] = (float(CB[n, j]) * col_stats[n]) * float32(1/127)``, ``acc`` summed over
+    the flagged columns in ascending order starting from 0 (``acc = acc + A[:, j] * w[:, j]``), and
+    ``out = dtype(d + acc)``. ``A`` holds the activation values (float32 widening of the input)."""
+    C = np.asarray(C, np.int32)
+    N = C.shape[-1]
+    flags = np.asarray(col_flags).reshape(-1)
+    cols = np.nonzero(flags)[0]
+    if cols.size == 0:
+        return int8_mm_dequant(C, row_stats, col_stats, bias, dtype)
+    f32 = np.float32
+    d = int8_mm_dequant(C, row_stats, col_stats, bias, "float32").reshape(-1, N)
+    a = np.asarray(A, f32).reshape(d.shape[0], -1)
+    cs = np.asarray(col_stats, f32).reshape(-1)
+    w = ((np.asarray(CB, np.int8)[:, cols].astype(f32) * cs[:, None]).astype(f32) * INT8_DEQUANT_SCALE).astype(f32)
+    acc = np.zeros_like(d)
+    for t in range(cols.size):
+        acc = (acc + (a[:, cols[t]][:, None] * w[:, t][None, :]).astype(f32)).astype(f32)
+    return cast_out((d + acc).astype(f32), dtype).reshape(C.shape)
+
+
+def int8_linear(A: np.ndarray, CB: np.ndarray, SCB: np.ndarray, bias=None, threshold: float = 0.0,
+                dtype: str = "float32"):
+    """Twin of ``cint8_linear_<dtype>`` (LLM.int8() linear forward): returns (out [..., N] in ``dtype``,
+    uint8 col_flags [K]). ``A`` holds the activation values of dtype ``dtype``; float32 activations are
+    quantized after rounding to float16 (``A.to(float16)`` upstream), others as they are; then
+    :func:`int8_vector_quant` (outlier columns for ``threshold > 0``), :func:`int8_gemm` and, for
+    ``threshold > 0``, :func:`int8_mixed_mm_dequant` on the unrounded activations, else :func:`int8_mm_dequant`."""
+    A = np.asarray(A, np.float32)
+    K = A.shape[-1]
+    a = A.reshape(-1, K)
+    if dtype == "float32":
+        q_in, q_dtype = a.astype(np.float16).astype(np.float32), "float16"
+    else:
+        q_in, q_dtype = a, dtype
+    CA, SCA, flags = int8_vector_quant(q_in, threshold, q_dtype)
+    C = int8_gemm(CA, CB)
+    if threshold > 0:
+        out = int8_mixed_mm_dequant(C, SCA, SCB, bias, a, CB, flags, dtype)
+    else:
+        out = int8_mm_dequant(C, SCA, SCB, bias, dtype)
+    return out.reshape(A.shape[:-1] + (np.asarray(CB).shape[0],)), flags
+
+
 # ---- weight-only int8/int4 (W8A16/W4A16) ----
 from typing import Tuple  # noqa: E402
 

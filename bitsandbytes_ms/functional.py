@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from threading import get_ident as _get_ident
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -1255,7 +1256,7 @@ def int8_linear_matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, dtype
     return _write(out, lib.cigemmlt_32(_contiguous(A), _contiguous(B)))
 
 
-def _mm_dequant(A, row_stats, col_stats, bias, dtype, fn):
+def _mm_dequant(A, row_stats, col_stats, bias, dtype, fn, mixed=None):
     _check_dtype(A, (ms.int32,), fn, "A")
     _check_dtype(row_stats, (ms.float32,), fn, "row_stats")
     _check_dtype(col_stats, (ms.float32,), fn, "col_stats")
@@ -1275,6 +1276,14 @@ def _mm_dequant(A, row_stats, col_stats, bias, dtype, fn):
         bias = _contiguous(bias).reshape(N)
     if _numel(A) == 0:
         return _empty_np((rows, N), dtype)
+    if mixed is not None:  # (activations [rows, K] of `dtype`, CB [N, K], uint8 flags [K]): the outlier columns
+        a2, CB, flags = mixed
+        _check_dtype(CB, (ms.int8,), fn, "CB")
+        if tuple(CB.shape) != (N, int(a2.shape[-1])):
+            raise ValueError(f"{_fn_name(fn, 'CB')} must be [{N}, {int(a2.shape[-1])}]; got {tuple(CB.shape)}")
+        return getattr(lib, f"cint8_mixed_mm_dequant_{_SUFFIX[dtype]}")(
+            _contiguous(A).reshape(rows, N), _contiguous(row_stats).reshape(rows), _contiguous(col_stats).reshape(N),
+            bias, a2, _contiguous(CB), _tag(Tensor(flags), (a2,)))
     res = getattr(lib, f"cdequant_mm_int32_{_SUFFIX[dtype]}")(
         _contiguous(A).reshape(rows, N), _contiguous(row_stats).reshape(rows), _contiguous(col_stats).reshape(N), bias)
     return res
@@ -1306,13 +1315,28 @@ def int8_scaled_mm(A: Tensor, B: Tensor, row_stats: Tensor, col_stats: Tensor, b
     return _tag(ms.ops.reshape(_mm_dequant(C, row_stats, col_stats, bias, dtype, fn), C.shape), (A,))
 
 
+def _outlier_flags(outlier_cols: Tensor, K: int, fn: str) -> np.ndarray:
+    """uint8 [K] flags of the outlier columns (a set: duplicates count once, any order)."""
+    _check_dtype(outlier_cols, (ms.int64, ms.int32), fn, "outlier_cols")
+    cols = outlier_cols.asnumpy().reshape(-1).astype(np.int64)
+    if cols.size and (cols.min() < 0 or cols.max() >= K):
+        raise ValueError(f"{_fn_name(fn, 'outlier_cols')} must hold column indices in [0, {K}); got "
+                         f"{int(cols.min())}..{int(cols.max())}")
+    flags = np.zeros(K, np.uint8)
+    flags[cols] = 1
+    return flags
+
+
 def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Tensor,
                          outlier_cols: Optional[Tensor] = None, bias: Optional[Tensor] = None):
     """LLM.int8() mixed-precision matmul (upstream op ``bitsandbytes::int8_mixed_scaled_mm``):
     ``int8_scaled_mm(CA, CB, SCA, SCB, bias)`` plus, for the outlier columns, ``A[:, cols] @
-    dequant(CB[:, cols]).T``. Upstream adds the outlier part in ``A.dtype``; here the int8 part is
-    dequantized to float32, the outlier product is computed in float32 and the sum is rounded once to
-    ``A.dtype`` (more accurate; MindSpore's CPU matmul has no bfloat16).
+    dequant(CB[:, cols]).T``. Upstream adds the outlier part with torch's ``addmm`` in ``A.dtype``; here
+    (native ``cint8_mixed_mm_dequant_<dtype>``, the code the fused :func:`int8_linear` runs) the int8 part
+    is dequantized to float32 (+ bias), the outlier product is summed in float32 over the outlier columns
+    in ascending order (a fixed order: bit-identical on every SIMD level and to the fused forward; more
+    accurate than fp16/bf16 accumulation) and the sum is rounded once to ``A.dtype``. ``outlier_cols`` is
+    taken as a set (duplicates count once). Without outlier columns the result is ``int8_scaled_mm``'s.
 
     Args:
         A: [rows, K] float activations; CA int8 [rows, K]; CB int8 [N, K]; SCA float32 [rows];
@@ -1320,26 +1344,185 @@ def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Te
 
     Returns:
         ``(out [rows, N] in A.dtype, subA)`` where ``subA = A[:, outlier_cols]`` (empty when none).
+
+    Raises:
+        ValueError: wrong dtypes, shapes that do not match, outlier columns outside ``[0, K)``.
     """
     fn = "int8_mixed_scaled_mm"
     _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    _check_rank(A, 1, fn, "A")
     C = int8_linear_matmul(CA, CB)
     has_outliers = outlier_cols is not None and _numel(outlier_cols) > 0
     if not has_outliers:
         out = _tag(ms.ops.reshape(_mm_dequant(C, SCA, SCB, bias, A.dtype, fn), C.shape), (A,))
         return out, _tag(Tensor(np.zeros((0,), np.float32)).astype(A.dtype), (A,))
     K = int(A.shape[-1])
+    rows = int(math.prod(C.shape[:-1]))
+    N = int(C.shape[-1])
+    if int(math.prod(A.shape[:-1])) != rows or K != int(CB.shape[-1]):
+        raise ValueError(f"{fn}: `A` must be [{rows}, {int(CB.shape[-1])}] (the rows of `CA`, the columns of `CB`); "
+                         f"got {tuple(A.shape)}")
+    flags = _outlier_flags(outlier_cols, K, fn)
     L = (A,)
-    a2 = _tag(ms.ops.cast(ms.ops.reshape(_contiguous(A), (-1, K)), ms.float32), L)
+    a2 = _tag(ms.ops.reshape(_contiguous(A), (rows, K)), L)
+    # subA (returned, as upstream): gathered in fp32 (MindSpore's CPU gather has no bfloat16)
     idx = _tag(ms.ops.cast(outlier_cols, ms.int32), L)
-    subA32 = _tag(ms.ops.gather(a2, idx, 1), L)  # (gathered in fp32: MindSpore's CPU gather has no bfloat16)
-    subA = _tag(ms.ops.cast(subA32, A.dtype), L)
-    # (cast back: under mindtorch the CPU gather of an int8 tensor comes back as float32; values are exact)
-    subB = int8_vectorwise_dequant(_tag(ms.ops.cast(ms.ops.gather(_contiguous(CB), idx, 1), ms.int8), L), SCB)
-    out = _tag(ms.ops.reshape(_mm_dequant(C, SCA, SCB, bias, ms.float32, fn), C.shape), L)
-    extra = _tag(ms.ops.matmul(subA32, _tag(ms.ops.transpose(subB, (1, 0)), L)), L)
-    out = _tag(ms.ops.cast(ms.ops.add(out, _tag(ms.ops.reshape(extra, out.shape), L)), A.dtype), L)
-    return out, subA
+    subA = _tag(ms.ops.cast(_tag(ms.ops.gather(_tag(ms.ops.cast(a2, ms.float32), L), idx, 1), L), A.dtype), L)
+    out = _mm_dequant(C, SCA, SCB, bias, A.dtype, fn, mixed=(a2, CB, flags))
+    return _tag(ms.ops.reshape(out, C.shape), L), subA
+
+
+class Int8LinearPlan:
+    """What the fused LLM.int8() forward needs of one quantized weight, checked and prepared once: ``CB``
+    (int8 [N, K]) and ``SCB`` (float32 [N]), their host arrays (made on the first host call) and the bound
+    host call per activation dtype and thread. As :class:`_Linear4bitPlan`, a plan is tied to the tensor
+    objects it was made from: :meth:`matches` tells whether a state still holds them, and callers rebuild
+    the plan when ``CB`` or ``SCB`` is replaced (``load_state_dict``, re-quantization). An in-place write
+    into the same tensor objects after the first host call (``CB.copy_(...)``, ``CB.data = ...``: under
+    mindtorch these give the tensor new storage) is not seen by the cached host arrays; call
+    :meth:`refresh` after one. (Taking the host arrays on every call instead costs a full copy of the
+    weight for an op-produced tensor: ``asnumpy`` syncs its device buffer, ~11 ms for 4096 x 11008.)"""
+
+    __slots__ = ("CB", "SCB", "N", "K", "arrays", "_local")
+
+    def __init__(self, CB: Tensor, SCB: Tensor, fn: str = "int8_linear"):
+        _check_dtype(CB, (ms.int8,), fn, "CB")
+        if CB.ndim != 2:
+            raise ValueError(f"{_fn_name(fn, 'CB')} must be 2-D [N, K]; got shape {tuple(CB.shape)}")
+        self.N, self.K = int(CB.shape[0]), int(CB.shape[1])
+        if self.K > checks_int8_max_K:
+            raise ValueError(f"{_fn_name(fn, 'CB')} must have at most {checks_int8_max_K} columns (exact int32 "
+                             f"accumulation); got {self.K}")
+        _check_dtype(SCB, (ms.float32,), fn, "SCB")
+        if _numel(SCB) != self.N:
+            raise ValueError(f"{_fn_name(fn, 'SCB')} must have CB.shape[0] = {self.N} values; got {_numel(SCB)}")
+        self.CB, self.SCB = CB, SCB
+        self.arrays = None
+        self._local = threading.local()  # bound host calls: per thread (a call runs without the GIL)
+
+    def refresh(self) -> None:
+        """Drops the cached host arrays and bound calls (after an in-place write into ``CB``/``SCB``)."""
+        self.arrays = None
+        self._local = threading.local()
+
+    def __reduce__(self):  # a cache: copies and pickles of its owner start without one
+        return (type(None), ())
+
+    def matches(self, CB, SCB) -> bool:
+        return CB is self.CB and SCB is self.SCB
+
+    def host_call(self, dtype):
+        calls = getattr(self._local, "calls", None)
+        if calls is None:
+            calls = self._local.calls = {}
+        entry = calls.get(dtype)
+        if entry is None:
+            if self.arrays is None:
+                self.arrays = (_hostcall.host(self.CB), _hostcall.host(self.SCB))
+            npdt = _hostcall.np_dtype(dtype)
+            a, b = np.empty((1, self.K), npdt), np.empty(self.K, np.uint8)  # placeholders: set on every call
+            call = _hostcall.entry(_INT8_LINEAR[dtype]).bind(a, self.arrays[0], self.arrays[1], None, 0.0, a, b)
+            entry = calls[dtype] = [call, 0.0]  # the bound call and its bound threshold
+        return entry
+
+    def __call__(self, A: Tensor, bias: Optional[Tensor], threshold: float, fn: str = "int8_linear"):
+        """``(out [..., N] in A.dtype, col_flags)`` for validated-here ``A``/``bias`` and a checked threshold;
+        ``col_flags`` (uint8 [K], the outlier columns) is a host numpy array after a host call, else a tensor."""
+        shape = A.shape
+        if not isinstance(A, Tensor) or A.dtype not in _SUFFIX:
+            _check_dtype(A, FLOAT_DTYPES, fn, "A")
+        if len(shape) == 0 or shape[-1] != self.K:
+            raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(shape)} @ `CB`.T ({self.N}, {self.K}) "
+                             f"(A.shape[-1] must equal CB.shape[1])")
+        if bias is not None:
+            _check_dtype(bias, FLOAT_DTYPES, fn, "bias")
+            if _numel(bias) != self.N:
+                raise ValueError(f"{_fn_name(fn, 'bias')} must have CB.shape[0] = {self.N} values; got {_numel(bias)}")
+        out_shape = tuple(shape[:-1]) + (self.N,)
+        if _hostcall.active():
+            entry = self.host_call(A.dtype)
+            call = entry[0]
+            out = _hostcall.empty(out_shape, A.dtype)
+            flags = np.empty(self.K, np.uint8)
+            host = _hostcall.host
+            call.set(0, host(A))
+            call.set(3, None if bias is None else host(bias))
+            if threshold != entry[1]:
+                call.set(4, threshold)
+                entry[1] = threshold
+            call.set(5, out)
+            call.set(6, flags)
+            call()
+            return _hostcall.wrap(out), flags
+        out, flags = getattr(lib, _INT8_LINEAR[A.dtype])(_contiguous(A), _contiguous(self.CB),
+                                                         _contiguous(self.SCB).reshape(self.N),
+                                                         None if bias is None else _contiguous(bias).reshape(self.N),
+                                                         threshold)
+        return out, flags
+
+
+#: Longest K of the int8 GEMM (csrc/checks/int8.h kIgemmMaxK: |sum| <= K * 2^14 < 2^31).
+checks_int8_max_K = 131071
+_INT8_LINEAR = {dt: f"cint8_linear_{sfx}" for dt, sfx in _SUFFIX.items()}
+
+
+def int8_linear_plan(owner, CB: Tensor, SCB: Tensor, fn: str = "int8_linear") -> Int8LinearPlan:
+    """The :class:`Int8LinearPlan` cached on ``owner`` (e.g. a MatmulLtState), rebuilt when ``CB``/``SCB``
+    are other tensors than the plan's."""
+    plan = owner.__dict__.get("_int8_linear_plan")
+    if plan is None or not plan.matches(CB, SCB):
+        plan = Int8LinearPlan(CB, SCB, fn)
+        owner.__dict__["_int8_linear_plan"] = plan
+    return plan
+
+
+def int8_linear(A: Tensor, CB: Tensor, SCB: Tensor, bias: Optional[Tensor] = None, threshold: float = 0.0):
+    """LLM.int8() linear forward ``A @ dequant(CB, SCB).T (+ bias)`` in one native call
+    (``cint8_linear_<dtype of A>``; what :class:`~bitsandbytes_ms.nn.Linear8bitLt` runs at inference).
+
+    Bit for bit what the unfused path computes: ``int8_vectorwise_quant`` of A (float32 A cast to float16
+    first, as upstream), the int8 GEMM, then ``int8_scaled_mm``'s dequant in ``A.dtype`` (threshold 0) or
+    ``int8_mixed_scaled_mm`` (threshold > 0: the outlier columns, those holding |x| >= threshold in some
+    row, multiplied in float32 in a fixed order; see there). In PyNative mode with no gradient being
+    recorded the entry point runs as a host call (:mod:`bitsandbytes_ms._hostcall`), otherwise through
+    ops.Custom.
+
+    Args:
+        A: float16/bfloat16/float32 activations [..., K].
+        CB: int8 weight [N, K]; SCB: its float32 row scales [N].
+        bias: optional float [N] (any float dtype).
+        threshold: outlier threshold (>= 0).
+
+    Returns:
+        ``(out [..., N] in A.dtype, outlier_cols)``: ``outlier_cols`` None for threshold 0, else the sorted
+        int64 outlier column indices (as :func:`int8_vectorwise_quant`).
+
+    Raises:
+        ValueError / TypeError naming the argument: wrong dtypes, shapes that do not match, negative threshold.
+    """
+    fn = "int8_linear"
+    _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    _check_rank(A, 1, fn, "A")
+    plan = Int8LinearPlan(CB, SCB, fn)
+    if int(A.shape[-1]) != plan.K:
+        raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(A.shape)} @ `CB`.T {tuple(CB.shape)} "
+                         f"(A.shape[-1] must equal CB.shape[1])")
+    if bias is not None:
+        _check_dtype(bias, FLOAT_DTYPES, fn, "bias")
+        if _numel(bias) != plan.N:
+            raise ValueError(f"{_fn_name(fn, 'bias')} must have CB.shape[0] = {plan.N} values; got {_numel(bias)}")
+    threshold = _check_threshold(threshold, fn)
+    shape = tuple(A.shape[:-1]) + (plan.N,)
+    if _numel(A) == 0 or plan.N == 0:
+        out = _empty_np(shape, A.dtype)
+        tag_device(out, like=(A,))
+        return out, (_tag(Tensor(np.zeros(0, np.int64)), (A,)) if threshold > 0.0 else None)
+    out, flags = plan(A, bias, threshold, fn)
+    if threshold == 0.0:
+        return out, None
+    f = flags if isinstance(flags, np.ndarray) else flags.asnumpy()
+    return out, _tag(Tensor(np.nonzero(f)[0].astype(np.int64)), (A,))
+
 
 # ---- weight-only int8/int4 (W8A16/W4A16) ----
 #: Rows of activations up to which :func:`gemm_weight_only` runs the native streaming kernel; above it

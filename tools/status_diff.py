@@ -14,7 +14,8 @@ On a GPU host (torch with CUDA), the CUDA library against the CPU library of the
     python3 tools/status_diff.py record bitsandbytes_ms/libbitsandbytes_ms_cuda.so cuda.json --device cuda
     python3 tools/status_diff.py compare cpu.json cuda.json --status-only   # drop --status-only: bytes too
 
-Covers the blockwise, optim, weightonly and int8 entry points.  Calls go straight through ctypes with the
+Covers the blockwise, optim, weightonly and int8 entry points (the fused cint8_linear_* and
+cint8_mixed_mm_dequant_* included).  Calls go straight through ctypes with the
 AOT signature (no MindSpore); buffers are over-allocated so that a call a library wrongly accepts
 cannot write outside them.  Run each `record` in its own process (one library per process).
 """
@@ -148,6 +149,24 @@ def int8_ops():
                 yield f"cdequant_mm_int32_{sfx}", [P(shape, "int32", init="ints"), P((rows if cols else 0,), "float32",
                                                    init="absmax"), P((cols,), "float32", init="absmax"),
                                                    None if bias is None else P((cols,), bias), P(shape, dt)]
+    for sfx, dt in SFX.items():
+        # cint8_mixed_mm_dequant_<sfx>: C i32[..., N], row_stats, col_stats, bias | none, A T[..., K], CB i8[N, K],
+        # col_flags u8[K] (random bytes: most columns flagged) -> out T[..., N]; rows or N = 0 is empty
+        for lead, N, K in (((3,), 8, 33), ((2, 3), 5, 16), ((1,), 8, 1), ((0,), 8, 16), ((3,), 0, 16), ((3,), 4, 0)):
+            rows = numel(lead)
+            for bias in (None, "float16"):
+                yield f"cint8_mixed_mm_dequant_{sfx}", [
+                    P(lead + (N,), "int32", init="ints"), P((rows,), "float32", init="absmax"),
+                    P((N,), "float32", init="absmax"), None if bias is None else P((N,), bias), P(lead + (K,), dt),
+                    P((N, K), "int8"), P((K,), "uint8"), P(lead + (N,), dt)]
+        # cint8_linear_<sfx>: A T[..., K], CB i8[N, K], SCB f32[N], bias | none, threshold -> out T[..., N],
+        # col_flags u8[K]; rows, N or K = 0 is empty (flags zeroed; K = 0: out zeroed); K = 131071 the largest K
+        for lead, N, K in (((3,), 8, 33), ((2, 3), 5, 16), ((1,), 8, 1), ((0,), 8, 16), ((3,), 0, 16), ((3,), 4, 0),
+                           ((1,), 1, 131071), ((1,), 1, 131072)):
+            for thr, bias in ((0.0, None), (2.0, "float32")):
+                yield f"cint8_linear_{sfx}", [
+                    P(lead + (K,), dt), P((N, K), "int8"), P((N,), "float32", init="absmax"),
+                    None if bias is None else P((N,), bias), S(thr, "float32"), P(lead + (N,), dt), P((K,), "uint8")]
     # cigemmlt_32: A i8[..., K], B i8[N, K] -> out i32[..., N]; M or N = 0 is empty; the entry point counts
     # M = numel(A) / K, 0 for K = 0, so A (3, 0) wants out (0, N); K = 131071 is the largest K taken
     for a_shape, n, o_shape in (((3, 33), 5, None), ((2, 3, 16), 4, None), ((1, 8), 1, None), ((0, 16), 3, None),

@@ -140,6 +140,7 @@ def matmul_4bit(A, B, quant_state, out: _Optional[_Tensor] = None, bias: _Option
 
 # ---- int8 (LLM.int8()) ----
 import logging
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -148,8 +149,10 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn as _msnn, ops as _ops
 
+from mindspore.common.api import _pynative_executor
+
 from .. import functional as F
-from ..cextension import tag_device
+from ..cextension import BNB_BACKEND, tag_device
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +195,34 @@ class MatmulLtState:
     def tile_indices(self):
         warnings.warn("MatmulLtState.tile_indices is deprecated and always None", FutureWarning, stacklevel=2)
         return None
+
+    def _set_outlier_flags(self, flags, like) -> None:
+        """Records the fused forward's uint8 outlier flags; ``idx`` is made from them when first read."""
+        d = self.__dict__
+        d["idx"] = None
+        d["_idx_flags"] = (flags, like)
+
+
+def _state_idx_get(self):
+    d = self.__dict__
+    pending = d.get("_idx_flags")
+    if pending is not None:
+        flags, like = pending
+        f = flags if isinstance(flags, np.ndarray) else flags.asnumpy()
+        d["idx"] = F._tag(Tensor(np.nonzero(f)[0].astype(np.int64)), (like,))
+        d["_idx_flags"] = None
+    return d.get("idx")
+
+
+def _state_idx_set(self, value):
+    self.__dict__["_idx_flags"] = None
+    self.__dict__["idx"] = value
+
+
+# `idx` (the outlier columns of the last forward) is a dataclass field whose value the fused inference
+# forward leaves as flags until someone reads it (turning flags into an index tensor costs more than the
+# fused call's own overhead).
+MatmulLtState.idx = property(_state_idx_get, _state_idx_set)
 
 
 def _prod(shape):
@@ -261,6 +292,37 @@ def _int8_forward(A: Tensor, B: Tensor, bias: Optional[Tensor], state: MatmulLtS
         out = F.int8_scaled_mm(CA, state.CB, SCA, state.SCB, bias=bias, dtype=A.dtype)
     out = _d(_ops.reshape(out, shape[:-1] + (N,)), (A,))
     return out
+
+
+def _int8_forward_fused(A: Tensor, B: Tensor, out: Optional[Tensor], bias: Optional[Tensor],
+                        state: MatmulLtState) -> Tensor:
+    """:func:`_int8_forward` in one native call (``cint8_linear_<dtype>`` through the
+    :class:`~bitsandbytes_ms.functional.Int8LinearPlan` cached on ``state``: a host call where active), bit
+    for bit the same result; used at inference (no gradient being recorded, CPU library), where
+    MatMul8bitLt's custom bprop is not needed. ``state.idx`` is set (lazily) as the unfused forward sets it."""
+    _quantize_weight(B, state)
+    if _prod(tuple(A.shape)) == 0 or int(state.CB.shape[0]) == 0:
+        res = _int8_forward(A, B, bias, state)  # nothing to compute: the unfused path's result
+    else:
+        plan = F.int8_linear_plan(state, state.CB, state.SCB, "matmul")
+        # the unfused forward's branch: outlier columns only for threshold > 0 (0, negative or NaN: none)
+        threshold = float(state.threshold) if state.threshold > 0.0 else 0.0
+        res, flags = plan(A, bias, threshold, "matmul")
+        if threshold > 0.0:
+            state._set_outlier_flags(flags, A)
+    if out is not None:
+        out.copy_(res)
+        return out
+    return res
+
+
+#: The fused inference forward (``BNB_MS_INT8_FUSED=0`` switches it off, for comparisons).
+FUSED_INFERENCE = os.environ.get("BNB_MS_INT8_FUSED", "1") != "0"
+
+
+def _use_fused() -> bool:
+    """True where :func:`matmul` may run the fused forward: CPU library, no gradient being recorded."""
+    return FUSED_INFERENCE and BNB_BACKEND == "CPU" and not _pynative_executor.requires_grad()
 
 
 def _fp_forward(A: Tensor, B: Tensor, bias: Optional[Tensor], state: MatmulLtState) -> Tensor:
@@ -375,7 +437,9 @@ def matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, state: Optional[M
         bias: optional [N].
 
     As upstream on CPU, ``state.is_training`` selects :class:`MatMul8bitFp` (dequantized float matmul);
-    otherwise :class:`MatMul8bitLt` (int8 GEMM).
+    otherwise :class:`MatMul8bitLt` (int8 GEMM). At inference (CPU library, no gradient being recorded)
+    MatMul8bitLt's forward runs as one native call (``functional.int8_linear``'s ``cint8_linear_<dtype>``,
+    through a host call in PyNative mode), with the same bytes.
 
     Raises:
         ValueError: A not a float tensor, B not 2-D, inner dimensions differ.
@@ -397,4 +461,6 @@ def matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, state: Optional[M
         state.threshold = threshold
     if state.is_training:
         return MatMul8bitFp.apply(A, B, out, bias, state)
+    if _use_fused():
+        return _int8_forward_fused(A, B, out, bias, state)
     return MatMul8bitLt.apply(A, B, out, bias, state)

@@ -1,6 +1,6 @@
 // checks/int8.h -- argument checks of the LLM.int8() entry points (cint8_vector_quant, cigemmlt_32,
-// cdequant_mm_int32_{fp16,fp32,bf16}), shared by csrc/cpu/int8.cpp and csrc/cuda/int8.cu.  The pattern
-// is described in checks/common.h.
+// cdequant_mm_int32_{fp16,fp32,bf16}, cint8_mixed_mm_dequant_{fp16,fp32,bf16}, cint8_linear_{fp16,fp32,bf16}),
+// shared by csrc/cpu/int8.cpp and csrc/cuda/int8.cu.  The pattern is described in checks/common.h.
 //
 // Two of the inputs are dtype-dispatched inside one entry point (vector quant's A, mm dequant's bias):
 // the struct keeps their DType and an untyped pointer, and the library picks the kernel.
@@ -127,6 +127,119 @@ int mm_dequant(const C &c, MmDequant<T> *a) {
     return OK;
   }
   if (!a->A || !a->row_stats || !a->col_stats || !a->out) return E_NULL;
+  return OK;
+}
+
+// Product of all dimensions of param i but the last (the rows of its row-major 2-D view; 1 for rank <= 1).
+template <class C>
+int64_t lead_rows(const C &c, int i) {
+  int64_t n = 1;
+  for (int d = 0; d + 1 < c.rank(i); ++d) n *= c.dim(i, d);
+  return n;
+}
+
+template <class T>
+struct MixedMmDequant : Parsed {
+  const int32_t *C = nullptr;
+  const float *row_stats = nullptr;
+  const float *col_stats = nullptr;
+  DType bias_dt = DType::none;  // none | f32 | f16 | bf16
+  const void *bias = nullptr;
+  const T *A = nullptr;
+  const int8_t *CB = nullptr;
+  const uint8_t *col_flags = nullptr;
+  T *out = nullptr;
+  int64_t rows = 0, N = 0, K = 0;
+};
+
+// params: C i32[..., N], row_stats f32[rows], col_stats f32[N], bias (f32|f16|bf16)[N] | none,
+//         A T[..., K] (same rows), CB i8[N, K], col_flags u8[K] -> out T[..., N] (like C)
+template <class T, class C>
+int mixed_mm_dequant(const C &c, MixedMmDequant<T> *a) {
+  if (c.nparam != 8) return E_NPARAM;
+  enum { CI, RS, CS, BIAS, A, CB, FLAGS, OUT };
+  if (c.dtype(CI) != DType::i32 || c.dtype(RS) != DType::f32 || c.dtype(CS) != DType::f32 ||
+      c.dtype(A) != dtype_of<T>() || c.dtype(CB) != DType::i8 || c.dtype(FLAGS) != DType::u8 ||
+      c.dtype(OUT) != dtype_of<T>())
+    return E_DTYPE;
+  const bool has_bias = !c.is_none(BIAS);
+  const DType bdt = has_bias ? c.dtype(BIAS) : DType::none;
+  if (has_bias && !is_float_dtype(bdt)) return E_DTYPE;
+  if (c.rank(CI) < 1 || c.rank(A) < 1 || c.rank(CB) != 2 || c.rank(OUT) < 1) return E_SHAPE;
+  const int64_t N = c.cols(CI), K = c.cols(A), rows = lead_rows(c, CI);
+  if (lead_rows(c, A) != rows || c.dim(CB, 0) != N || c.dim(CB, 1) != K || c.numel(RS) != rows ||
+      c.numel(CS) != N || (has_bias && c.numel(BIAS) != N) || c.numel(FLAGS) != K || lead_rows(c, OUT) != rows ||
+      c.cols(OUT) != N)
+    return E_SHAPE;
+  a->rows = rows;
+  a->N = N;
+  a->K = K;
+  a->C = c.template ptr<int32_t>(CI);
+  a->row_stats = c.template ptr<float>(RS);
+  a->col_stats = c.template ptr<float>(CS);
+  a->bias_dt = bdt;
+  a->bias = has_bias ? c.template ptr<const void>(BIAS) : nullptr;
+  a->A = c.template ptr<const T>(A);
+  a->CB = c.template ptr<int8_t>(CB);
+  a->col_flags = c.template ptr<uint8_t>(FLAGS);
+  a->out = c.template ptr<T>(OUT);
+  if (rows == 0 || N == 0) {
+    a->empty = true;
+    return OK;
+  }
+  if (!a->C || !a->row_stats || !a->col_stats || !a->out || (K && (!a->A || !a->CB || !a->col_flags))) return E_NULL;
+  return OK;
+}
+
+template <class T>
+struct Int8Linear : Parsed {
+  const T *A = nullptr;
+  const int8_t *CB = nullptr;
+  const float *SCB = nullptr;
+  DType bias_dt = DType::none;  // none | f32 | f16 | bf16
+  const void *bias = nullptr;
+  float threshold = 0.0f;
+  T *out = nullptr;
+  uint8_t *col_flags = nullptr;
+  int64_t rows = 0, N = 0, K = 0;
+};
+
+// params: A T[..., K], CB i8[N, K], SCB f32[N], bias (f32|f16|bf16)[N] | none, threshold f32
+//         -> out T[..., N], col_flags u8[K]
+// empty (rows, N or K is 0): the library writes col_flags = 0 and, for K == 0, out = 0.
+template <class T, class C>
+int int8_linear(const C &c, Int8Linear<T> *a) {
+  if (c.nparam != 7) return E_NPARAM;
+  enum { A, CB, SCB, BIAS, THR, OUT, FLAGS };
+  if (c.dtype(A) != dtype_of<T>() || c.dtype(CB) != DType::i8 || c.dtype(SCB) != DType::f32 ||
+      c.dtype(OUT) != dtype_of<T>() || c.dtype(FLAGS) != DType::u8)
+    return E_DTYPE;
+  const bool has_bias = !c.is_none(BIAS);
+  const DType bdt = has_bias ? c.dtype(BIAS) : DType::none;
+  if (has_bias && !is_float_dtype(bdt)) return E_DTYPE;
+  if (c.rank(A) < 1 || c.rank(CB) != 2 || c.rank(OUT) < 1) return E_SHAPE;
+  const int64_t K = c.cols(A), N = c.dim(CB, 0), rows = lead_rows(c, A);
+  if (c.dim(CB, 1) != K || K > kIgemmMaxK || c.numel(SCB) != N || (has_bias && c.numel(BIAS) != N) ||
+      lead_rows(c, OUT) != rows || c.cols(OUT) != N || c.numel(FLAGS) != K)
+    return E_SHAPE;
+  float thr;
+  if (!c.scalar_f32(THR, &thr) || !(thr >= 0.0f)) return E_VALUE;
+  a->threshold = thr;
+  a->rows = rows;
+  a->N = N;
+  a->K = K;
+  a->A = c.template ptr<const T>(A);
+  a->CB = c.template ptr<int8_t>(CB);
+  a->SCB = c.template ptr<float>(SCB);
+  a->bias_dt = bdt;
+  a->bias = has_bias ? c.template ptr<const void>(BIAS) : nullptr;
+  a->out = c.template ptr<T>(OUT);
+  a->col_flags = c.template ptr<uint8_t>(FLAGS);
+  if (rows == 0 || N == 0 || K == 0) {
+    a->empty = true;
+    return OK;
+  }
+  if (!a->A || !a->CB || !a->SCB || !a->out || !a->col_flags) return E_NULL;
   return OK;
 }
 

@@ -33,6 +33,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "aot.h"
@@ -844,6 +845,240 @@ int mm_dequant_entry(BNB_MS_AOT_ARGS) {
   return OK;
 }
 
+// ------------------------------------------------------------------------------------------------
+// LLM.int8() outlier columns (mixed mm dequant) and the fused linear forward
+// ------------------------------------------------------------------------------------------------
+// Mixed mm dequant (cint8_mixed_mm_dequant_<T>; the outlier part of functional.int8_mixed_scaled_mm):
+//   J = the flagged columns, ascending.  J empty: out = mm dequant of C straight into T (the bytes of
+//   cdequant_mm_int32_<T>).  Otherwise, every step rounded in fp32, no FMA:
+//     d[r, n]   = mm dequant of C in fp32 (+ bias)                       (mmdq_row_*<float>)
+//     w[n, j]   = (float(CB[n, j]) * col_stats[n]) * 7.874015718698502e-3f  (int8_vectorwise_dequant)
+//     acc[r, n] = ((0 + A[r, J0] * w[n, J0]) + A[r, J1] * w[n, J1]) + ...  (ascending j, A widened to fp32)
+//     out[r, n] = T(d[r, n] + acc[r, n])
+//   The SIMD variants run 8/16 columns of the same expression per step, so every level gives the same bytes.
+//   (Upstream adds the outlier product with torch's addmm in A's dtype; a fixed order here makes the fused
+//   forward and the unfused functional path the same bytes.)
+// Fused linear (cint8_linear_<T>): the unfused forward of MatMul8bitLt in one call, on per-thread scratch:
+//   fp32 A is rounded to fp16 first (as `A.to(float16)` upstream, and _as_quant_input here), then
+//   vector_quant (with outlier column flags for threshold > 0) -> int8_gemm (the path of
+//   gemm_path_for_rows(rows)) -> for threshold > 0 the mixed mm dequant above, else the mm dequant
+//   straight into T.  col_flags are those of cint8_vector_quant on the quantized input.
+constexpr float kInt8Dequant = 7.874015718698502e-3f;  // float32(1 / 127), functional.INT8_DEQUANT_SCALE
+
+// Scratch of the fused entry points: per calling thread, reused across calls, grown on demand and
+// released after a call that needed more than kScratchKeepBytes (one long prefill does not pin it).
+constexpr size_t kScratchKeepBytes = size_t(64) << 20;
+
+struct Int8Scratch {
+  std::vector<fp16_t> a16;      // fp32 activations rounded to fp16 [rows, K]
+  std::vector<int8_t> ca;       // int8 codes of A [rows, K]
+  std::vector<float> sca;       // row stats [rows]
+  std::vector<int32_t> c;       // int32 GEMM result [rows, N]
+  std::vector<int64_t> cols;    // outlier columns [<= K]
+  std::vector<float> wt;        // dequantized weight columns, transposed [nJ, N]
+  std::vector<float> av;        // outlier activations in fp32 [rows, nJ]
+  size_t bytes() const {
+    return a16.capacity() * sizeof(fp16_t) + ca.capacity() + sca.capacity() * 4 + c.capacity() * 4 +
+           cols.capacity() * 8 + wt.capacity() * 4 + av.capacity() * 4;
+  }
+  void trim() {
+    if (bytes() > kScratchKeepBytes) *this = Int8Scratch();
+  }
+};
+
+Int8Scratch &int8_scratch() {
+  static thread_local Int8Scratch s;
+  return s;
+}
+
+template <class X>
+X *grow(std::vector<X> &v, int64_t n) {
+  if (v.size() < (size_t)n) v.resize((size_t)n);
+  return v.data();
+}
+
+// d + outlier sum for columns [j0, n) of one row: d, o and the columns of wt (row stride ldw) start at
+// the row's first column; av holds the row's nJ outlier activations.
+template <class T>
+void mixed_cols_generic(const float *d, const float *av, const float *wt, int64_t ldw, int64_t nJ, T *o, int64_t j0,
+                        int64_t n) {
+  for (int64_t j = j0; j < n; ++j) {
+    float acc = 0.0f;
+    for (int64_t t = 0; t < nJ; ++t) {
+      const float p = av[t] * wt[t * ldw + j];
+      acc = acc + p;
+    }
+    o[j] = from_f32<T>(d[j] + acc);
+  }
+}
+
+template <class T>
+BNB_MS_TARGET_AVX2 void mixed_cols_avx2(const float *d, const float *av, const float *wt, int64_t ldw, int64_t nJ,
+                                        T *o, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t t = 0; t < nJ; ++t)
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(av[t]), _mm256_loadu_ps(wt + t * ldw + j)));
+    store8<T>(o + j, _mm256_add_ps(_mm256_loadu_ps(d + j), acc));
+  }
+  mixed_cols_generic<T>(d, av, wt, ldw, nJ, o, j, n);
+}
+
+template <class T>
+BNB_MS_TARGET_AVX512 void mixed_cols_avx512(const float *d, const float *av, const float *wt, int64_t ldw,
+                                            int64_t nJ, T *o, int64_t n) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t t = 0; t < nJ; ++t)
+      acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(av[t]), _mm512_loadu_ps(wt + t * ldw + j)));
+    store16<T>(o + j, _mm512_add_ps(_mm512_loadu_ps(d + j), acc));
+  }
+  mixed_cols_generic<T>(d, av, wt, ldw, nJ, o, j, n);
+}
+
+template <class T, class BT>
+void mixed_mm_dequant(const int32_t *C, const float *rs, const float *cs, const BT *bias, const T *A, int64_t K,
+                      const int8_t *CB, const uint8_t *flags, T *out, int64_t M, int64_t N, Int8Scratch &s) {
+  int64_t nJ = 0;
+  int64_t *J = grow(s.cols, std::max<int64_t>(K, 1));
+  for (int64_t k = 0; k < K; ++k)
+    if (flags[k]) J[nJ++] = k;
+  if (nJ == 0) {
+    mm_dequant<T, BT>(C, rs, cs, bias, out, M, N);
+    return;
+  }
+  float *wt = grow(s.wt, nJ * N);
+  parallel_for(N, std::max<int64_t>(1, 16384 / nJ), [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const int8_t *b = CB + n * K;
+      const float sn = cs[n];
+      for (int64_t t = 0; t < nJ; ++t) wt[t * N + n] = ((float)b[J[t]] * sn) * kInt8Dequant;
+    }
+  });
+  float *av = grow(s.av, M * nJ);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t t = 0; t < nJ; ++t) av[r * nJ + t] = to_f32<T>(A[r * K + J[t]]);
+  constexpr int64_t kCols = 512;  // columns per task (the fp32 dequant of a task stays on the stack)
+  const int64_t nch = (N + kCols - 1) / kCols;
+  const SimdLevel lvl = simd_level();
+  parallel_for(M * nch, std::max<int64_t>(1, 64 / (1 + nJ)), [&](int64_t t0, int64_t t1) {
+    alignas(64) float d[kCols];
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t r = task / nch, n0 = (task % nch) * kCols, len = std::min(kCols, N - n0);
+      const int32_t *c = C + r * N + n0;
+      const BT *b = bias ? bias + n0 : nullptr;
+      const float *a = av + r * nJ;
+      T *o = out + r * N + n0;
+      if (lvl >= SimdLevel::avx512) {
+        mmdq_row_avx512<float, BT>(c, rs[r], cs + n0, b, d, len);
+        mixed_cols_avx512<T>(d, a, wt + n0, N, nJ, o, len);
+      } else if (lvl >= SimdLevel::avx2) {
+        mmdq_row_avx2<float, BT>(c, rs[r], cs + n0, b, d, len);
+        mixed_cols_avx2<T>(d, a, wt + n0, N, nJ, o, len);
+      } else {
+        mmdq_row_generic<float, BT>(c, rs[r], cs + n0, b, d, 0, len);
+        mixed_cols_generic<T>(d, a, wt + n0, N, nJ, o, 0, len);
+      }
+    }
+  });
+}
+
+// ---- entry point: checks in checks/int8.h (shared with the CUDA library) -------------------------
+template <class T>
+int mixed_mm_dequant_entry(BNB_MS_AOT_ARGS) {
+  Call<> c(nparam, params, ndims, shapes, dtypes, stream);
+  checks::MixedMmDequant<T> a;
+  if (int s = checks::mixed_mm_dequant<T>(c, &a)) return s;
+  if (a.empty) return OK;
+  Int8Scratch &s = int8_scratch();
+  const int32_t *C = a.C;
+  const float *rs = a.row_stats, *cs = a.col_stats;
+  if (a.bias_dt == DType::none)
+    mixed_mm_dequant<T, float>(C, rs, cs, nullptr, a.A, a.K, a.CB, a.col_flags, a.out, a.rows, a.N, s);
+  else if (a.bias_dt == DType::f32)
+    mixed_mm_dequant<T, float>(C, rs, cs, static_cast<const float *>(a.bias), a.A, a.K, a.CB, a.col_flags, a.out,
+                               a.rows, a.N, s);
+  else if (a.bias_dt == DType::f16)
+    mixed_mm_dequant<T, fp16_t>(C, rs, cs, static_cast<const fp16_t *>(a.bias), a.A, a.K, a.CB, a.col_flags, a.out,
+                                a.rows, a.N, s);
+  else
+    mixed_mm_dequant<T, bf16_t>(C, rs, cs, static_cast<const bf16_t *>(a.bias), a.A, a.K, a.CB, a.col_flags, a.out,
+                                a.rows, a.N, s);
+  s.trim();
+  return OK;
+}
+
+// fp32 -> fp16, round to nearest even (f32_to_fp16's bytes at every level)
+BNB_MS_TARGET_AVX2 void to_fp16_avx2(const float *x, fp16_t *y, int64_t i0, int64_t i1) {
+  int64_t i = i0;
+  for (; i + 8 <= i1; i += 8) store8<fp16_t>(y + i, load8<float>(x + i));
+  for (; i < i1; ++i) y[i] = from_f32<fp16_t>(x[i]);
+}
+
+BNB_MS_TARGET_AVX512 void to_fp16_avx512(const float *x, fp16_t *y, int64_t i0, int64_t i1) {
+  int64_t i = i0;
+  for (; i + 16 <= i1; i += 16) store16<fp16_t>(y + i, load16<float>(x + i));
+  for (; i < i1; ++i) y[i] = from_f32<fp16_t>(x[i]);
+}
+
+void to_fp16(const float *x, fp16_t *y, int64_t n) {
+  const SimdLevel lvl = simd_level();
+  parallel_for(n, 65536, [&](int64_t i0, int64_t i1) {
+    if (lvl >= SimdLevel::avx512) to_fp16_avx512(x, y, i0, i1);
+    else if (lvl >= SimdLevel::avx2) to_fp16_avx2(x, y, i0, i1);
+    else
+      for (int64_t i = i0; i < i1; ++i) y[i] = from_f32<fp16_t>(x[i]);
+  });
+}
+
+template <class T, class BT>
+void int8_linear(const T *A, const int8_t *CB, const float *SCB, const BT *bias, float threshold, T *out,
+                 uint8_t *flags, int64_t M, int64_t N, int64_t K) {
+  Int8Scratch &s = int8_scratch();
+  int8_t *ca = grow(s.ca, M * K);
+  float *sca = grow(s.sca, M);
+  if (std::is_same<T, float>::value) {  // quantized after the cast to fp16, as the unfused path
+    fp16_t *a16 = grow(s.a16, M * K);
+    to_fp16(reinterpret_cast<const float *>(A), a16, M * K);
+    vector_quant<fp16_t>(a16, ca, sca, flags, M, K, threshold);
+  } else {
+    vector_quant<T>(A, ca, sca, flags, M, K, threshold);
+  }
+  int32_t *c = grow(s.c, M * N);
+  int8_gemm(ca, CB, c, M, N, K);
+  if (threshold > 0.0f) mixed_mm_dequant<T, BT>(c, sca, SCB, bias, A, K, CB, flags, out, M, N, s);
+  else mm_dequant<T, BT>(c, sca, SCB, bias, out, M, N);
+  s.trim();
+}
+
+// ---- entry point: checks in checks/int8.h (shared with the CUDA library) -------------------------
+template <class T>
+int int8_linear_entry(BNB_MS_AOT_ARGS) {
+  Call<> c(nparam, params, ndims, shapes, dtypes, stream);
+  checks::Int8Linear<T> a;
+  if (int s = checks::int8_linear<T>(c, &a)) return s;
+  if (a.empty) {
+    if (a.col_flags && a.K) std::memset(a.col_flags, 0, (size_t)a.K);
+    if (a.out && a.K == 0 && a.rows > 0 && a.N > 0) std::memset(static_cast<void *>(a.out), 0, (size_t)(a.rows * a.N) * sizeof(T));
+    return OK;
+  }
+  const float thr = a.threshold;
+  if (a.bias_dt == DType::none)
+    int8_linear<T, float>(a.A, a.CB, a.SCB, nullptr, thr, a.out, a.col_flags, a.rows, a.N, a.K);
+  else if (a.bias_dt == DType::f32)
+    int8_linear<T, float>(a.A, a.CB, a.SCB, static_cast<const float *>(a.bias), thr, a.out, a.col_flags, a.rows, a.N, a.K);
+  else if (a.bias_dt == DType::f16)
+    int8_linear<T, fp16_t>(a.A, a.CB, a.SCB, static_cast<const fp16_t *>(a.bias), thr, a.out, a.col_flags, a.rows, a.N,
+                           a.K);
+  else
+    int8_linear<T, bf16_t>(a.A, a.CB, a.SCB, static_cast<const bf16_t *>(a.bias), thr, a.out, a.col_flags, a.rows, a.N,
+                           a.K);
+  return OK;
+}
+
+
 }  // namespace
 }  // namespace bnb_ms
 
@@ -863,3 +1098,11 @@ BNB_MS_EXPORT const char *bnb_ms_int8_gemm_path() {
 BNB_MS_EXPORT const char *bnb_ms_int8_gemm_path_for_rows(int64_t rows) {
   return bnb_ms::kGemmPathNames[(int)bnb_ms::gemm_path_for_rows(rows)];
 }
+
+// LLM.int8() outlier columns and the fused linear forward (see "mixed mm dequant" above).
+BNB_MS_EXPORT int cint8_mixed_mm_dequant_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::mixed_mm_dequant_entry<fp16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+BNB_MS_EXPORT int cint8_mixed_mm_dequant_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::mixed_mm_dequant_entry<float>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+BNB_MS_EXPORT int cint8_mixed_mm_dequant_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::mixed_mm_dequant_entry<bf16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+BNB_MS_EXPORT int cint8_linear_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::int8_linear_entry<fp16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+BNB_MS_EXPORT int cint8_linear_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::int8_linear_entry<float>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+BNB_MS_EXPORT int cint8_linear_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::int8_linear_entry<bf16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }

@@ -22,6 +22,9 @@
 //    every step rounded in fp32 as on the CPU (NaNs with the x86 bits), then rounded to the output
 //    dtype; 4 elements a thread.
 //
+//  * cint8_mixed_mm_dequant_* / cint8_linear_*: the outlier columns and the fused linear forward (see
+//    "mixed mm dequant" below).
+//
 // Every launch, memset and cuBLASLt call goes on the entry point's stream.  Must not be compiled with
 // --use_fast_math (denormals, 1/x).
 #define BNB_MS_NEEDS_CUBLASLT 1
@@ -32,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "checks/int8.h"
@@ -476,6 +480,239 @@ int mm_dequant_entry(BNB_MS_AOT_ARGS) {
                                       a.cols);
 }
 
+// ------------------------------------------------------------------------------------------------
+// mixed mm dequant (outlier columns) and the fused linear forward -- the CPU's numerics
+// (csrc/cpu/int8.cpp, "mixed mm dequant"), composed of the kernels above:
+//  * cint8_mixed_mm_dequant_<T>: flag_list compacts the flagged columns (ascending) on the device, then
+//    one thread per output: d = the mm dequant in fp32 (dq1's steps), acc = sum over the columns in
+//    ascending order of A * ((float(CB) * col_stats) * 7.874015718698502e-3f), out = T(d + acc); no
+//    flagged column: out = T(d) (cdequant_mm_int32's bytes). x86 NaN rules as mul_x86/add_x86.
+//  * cint8_linear_<T>: fp32 A rounded to fp16 (to_half), vector_quant, the int8 GEMM (as cigemmlt_32:
+//    cuBLASLt, else the SIMT kernel; BNB_MS_IGEMM as there), then the mixed or the plain mm dequant.
+//    Intermediates live in one device scratch buffer per (device, stream) (grown on demand).
+// ------------------------------------------------------------------------------------------------
+constexpr float kInt8Dequant = 7.874015718698502e-3f;  // float32(1 / 127)
+
+// One device buffer per (device, stream), grown on demand (the stream is synchronized before the old
+// one is freed); nothing is freed before process exit.  The returned lock is held while the caller
+// enqueues work on the buffer, so two host threads sharing a stream never resize it under each other.
+struct Scratch {
+  void *p = nullptr;
+  std::unique_lock<std::mutex> lock;
+};
+
+int scratch(cudaStream_t st, size_t bytes, Scratch *s) {
+  struct Buf { int dev; cudaStream_t st; void *p; size_t size; };
+  static std::mutex mu;
+  static std::vector<Buf> bufs;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) { (void)cudaGetLastError(); return E_DEVICE; }
+  s->lock = std::unique_lock<std::mutex>(mu);
+  bytes = std::max<size_t>(bytes, 256);
+  Buf *b = nullptr;
+  for (auto &e : bufs)
+    if (e.dev == dev && e.st == st) b = &e;
+  if (b && b->size >= bytes) {
+    s->p = b->p;
+    return OK;
+  }
+  if (b) {
+    if (cudaStreamSynchronize(st) != cudaSuccess || cudaFree(b->p) != cudaSuccess) { (void)cudaGetLastError(); return E_DEVICE; }
+    b->p = nullptr;
+    b->size = 0;
+  }
+  void *p = nullptr;
+  if (cudaMalloc(&p, bytes) != cudaSuccess) { (void)cudaGetLastError(); return E_DEVICE; }
+  if (b) {
+    b->p = p;
+    b->size = bytes;
+  } else {
+    bufs.push_back({dev, st, p, bytes});
+  }
+  s->p = p;
+  return OK;
+}
+
+// Carves 256-byte aligned pieces out of a scratch buffer.
+struct Carve {
+  char *base;
+  size_t off = 0;
+  explicit Carve(void *p) : base(static_cast<char *>(p)) {}
+  template <class X> X *take(int64_t n) {
+    X *r = reinterpret_cast<X *>(base + off);
+    off += ((size_t)n * sizeof(X) + 255) / 256 * 256;
+    return r;
+  }
+  static size_t bytes(int64_t n, size_t size) { return ((size_t)n * size + 255) / 256 * 256; }
+};
+
+// J[0..*count) = the flagged columns in ascending order (one block; 1024 columns per step).
+__global__ void __launch_bounds__(1024) flag_list(const uint8_t *__restrict__ flags, int64_t K, int32_t *__restrict__ J,
+                                                  int32_t *__restrict__ count) {
+  __shared__ int wsum[32];
+  int base = 0;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int64_t k0 = 0; k0 < K; k0 += blockDim.x) {
+    const int64_t k = k0 + threadIdx.x;
+    const bool f = k < K && flags[k] != 0;
+    const unsigned m = __ballot_sync(0xffffffffu, f);
+    if (lane == 0) wsum[w] = __popc(m);
+    __syncthreads();
+    int off = 0, total = 0;
+    for (int i = 0; i < nw; ++i) {
+      off += i < w ? wsum[i] : 0;
+      total += wsum[i];
+    }
+    if (f) J[base + off + __popc(m & ((1u << lane) - 1u))] = (int32_t)k;
+    base += total;
+    __syncthreads();  // wsum is rewritten by the next step
+  }
+  if (threadIdx.x == 0) *count = base;
+}
+
+template <class T, class BT>
+__global__ void __launch_bounds__(256) mixed_dequant_k(const int32_t *__restrict__ C, const float *__restrict__ rs,
+                                                       const float *__restrict__ cs, const BT *__restrict__ bias,
+                                                       const T *__restrict__ A, int64_t K, const int8_t *__restrict__ CB,
+                                                       const int32_t *__restrict__ J, const int32_t *__restrict__ count,
+                                                       T *__restrict__ out, int64_t rows, int64_t N) {
+  const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const int nJ = *count;
+  const float cv = cs[n];
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    float v = mul_x86(__int2float_rn(C[r * N + n]), mul_x86(rs[r], cv));
+    v = mul_x86(v, kMmDequant);
+    if (bias) v = add_x86(v, to_float(bias[n]));
+    if (nJ > 0) {
+      float acc = 0.0f;
+      for (int t = 0; t < nJ; ++t) {
+        const int64_t j = J[t];
+        const float w = mul_x86(mul_x86(__int2float_rn((int)CB[n * K + j]), cv), kInt8Dequant);
+        acc = add_x86(acc, mul_x86(to_float(A[r * K + j]), w));
+      }
+      v = add_x86(v, acc);
+    }
+    out[r * N + n] = from_float<T>(v);
+  }
+}
+
+// The flagged columns' part (count and J on the device) or, with K == 0, the plain mm dequant.
+template <class T, class BT>
+int mixed_dequant(cudaStream_t st, const int32_t *C, const float *rs, const float *cs, const BT *bias, const T *A,
+                  int64_t K, const int8_t *CB, const uint8_t *flags, int32_t *J, int32_t *count, T *out, int64_t rows,
+                  int64_t N) {
+  if (K == 0) return mm_dequant<T, BT>(st, C, rs, cs, bias, out, rows, N);
+  flag_list<<<1, 1024, 0, st>>>(flags, K, J, count);
+  if (launch_status() != OK) return E_DEVICE;
+  const int64_t gx = (N + 255) / 256, gy = std::min<int64_t>(rows, 65535);
+  if (gx > INT_MAX) return E_SHAPE;
+  mixed_dequant_k<T, BT><<<dim3((unsigned)gx, (unsigned)gy), 256, 0, st>>>(C, rs, cs, bias, A, K, CB, J, count, out,
+                                                                            rows, N);
+  return launch_status();
+}
+
+// ---- entry point: checks in checks/int8.h (shared with the CPU library) -------------------------
+template <class H>
+int mixed_mm_dequant_entry(BNB_MS_AOT_ARGS) {
+  using T = typename DevType<H>::type;
+  CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
+  checks::MixedMmDequant<T> a;
+  if (int s = checks::mixed_mm_dequant<T>(c, &a)) return s;
+  if (a.empty) return OK;
+  const cudaStream_t st = c.cu_stream();
+  Scratch sc;
+  if (int s = scratch(st, Carve::bytes(a.K + 1, 4), &sc)) return s;
+  Carve cv(sc.p);
+  int32_t *J = cv.take<int32_t>(a.K), *count = cv.take<int32_t>(1);
+  const int32_t *C = a.C;
+  const float *rs = a.row_stats, *cs = a.col_stats;
+  if (a.bias_dt == DType::none)
+    return mixed_dequant<T, float>(st, C, rs, cs, nullptr, a.A, a.K, a.CB, a.col_flags, J, count, a.out, a.rows, a.N);
+  if (a.bias_dt == DType::f32)
+    return mixed_dequant<T, float>(st, C, rs, cs, static_cast<const float *>(a.bias), a.A, a.K, a.CB, a.col_flags, J,
+                                   count, a.out, a.rows, a.N);
+  if (a.bias_dt == DType::f16)
+    return mixed_dequant<T, __half>(st, C, rs, cs, static_cast<const __half *>(a.bias), a.A, a.K, a.CB, a.col_flags, J,
+                                    count, a.out, a.rows, a.N);
+  return mixed_dequant<T, __nv_bfloat16>(st, C, rs, cs, static_cast<const __nv_bfloat16 *>(a.bias), a.A, a.K, a.CB,
+                                         a.col_flags, J, count, a.out, a.rows, a.N);
+}
+
+__global__ void __launch_bounds__(256) to_half(const float *__restrict__ x, __half *__restrict__ y, int64_t n) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = from_float<__half>(x[i]);
+}
+
+// cigemmlt_32's path choice (cuBLASLt, else the SIMT kernel; BNB_MS_IGEMM=simt|lt as there).
+int igemm_run(cudaStream_t st, const int8_t *A, const int8_t *B, int32_t *C, int64_t M, int64_t N, int64_t K) {
+  const char *mode = std::getenv("BNB_MS_IGEMM");
+  const bool force_simt = mode && std::strcmp(mode, "simt") == 0;
+  const bool lt_only = mode && std::strcmp(mode, "lt") == 0;
+  if (!force_simt && igemm_lt(st, A, B, C, M, N, K)) return OK;
+  if (lt_only) return E_UNSUPPORTED;
+  return igemm_simt_launch(st, A, B, C, M, N, K);
+}
+
+template <class H, class BT>
+int int8_linear(cudaStream_t st, const checks::Int8Linear<typename DevType<H>::type> &a, const BT *bias) {
+  using T = typename DevType<H>::type;
+  const int64_t M = a.rows, N = a.N, K = a.K;
+  const bool f32 = std::is_same<H, float>::value;
+  const size_t bytes = (f32 ? Carve::bytes(M * K, 2) : 0) + Carve::bytes(M * K, 1) + Carve::bytes(M, 4) +
+                       Carve::bytes(M * N, 4) + Carve::bytes(K + 1, 4);
+  Scratch sc;
+  if (int s = scratch(st, bytes, &sc)) return s;
+  Carve cv(sc.p);
+  __half *a16 = f32 ? cv.take<__half>(M * K) : nullptr;
+  int8_t *CA = cv.take<int8_t>(M * K);
+  float *SCA = cv.take<float>(M);
+  int32_t *C = cv.take<int32_t>(M * N);
+  int32_t *J = cv.take<int32_t>(K), *count = cv.take<int32_t>(1);
+  int s;
+  if (f32) {
+    const int64_t n = M * K;
+    const unsigned grid = (unsigned)std::min<int64_t>((n + 255) / 256, (int64_t)sm_count() * 32);
+    to_half<<<grid, 256, 0, st>>>(reinterpret_cast<const float *>(a.A), a16, n);
+    if (launch_status() != OK) return E_DEVICE;
+    s = vector_quant<fp16_t>(st, a16, CA, SCA, a.col_flags, M, K, a.threshold);
+  } else {
+    s = vector_quant<H>(st, a.A, CA, SCA, a.col_flags, M, K, a.threshold);
+  }
+  if (s != OK) return s;
+  if ((s = igemm_run(st, CA, a.CB, C, M, N, K)) != OK) return s;
+  if (a.threshold > 0.0f)
+    return mixed_dequant<T, BT>(st, C, SCA, a.SCB, bias, a.A, K, a.CB, a.col_flags, J, count, a.out, M, N);
+  return mm_dequant<T, BT>(st, C, SCA, a.SCB, bias, a.out, M, N);
+}
+
+// ---- entry point: checks in checks/int8.h (shared with the CPU library) -------------------------
+template <class H>
+int int8_linear_entry(BNB_MS_AOT_ARGS) {
+  using T = typename DevType<H>::type;
+  CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
+  checks::Int8Linear<T> a;
+  if (int s = checks::int8_linear<T>(c, &a)) return s;
+  const cudaStream_t st = c.cu_stream();
+  if (a.empty) {  // col_flags = 0; K == 0: out = 0 (as the CPU library)
+    if (a.col_flags && a.K && cudaMemsetAsync(a.col_flags, 0, (size_t)a.K, st) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return E_DEVICE;
+    }
+    if (a.out && a.K == 0 && a.rows > 0 && a.N > 0 &&
+        cudaMemsetAsync(a.out, 0, (size_t)(a.rows * a.N) * sizeof(T), st) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return E_DEVICE;
+    }
+    return OK;
+  }
+  if (a.bias_dt == DType::none) return int8_linear<H, float>(st, a, nullptr);
+  if (a.bias_dt == DType::f32) return int8_linear<H, float>(st, a, static_cast<const float *>(a.bias));
+  if (a.bias_dt == DType::f16) return int8_linear<H, __half>(st, a, static_cast<const __half *>(a.bias));
+  return int8_linear<H, __nv_bfloat16>(st, a, static_cast<const __nv_bfloat16 *>(a.bias));
+}
+
+
 }  // namespace
 }  // namespace cuda
 }  // namespace bnb_ms
@@ -488,4 +725,10 @@ BNB_MS_EXPORT int cigemmlt_32(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::igemm_entr
 BNB_MS_EXPORT int cdequant_mm_int32_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mm_dequant_entry<fp16_t>(BNB_ARGS); }
 BNB_MS_EXPORT int cdequant_mm_int32_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mm_dequant_entry<float>(BNB_ARGS); }
 BNB_MS_EXPORT int cdequant_mm_int32_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mm_dequant_entry<bf16_t>(BNB_ARGS); }
+BNB_MS_EXPORT int cint8_mixed_mm_dequant_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mixed_mm_dequant_entry<fp16_t>(BNB_ARGS); }
+BNB_MS_EXPORT int cint8_mixed_mm_dequant_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mixed_mm_dequant_entry<float>(BNB_ARGS); }
+BNB_MS_EXPORT int cint8_mixed_mm_dequant_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mixed_mm_dequant_entry<bf16_t>(BNB_ARGS); }
+BNB_MS_EXPORT int cint8_linear_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::int8_linear_entry<fp16_t>(BNB_ARGS); }
+BNB_MS_EXPORT int cint8_linear_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::int8_linear_entry<float>(BNB_ARGS); }
+BNB_MS_EXPORT int cint8_linear_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::int8_linear_entry<bf16_t>(BNB_ARGS); }
 #undef BNB_ARGS
