@@ -76,6 +76,11 @@ def _contiguous(t: Tensor) -> Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _itemsize(dtype) -> int:
+    return 2 if dtype in (ms.float16, ms.bfloat16, ms.int16, ms.uint16) else 4 if dtype in (
+        ms.float32, ms.int32, ms.uint32) else 8 if dtype in (ms.float64, ms.int64) else 1
+
+
 def _numel(t: Tensor) -> int:
     return int(math.prod(t.shape))
 
@@ -942,12 +947,13 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
     return _write(out, res)
 
 class _Linear4bitPlan:
-    """What :func:`linear_4bit` needs of one quant_state, checked and prepared once: the (nested) absmax,
-    code and shape as tensors (for ops.Custom) and host arrays (for host calls), the bound host call per
-    activation dtype, and the packed bytes of the last weight it was used with. Rebuilt when a tensor of
-    the quant_state is replaced."""
+    """What :func:`linear_4bit` needs of one quant_state, checked once: shapes, blocksizes, dtypes and sizes
+    of its tensors, and the bound host call per activation dtype and thread. Rebuilt when a tensor of the
+    quant_state is replaced. No data is cached: every call reads the tensors' current memory (host calls
+    through :class:`~bitsandbytes_ms._hostcall.DeviceView`, which follows a buffer that an in-place update
+    moved), so a weight changed in place is never served stale."""
 
-    __slots__ = ("key", "N", "K", "bs", "bs2", "tensors", "arrays", "calls", "weight", "raw", "raw_host")
+    __slots__ = ("key", "N", "K", "bs", "bs2", "nested", "calls", "views", "weight_ok")
 
     def __init__(self, state: QuantState, fn: str):
         if state.shape is None or len(state.shape) != 2:
@@ -960,7 +966,8 @@ class _Linear4bitPlan:
         if _numel(code) != 16:
             raise ValueError(f"{fn}: `quant_state.code` must have 16 entries; got {_numel(code)}")
         nb = -(-self.N * self.K // self.bs)
-        if state.nested:
+        self.nested = bool(state.nested)
+        if self.nested:
             s2 = state.state2
             _check_dtype(state.absmax, (ms.uint8,), fn, "quant_state.absmax")
             _check_dtype(s2.absmax, (ms.float32,), fn, "quant_state.state2.absmax")
@@ -969,19 +976,18 @@ class _Linear4bitPlan:
             if _numel(s2.code) != 256 or _numel(s2.absmax) < -(-nb // self.bs2):
                 raise ValueError(f"{fn}: quant_state.state2 must have a 256-entry code and ceil({nb}/{self.bs2}) "
                                  f"absmax entries; got {_numel(s2.code)} and {_numel(s2.absmax)}")
-            offset = state.offset if isinstance(state.offset, Tensor) else Tensor(np.float32(state.offset))
-            offset = _tag(offset.astype(ms.float32).reshape(()), (state.absmax,))
-            absmax, absmax2, code2 = _contiguous(state.absmax).reshape(-1), _contiguous(s2.absmax), s2.code
+            off = state.offset
+            if isinstance(off, Tensor) and (off.dtype != ms.float32 or _numel(off) != 1):
+                raise ValueError(f"{fn}: `quant_state.offset` must be one float32 value; got {off.dtype} "
+                                 f"shape {tuple(off.shape)}")
         else:
             _check_dtype(state.absmax, (ms.float32,), fn, "quant_state.absmax")
             self.bs2 = 256
-            absmax, absmax2, code2, offset = _contiguous(state.absmax).reshape(-1), None, None, None
-        if _numel(absmax) < nb:
-            raise ValueError(f"{fn}: quant_state.absmax must have {nb} entries; got {_numel(absmax)}")
-        self.tensors = (absmax, code, absmax2, code2, offset)
-        self.arrays = None  # host arrays, made on the first host call
+        if _numel(state.absmax) < nb:
+            raise ValueError(f"{fn}: quant_state.absmax must have {nb} entries; got {_numel(state.absmax)}")
         self.calls: Dict[Any, Any] = {}
-        self.weight = self.raw = self.raw_host = None
+        self.views = [_hostcall.DeviceView() for _ in range(7)]  # B, absmax, code, absmax2, code2, offset, bias
+        self.weight_ok = None  # the last weight whose byte count was checked
 
     def __reduce__(self):  # a cache: copies and pickles of the QuantState start without one
         return (type(None), ())
@@ -995,33 +1001,49 @@ class _Linear4bitPlan:
     def matches(self, state) -> bool:
         return all(a is b for a, b in zip(self.key, _Linear4bitPlan.key_of(state)))
 
-    def packed(self, B: Tensor, fn: str, host: bool):
-        """The packed bytes of ``B`` (flat uint8): a host array or a tensor; the last weight's are kept."""
-        if B is not self.weight:
+    def check_weight(self, B: Tensor, fn: str) -> None:
+        if B is not self.weight_ok:
             _check_tensor(B, fn, "B")
-            raw = _as_uint8(_contiguous(B))
             need = (self.N * self.K + 1) // 2
-            if _numel(raw) < need:
-                raise ValueError(f"{fn}: `B` holds {_numel(raw)} bytes; a [{self.N}, {self.K}] weight needs {need}")
-            self.weight, self.raw, self.raw_host = B, raw, None
-        if host and self.raw_host is None:
-            self.raw_host = _hostcall.host(self.raw)
-        return self.raw_host if host else self.raw
+            have = _numel(B) * _itemsize(B.dtype)
+            if have < need:
+                raise ValueError(f"{fn}: `B` holds {have} bytes; a [{self.N}, {self.K}] weight needs {need}")
+            self.weight_ok = B
+
+    def host_args(self, B: Tensor, state: QuantState, bias: Optional[Tensor], dtype):
+        """The host arrays of the weight, its state and the bias (call argument order 1..7), read now."""
+        v, hv = self.views, _hostcall.host_view
+        raw = hv(v[0], B)
+        if raw.dtype != np.uint8 or raw.ndim != 1:
+            raw = raw.reshape(-1).view(np.uint8)
+        args = [raw, hv(v[1], state.absmax), hv(v[2], state.code)]
+        if self.nested:
+            s2, off = state.state2, state.offset
+            off = hv(v[5], off).reshape(()) if isinstance(off, Tensor) else np.array(off, np.float32)
+            args += [hv(v[3], s2.absmax), hv(v[4], s2.code), off]
+        else:
+            args += [None, None, None]
+        if bias is None:
+            args.append(None)
+        else:
+            b = hv(v[6], bias)
+            args.append(b if b.dtype == _hostcall.np_dtype(dtype) else b.astype(_hostcall.np_dtype(dtype)))
+        return args
 
     def host_call(self, dtype):
-        # one bound call per activation dtype and thread: a bound call's argument arrays are re-pointed on
-        # every call, and ctypes releases the GIL while the kernel runs
+        """The bound host call for ``dtype`` on this thread, and the arrays it is bound to now (one per
+        activation dtype and thread: a bound call's arguments are re-pointed on every call, and ctypes
+        releases the GIL while the kernel runs)."""
         key = (dtype, _get_ident())
-        call = self.calls.get(key)
-        if call is None:
-            if self.arrays is None:
-                self.arrays = [None if t is None else _hostcall.host(t) for t in self.tensors]
-            absmax, code, absmax2, code2, offset = self.arrays
+        entry = self.calls.get(key)
+        if entry is None:
             npdt = _hostcall.np_dtype(dtype)
-            call = self.calls[key] = _hostcall.entry(f"clinear_4bit_{_SUFFIX[dtype]}").bind(
-                np.empty((1, self.K), npdt), np.empty(1, np.uint8), absmax, code, absmax2, code2, offset, None,
-                self.bs, self.bs2, self.N, np.empty((1, self.N), npdt))
-        return call
+            call = _hostcall.entry(f"clinear_4bit_{_SUFFIX[dtype]}").bind(
+                np.empty((1, self.K), npdt), np.empty(1, np.uint8), np.empty(1, np.float32),
+                np.empty(16, np.float32), None, None, None, None, self.bs, self.bs2, self.N,
+                np.empty((1, self.N), npdt))
+            entry = self.calls[key] = (call, [None] * 8)
+        return entry
 
 
 def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
@@ -1077,21 +1099,26 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
     out_shape = tuple(shape[:-1]) + (plan.N,)
     if 0 in shape or plan.N == 0:
         return _empty_np(out_shape, A.dtype)
+    plan.check_weight(B, fn)
     if _hostcall.active():
-        call = plan.host_call(A.dtype)
+        call, bound = plan.host_call(A.dtype)
         out = _hostcall.empty(out_shape, A.dtype)
-        call.set(0, _hostcall.host(A))
-        call.set(1, plan.packed(B, fn, True))
-        if bias is not None:
-            b = _hostcall.host(bias)
-            call.set(7, b if b.dtype == out.dtype else b.astype(out.dtype))
-        else:
-            call.set(7, None)
+        call.set(0, _hostcall.host(A))  # first: waits for everything queued before (in-place updates too)
+        for i, arr in enumerate(plan.host_args(B, quant_state, bias, A.dtype), 1):
+            if arr is not bound[i]:  # re-point only what moved
+                call.set(i, arr)
+                bound[i] = arr
         call.set(11, out)
         call()
         return _hostcall.wrap(out)
-    absmax, code, absmax2, code2, offset = plan.tensors
-    raw = plan.packed(B, fn, False)
+    s2 = quant_state.state2
+    raw = B if B.dtype == ms.uint8 else _as_uint8(_contiguous(B))  # the kernel reads the bytes, any shape
+    absmax2 = code2 = offset = None
+    if plan.nested:
+        absmax2, code2 = _contiguous(s2.absmax), s2.code
+        offset = quant_state.offset
+        offset = _tag((offset if isinstance(offset, Tensor) else Tensor(np.float32(offset))).reshape(()), (A,))
+    absmax, code = _contiguous(quant_state.absmax), quant_state.code
     if bias is not None and bias.dtype != A.dtype:
         bias = _tag(bias.astype(A.dtype), (A,))
     return getattr(lib, f"clinear_4bit_{_SUFFIX[A.dtype]}")(_contiguous(A), raw, absmax, code, absmax2, code2, offset,

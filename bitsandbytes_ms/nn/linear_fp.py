@@ -22,9 +22,7 @@ the module object is swapped: parameters, hooks and ties stay as they are); the 
 
 from __future__ import annotations
 
-import ctypes as _ct
 import math as _math
-import weakref as _weakref
 from typing import Iterable as _Iterable, List as _List, Optional as _Optional
 
 import mindnlp  # noqa: F401  (must precede `import torch`; makes torch = mindtorch)
@@ -40,45 +38,6 @@ from .. import functional as _F
 _FLOAT = (_ms.float32, _ms.float16, _ms.bfloat16)
 _ENTRY = {dt: "cgemm_fp_" + sfx for dt, sfx in ((_ms.float32, "fp32"), (_ms.float16, "fp16"), (_ms.bfloat16, "bf16"))}
 _ctx, _MODE = _ms_context._context, _ms_context.ms_ctx_param.mode
-
-
-class _DeviceView:
-    """A numpy array over a tensor's own CPU memory, re-made only when the tensor's buffer moves.
-
-    ``Tensor.asnumpy()`` of a tensor that lives in MindSpore's CPU device memory (a parameter, an op result)
-    copies it into a second, persistent host buffer on every call (a 113 MB lm_head weight: ~15 ms and 113 MB
-    more memory), so the weight is read in place instead: ``Tensor._data_ptr()`` (the CPU device address,
-    < 1 us) wrapped once per address. The first sight of a tensor (and a null address) goes through
-    mindtorch's ``data_ptr()``, which makes MindSpore allocate the device buffer of a tensor that has none
-    yet; a new address waits for MindSpore's pipeline once (``wait_pipeline``) before its memory is read.
-    Callers take the activation's host copy first (``asnumpy`` runs everything queued before it), so
-    in-place updates of the weight made before the call have landed."""
-
-    __slots__ = ("ref", "ptr", "array")
-
-    def __init__(self):
-        self.ref = None  # weak: a replaced weight is not kept alive by the cache
-        self.ptr = 0
-        self.array = None
-
-    def get(self, t) -> _Optional[_np.ndarray]:
-        if not t.is_contiguous() or t.storage_offset() != 0:
-            return None  # a view into another buffer: the caller copies it (H.host)
-        same = self.ref is not None and self.ref() is t
-        ptr = t._data_ptr() if same else 0
-        if not ptr:
-            ptr = int(t.data_ptr())
-        if ptr != self.ptr or not same or self.array is None:
-            if not ptr:
-                return None
-            t.wait_pipeline()
-            dtype = _H.np_dtype(t.dtype)
-            shape = tuple(int(s) for s in t.shape)
-            n = int(_math.prod(shape))
-            buf = (_ct.c_char * max(n * dtype.itemsize, 1)).from_address(ptr)
-            self.array = _np.frombuffer(buf, dtype=dtype, count=n).reshape(shape)
-            self.ref, self.ptr = _weakref.ref(t), ptr
-        return self.array
 
 
 class LinearFP(torch.nn.Linear):
@@ -105,7 +64,7 @@ class LinearFP(torch.nn.Linear):
     def _fp_state(self):
         st = self.__dict__.get("_fp_cache")
         if st is None:
-            st = self.__dict__["_fp_cache"] = {"w": _DeviceView(), "b": _DeviceView(), "bound": {}}
+            st = self.__dict__["_fp_cache"] = {"w": _H.DeviceView(), "b": _H.DeviceView(), "bound": {}}
         return st
 
     def __getstate__(self):  # copies and pickles drop the caches (views of this process's memory)
