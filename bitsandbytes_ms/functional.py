@@ -1404,13 +1404,11 @@ class Int8LinearPlan:
     (int8 [N, K]) and ``SCB`` (float32 [N]), their host arrays (made on the first host call) and the bound
     host call per activation dtype and thread. As :class:`_Linear4bitPlan`, a plan is tied to the tensor
     objects it was made from: :meth:`matches` tells whether a state still holds them, and callers rebuild
-    the plan when ``CB`` or ``SCB`` is replaced (``load_state_dict``, re-quantization). An in-place write
-    into the same tensor objects after the first host call (``CB.copy_(...)``, ``CB.data = ...``: under
-    mindtorch these give the tensor new storage) is not seen by the cached host arrays; call
-    :meth:`refresh` after one. (Taking the host arrays on every call instead costs a full copy of the
-    weight for an op-produced tensor: ``asnumpy`` syncs its device buffer, ~11 ms for 4096 x 11008.)"""
+    the plan when ``CB`` or ``SCB`` is replaced (``load_state_dict``, re-quantization). Host calls read
+    ``CB``/``SCB`` in place on every call (:class:`~bitsandbytes_ms._hostcall.DeviceView`: no copy of the
+    weight, and an in-place write, which gives a MindSpore tensor new storage, is seen by the next call)."""
 
-    __slots__ = ("CB", "SCB", "N", "K", "arrays", "_local")
+    __slots__ = ("CB", "SCB", "N", "K", "views", "_local")
 
     def __init__(self, CB: Tensor, SCB: Tensor, fn: str = "int8_linear"):
         _check_dtype(CB, (ms.int8,), fn, "CB")
@@ -1424,12 +1422,11 @@ class Int8LinearPlan:
         if _numel(SCB) != self.N:
             raise ValueError(f"{_fn_name(fn, 'SCB')} must have CB.shape[0] = {self.N} values; got {_numel(SCB)}")
         self.CB, self.SCB = CB, SCB
-        self.arrays = None
+        self.views = (_hostcall.DeviceView(), _hostcall.DeviceView())
         self._local = threading.local()  # bound host calls: per thread (a call runs without the GIL)
 
     def refresh(self) -> None:
-        """Drops the cached host arrays and bound calls (after an in-place write into ``CB``/``SCB``)."""
-        self.arrays = None
+        """Kept for callers of earlier versions: host calls read CB/SCB in place on every call."""
         self._local = threading.local()
 
     def __reduce__(self):  # a cache: copies and pickles of its owner start without one
@@ -1444,12 +1441,11 @@ class Int8LinearPlan:
             calls = self._local.calls = {}
         entry = calls.get(dtype)
         if entry is None:
-            if self.arrays is None:
-                self.arrays = (_hostcall.host(self.CB), _hostcall.host(self.SCB))
             npdt = _hostcall.np_dtype(dtype)
             a, b = np.empty((1, self.K), npdt), np.empty(self.K, np.uint8)  # placeholders: set on every call
-            call = _hostcall.entry(_INT8_LINEAR[dtype]).bind(a, self.arrays[0], self.arrays[1], None, 0.0, a, b)
-            entry = calls[dtype] = [call, 0.0]  # the bound call and its bound threshold
+            call = _hostcall.entry(_INT8_LINEAR[dtype]).bind(a, np.empty((self.N, self.K), np.int8),
+                                                             np.empty(self.N, np.float32), None, 0.0, a, b)
+            entry = calls[dtype] = [call, 0.0, None, None]  # the call, its threshold, CB and SCB arrays bound
         return entry
 
     def __call__(self, A: Tensor, bias: Optional[Tensor], threshold: float, fn: str = "int8_linear"):
@@ -1472,7 +1468,15 @@ class Int8LinearPlan:
             out = _hostcall.empty(out_shape, A.dtype)
             flags = np.empty(self.K, np.uint8)
             host = _hostcall.host
-            call.set(0, host(A))
+            call.set(0, host(A))  # first: waits for everything queued before (in-place updates too)
+            cb = _hostcall.host_view(self.views[0], self.CB)
+            scb = _hostcall.host_view(self.views[1], self.SCB).reshape(self.N)
+            if cb is not entry[2]:
+                call.set(1, cb)
+                entry[2] = cb
+            if scb is not entry[3]:
+                call.set(2, scb)
+                entry[3] = scb
             call.set(3, None if bias is None else host(bias))
             if threshold != entry[1]:
                 call.set(4, threshold)
