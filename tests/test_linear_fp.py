@@ -130,8 +130,8 @@ def test_k_zero_and_empty():
 
 
 def test_simd_levels_agree(tmp_path):
-    """BNB_MS_SIMD=scalar (the portable kernel), avx2 and this CPU's best level give the same bits, equal to the
-    reference; through ctypes in subprocesses (no MindSpore), with infinities, -0 and subnormals."""
+    """BNB_MS_SIMD=scalar (the portable kernel), avx2 and this CPU's best level (also on one thread) give the same
+    bits, equal to the reference; through ctypes in subprocesses (no MindSpore), with infinities, -0 and subnormals."""
     rng = np.random.default_rng(7)
     cases, refs = {}, {}
     for dt in DTYPES:
@@ -154,9 +154,11 @@ def test_simd_levels_agree(tmp_path):
             refs[key] = _bits(R.gemm_fp(A, W, b, NAME[dt]))
     np.savez(tmp_path / "cases.npz", **cases)
     levels = {}
-    for level in ("scalar", "avx2", ""):
-        env = {k: v for k, v in os.environ.items() if k != "BNB_MS_SIMD"}
-        if level:
+    for level in ("scalar", "avx2", "", "1thread"):
+        env = {k: v for k, v in os.environ.items() if k not in ("BNB_MS_SIMD", "BNB_MS_NUM_THREADS")}
+        if level == "1thread":  # the result does not depend on how the thread pool splits N
+            env["BNB_MS_NUM_THREADS"] = "1"
+        elif level:
             env["BNB_MS_SIMD"] = level
         out = tmp_path / f"out_{level or 'best'}.npz"
         subprocess.run([sys.executable, str(ROOT / "tests" / "_gemm_fp_levels.py"), str(cextension.LIBRARY_PATH),
