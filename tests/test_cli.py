@@ -7,7 +7,7 @@ import sys
 import pytest
 
 FIELDS = ["layers converted  28", "layers skipped    1: lm_head (full precision, fast native GEMV)", "weight memory", "quantized layers", "perplexity", "top-1 agreement",
-          "logit error", "tokens/s", "continuation"]
+          "logit error", "prefill tok/s", "decode tok/s", "tokens/s", "continuation"]
 
 
 def run(*args):
