@@ -222,6 +222,18 @@ def quantize_job(args) -> int:
     if not converted:
         raise CliError(f"--model {model_dir}: no linear layers to quantize (all {len(skipped)} kept in full precision)")
 
+    fused_note = "off (--no-fuse)"
+    if not args.no_fuse:
+        import warnings
+
+        from bitsandbytes_ms.integrations import fuse
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fused = fuse(model)
+        reason = next((str(w.message).split(": ", 2)[-1] for w in caught), "unsupported")
+        fused_note = ("on: 2 native calls per decoder layer (bitsandbytes_ms.integrations.fuse)" if fused
+                      else f"off: {reason}")
     mem_after = ev.weight_memory(model)
     lin_params = sum(_layer_params(model.get_submodule(n)) for n in converted)
     lin_after = sum(ev.weight_memory(model.get_submodule(n)) for n in converted)
@@ -239,6 +251,7 @@ def quantize_job(args) -> int:
     out_name = _output_layer(model)
     if out_name is not None and out_name in converted:
         print(f"{out_name:<17} quantized ({args.mode})")
+    print(f"fused decoder     {fused_note}")
     print(f"weight memory     {mem_before / mib:.2f} MiB -> {mem_after / mib:.2f} MiB "
           f"(x{mem_after / mem_before:.3f}; x{mem_after / fp16_bytes:.3f} of the fp16 model, {fp16_bytes / mib:.2f} MiB)")
     print(f"quantized layers  {2 * lin_params / mib:.2f} MiB as fp16 -> {lin_after / mib:.2f} MiB "
@@ -337,6 +350,9 @@ def main(argv=None) -> int:
     q.add_argument("--quantize-lm-head", action="store_true",
                    help="quantize the output layer (lm_head) too; by default it stays in full precision (upstream's "
                         "llm_int8_skip_modules) and runs a native GEMV. A tied input embedding keeps its weight")
+    q.add_argument("--no-fuse", action="store_true",
+                   help="keep mindnlp's own decoder forward (default: fuse each quantized decoder layer into 2 native "
+                        "calls where the architecture is supported: Llama/Qwen2/Qwen3/Mistral with 4-bit or fp32 layers)")
     q.add_argument("--eval-file", help="text for the perplexity evaluation (default: the embedded held-out text)")
     q.add_argument("--eval-window", type=int, default=128, help="tokens per evaluation window")
     q.add_argument("--eval-windows", type=int, default=8, help="number of evaluation windows")

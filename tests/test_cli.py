@@ -7,7 +7,7 @@ import sys
 import pytest
 
 FIELDS = ["layers converted  28", "layers skipped    1: lm_head (full precision, fast native GEMV)", "weight memory", "quantized layers", "perplexity", "top-1 agreement",
-          "logit error", "prefill tok/s", "decode tok/s", "tokens/s", "continuation"]
+          "logit error", "fused decoder", "prefill tok/s", "decode tok/s", "tokens/s", "continuation"]
 
 
 def run(*args):
@@ -21,6 +21,9 @@ def test_quantize_job_reports_every_field(mode, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     for f in FIELDS:
         assert f in r.stdout, (f, r.stdout)
+    fused_line = next(line for line in r.stdout.splitlines() if line.startswith("fused decoder"))
+    # nf4 layers take the fused decoder; int8 ones keep the unfused path and say why
+    assert ("on: 2 native calls" in fused_line) if mode == "nf4" else ("off: " in fused_line and "Linear8bitLt" in fused_line), fused_line
     assert (tmp_path / "q" / "model.safetensors").exists() and (tmp_path / "q" / "config.json").exists()
     # a quantized checkpoint is not something to quantize again: one line, no traceback
     line = _one_line_error(run("quantize", "--model", str(tmp_path / "q")))
