@@ -618,9 +618,16 @@ def main(argv=None) -> int:
     ap.add_argument("--output", default=None, help="markdown report (default benchmarks/model_cpu.md; "
                     "--quick: build/model_cpu_quick.md, git-ignored)")
     ap.add_argument("--json", default=None, help="also write the raw results here")
+    ap.add_argument("--render", metavar="JSON", help="only re-render the report from a --json file of an earlier run")
     args = ap.parse_args(argv)
     if args.worker:
         return worker_main(args.worker)
+    if args.render:
+        data = json.loads(Path(args.render).read_text())
+        out = Path(args.output) if args.output else ROOT / "benchmarks" / "model_cpu.md"
+        out.write_text(render(data["meta"], data["results"]))
+        log(f"wrote {out} from {args.render}")
+        return 0
 
     models = [m for m in args.models.split(",") if m]
     modes = [m for m in args.modes.split(",") if m]
@@ -732,6 +739,11 @@ def _f(v, fmt="{:.2f}"):
     return "-" if v is None else fmt.format(v)
 
 
+def _fx(v):
+    """A ratio: 2 decimals, 3 significant digits below 0.1 (so 0.004x does not print as 0.00x)."""
+    return "-" if v is None else (f"{v:.2f}x" if v >= 0.1 else f"{v:.3g}x")
+
+
 def _ratio(a, b):
     return None if a is None or b is None or not b else a / b
 
@@ -759,14 +771,16 @@ def render(meta: dict, results: list) -> str:
     bf16 = cpu["avx512_bf16"]
     L += ["Precision each side computes in (this machine):", "",
           "- fp32: both sides fp32 matmuls (ours: MindSpore CPU kernels; upstream: torch/oneDNN).",
-          "- int8 (LLM.int8()): both quantize activations row-wise to int8 and multiply with int32 accumulation; "
-          "ours quantizes fp32 activations through fp16 as upstream does; with threshold 6.0 the outlier columns "
-          "are multiplied in fp32 (ours) / fp16-cast inputs (upstream's CPU path). int8-t0: threshold 0, no outlier split.",
+          "- int8 (LLM.int8()): both sides cast fp32 activations to fp16, quantize them row-wise to int8 and "
+          "multiply with the int8 weight rows accumulating in int32, then rescale; with threshold 6.0 the activation "
+          "columns holding an outlier go through a floating-point matmul with the dequantized weight columns. "
+          "int8-t0: threshold 0, no outlier split.",
           "- nf4/fp4 (compute dtype fp32): decode (1 row) runs a fused 4-bit GEMV on both sides; upstream's CPU "
           f"`gemv_4bit` computes in {'bf16 (this CPU has AVX512-BF16)' if bf16 else 'fp32 (no AVX512-BF16 on this CPU)'}, "
           "ours in fp32. Prefill (many rows) dequantizes the weight to fp32 and runs an fp32 matmul on both sides.",
           "- llama.cpp: ggml's own kernels for the GGUF type (Q4_1/Q8_0 quantize the activations to 8 bits per block "
-          "and accumulate in int32/fp32; F32 is fp32). Its prebuilt CPU wheel is built without `-march=native`.", ""]
+          "and accumulate in int32/fp32; F32 is fp32). Its prebuilt Linux CPU wheel is built without `-march=native` "
+          "(no AVX-512/AMX paths, per its README; this machine has none anyway when the flags above say so).", ""]
 
     for model, info in meta["models"].items():
         c = info["config"]
@@ -815,7 +829,7 @@ def render(meta: dict, results: list) -> str:
             d = _ratio(g(*a, "decode_tok_s"), g(*b, "decode_tok_s"))
             p = _ratio(g(*a, "prefill_tok_s"), g(*b, "prefill_tok_s"))
             if d is not None or p is not None:
-                L.append(f"| {label} | {_f(d, '{:.2f}x')} | {_f(p, '{:.2f}x')} |")
+                L.append(f"| {label} | {_fx(d)} | {_fx(p)} |")
 
         for mode in ("nf4", "fp4", "int8", "int8-t0"):
             row(f"ours {mode} / ours fp32", ("ours", mode), ("ours", "fp32"))
@@ -844,6 +858,8 @@ def render(meta: dict, results: list) -> str:
           "(`SCB`, absmax/code); tied embeddings once; for llama.cpp it is the GGUF file size.",
           "- Peak RSS includes the fp32 load: ours loads the fp32 checkpoint and quantizes it in place one layer at a "
           "time; upstream (transformers' `BitsAndBytesConfig`) quantizes while loading. llama.cpp mmaps the GGUF.",
+          "- Single timed prefill and decode per configuration on a shared, loaded machine (see the load column): "
+          "treat differences under ~2x between rows measured at different loads as noise.",
           "- \"same tokens as upstream\": how many of our greedy tokens match upstream's in the same mode before the "
           "first difference.",
           ""]
