@@ -453,10 +453,10 @@ int gemv4_entry(BNB_MS_AOT_ARGS) {
 // Double-quant absmax decoded into a stream-ordered scratch buffer (code2[q] * absmax2[b / bs2] + offset),
 // the gemv kernels above, then the bias added to the rounded result in fp32.
 __global__ void decode_nested_absmax(const uint8_t *__restrict__ q, const float *__restrict__ code2,
-                                     const float *__restrict__ absmax2, const float *__restrict__ offset, int64_t bs2,
+                                     const float *__restrict__ absmax2, float offset, int64_t bs2,
                                      int64_t nb, float *__restrict__ dst) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nb; i += (int64_t)gridDim.x * blockDim.x)
-    dst[i] = __fadd_rn(__fmul_rn(code2[q[i]], absmax2[i / bs2]), *offset);
+    dst[i] = __fadd_rn(__fmul_rn(code2[q[i]], absmax2[i / bs2]), offset);
 }
 
 template <class T>
@@ -502,9 +502,11 @@ int linear4_entry(BNB_MS_AOT_ARGS) {
     const float *am = c.ptr<float>(ABSMAX);
     float *dq = nullptr;
     if (nested) {
+      float off;  // a 0-d tensor in host or device memory (the scalar reader takes both)
+      if (!c.scalar_f32(OFFSET, &off)) return E_VALUE;
       if (cudaMallocAsync(reinterpret_cast<void **>(&dq), (size_t)nb * sizeof(float), st) != cudaSuccess) return E_DEVICE;
       decode_nested_absmax<<<grid_for(nb, 256, 8), 256, 0, st>>>(c.ptr<uint8_t>(ABSMAX), c.ptr<float>(CODE2),
-                                                               c.ptr<float>(ABSMAX2), c.ptr<float>(OFFSET), bs2, nb, dq);
+                                                               c.ptr<float>(ABSMAX2), off, bs2, nb, dq);
       am = dq;
     }
     dim3 grid((unsigned)row_blocks, (unsigned)(M < 65535 ? M : 65535));
