@@ -4,7 +4,8 @@
     bnb-ms diagnostics     the same
     bnb-ms demo            diagnostics + a blockwise 8-bit quantize/dequantize round trip
     bnb-ms quantize        quantize a causal LM (default: the embedded model) and report what it costs
-                           and keeps: memory, perplexity, logit agreement, speed, a generated continuation
+                           and keeps: memory, perplexity, logit agreement, prefill and decode speed, a
+                           generated continuation (--model: an HF checkpoint directory or a .gguf file)
 """
 
 from __future__ import annotations
@@ -109,10 +110,14 @@ def quantize_job(args) -> int:
     from tqdm import tqdm
 
     model_dir = Path(args.model) if args.model else Path(__file__).resolve().parent / "default_model"
-    if not model_dir.exists():
+    gguf_file = model_dir if model_dir.suffix.lower() == ".gguf" else None
+    if gguf_file is not None and not gguf_file.is_file():
+        raise CliError(f"--model {gguf_file}: no such file; pass a .gguf file or a local Hugging Face-format "
+                       f"checkpoint directory")
+    if gguf_file is None and not model_dir.exists():
         raise CliError(f"--model {model_dir}: no such directory; pass a local Hugging Face-format checkpoint "
-                       f"directory (config.json + weights + tokenizer)")
-    if not (model_dir / "config.json").exists():
+                       f"directory (config.json + weights + tokenizer) or a .gguf file")
+    if gguf_file is None and not (model_dir / "config.json").exists():
         raise CliError(f"--model {model_dir}: no config.json there; it is not a Hugging Face-format checkpoint")
     if args.max_new_tokens < 1:
         raise CliError("--max-new-tokens must be at least 1")
@@ -128,13 +133,30 @@ def quantize_job(args) -> int:
         save_dir = Path(args.save)
         if save_dir.exists() and not save_dir.is_dir():
             raise CliError(f"--save {save_dir}: exists and is not a directory")
-        if save_dir.resolve() == model_dir.resolve():
+        if save_dir.resolve() == model_dir.resolve() and gguf_file is None:
             raise CliError(f"--save {save_dir}: is the --model directory; pick another directory")
         parent = save_dir if save_dir.exists() else save_dir.parent
         if not parent.exists() or not os.access(parent, os.W_OK):
             raise CliError(f"--save {save_dir}: cannot write there (no such parent directory or no permission)")
 
     os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")  # mindnlp imports diffusers, which logs a banner
+    gguf_note = ""
+    if gguf_file is not None:
+        # mindnlp before transformers (the conversion builds the tokenizer with transformers)
+        import mindnlp  # noqa: F401
+
+        from bitsandbytes_ms.integrations.gguf import GGUFConversionError, cached_hf_checkpoint
+
+        try:
+            t0 = time.perf_counter()
+            model_dir, converted_now = cached_hf_checkpoint(gguf_file)
+        except GGUFConversionError as e:
+            raise CliError(f"--model {gguf_file}: {e}") from e
+        gguf_note = (f" (converted from {gguf_file.name} in {time.perf_counter() - t0:.1f} s)" if converted_now
+                     else f" (converted from {gguf_file.name} earlier; cached)")
+        if args.save and Path(args.save).resolve() == model_dir.resolve():
+            raise CliError(f"--save {args.save}: is the cached conversion of --model; pick another directory")
+
     with tqdm(total=2, desc="loading", unit="step", leave=False) as bar:
         import mindnlp  # noqa: F401  (torch -> mindtorch, transformers on MindSpore)
         import transformers
@@ -186,40 +208,65 @@ def quantize_job(args) -> int:
     fp16_bytes = 2 * n_params
 
     ref = ev.run_windows(model, windows, progress=lambda w: tqdm(w, desc="evaluating (original)", leave=False))
-    _, n_tok, t_before = ev.generate(model, tokenizer, args.prompt, args.max_new_tokens)
+    gen_before = ev.generate_timed(model, tokenizer, args.prompt, args.max_new_tokens)
 
     converted: list = []
     skipped: list = []
+    skip = [] if args.quantize_lm_head else None  # None: lm_head (and tied layers) stay in full precision
     if args.mode == "int8":
-        quant_8bit(model, threshold=args.threshold, converted=converted, skipped=skipped, progress=True)
+        quant_8bit(model, threshold=args.threshold, modules_to_not_convert=skip, converted=converted,
+                   skipped=skipped, progress=True)
     else:
-        quant_4bit(model, quant_type=args.mode, compute_dtype=args.compute_dtype,
-                   compress_statistics=args.double_quant, converted=converted, skipped=skipped, progress=True)
+        quant_4bit(model, quant_type=args.mode, compute_dtype=args.compute_dtype, compress_statistics=args.double_quant,
+                   modules_to_not_convert=skip, converted=converted, skipped=skipped, progress=True)
     if not converted:
         raise CliError(f"--model {model_dir}: no linear layers to quantize (all {len(skipped)} kept in full precision)")
 
+    fused_note = "off (--no-fuse)"
+    if not args.no_fuse:
+        import warnings
+
+        from bitsandbytes_ms.integrations import fuse
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fused = fuse(model)
+        reason = next((str(w.message).split(": ", 2)[-1] for w in caught), "unsupported")
+        fused_note = ("on: 2 native calls per decoder layer (bitsandbytes_ms.integrations.fuse)" if fused
+                      else f"off: {reason}")
     mem_after = ev.weight_memory(model)
     lin_params = sum(_layer_params(model.get_submodule(n)) for n in converted)
     lin_after = sum(ev.weight_memory(model.get_submodule(n)) for n in converted)
     new = ev.run_windows(model, windows, progress=lambda w: tqdm(w, desc="evaluating (quantized)", leave=False))
     cmp = ev.compare_logits(ref, new)
-    text, n_tok_after, t_after = ev.generate(model, tokenizer, args.prompt, args.max_new_tokens)
+    gen_after = ev.generate_timed(model, tokenizer, args.prompt, args.max_new_tokens)
+    text = gen_after.text
 
     mib = 2**20
-    print(f"model             {model_dir} ({type(model).__name__}, {n_params / 1e6:.2f} M parameters)")
+    print(f"model             {model_dir}{gguf_note} ({type(model).__name__}, {n_params / 1e6:.2f} M parameters)")
     print(f"mode              {args.mode}" + (f" (threshold {args.threshold})" if args.mode == "int8" else
                                               f" (compute_dtype {args.compute_dtype}, double quant {args.double_quant})"))
     print(f"layers converted  {len(converted)}: {_abbrev(converted)}")
-    print(f"layers skipped    {len(skipped)}: {_abbrev(skipped)}")
+    print(f"layers skipped    {len(skipped)}: {_abbrev([_kept(model, n) for n in skipped])}")
+    out_name = _output_layer(model)
+    if out_name is not None and out_name in converted:
+        print(f"{out_name:<17} quantized ({args.mode})")
+    print(f"fused decoder     {fused_note}")
     print(f"weight memory     {mem_before / mib:.2f} MiB -> {mem_after / mib:.2f} MiB "
           f"(x{mem_after / mem_before:.3f}; x{mem_after / fp16_bytes:.3f} of the fp16 model, {fp16_bytes / mib:.2f} MiB)")
     print(f"quantized layers  {2 * lin_params / mib:.2f} MiB as fp16 -> {lin_after / mib:.2f} MiB "
-          f"(x{lin_after / (2 * lin_params):.3f}); embeddings, norms and lm_head stay in full precision")
+          f"(x{lin_after / (2 * lin_params):.3f}); embeddings, norms"
+          f"{'' if out_name in converted else ' and ' + (out_name or 'lm_head')} stay in full precision")
     print(f"perplexity        {ref.perplexity:.3f} -> {new.perplexity:.3f} "
           f"({100 * (new.perplexity / ref.perplexity - 1):+.2f}%) on {ref.n_tokens} held-out tokens")
     print(f"top-1 agreement   {100 * cmp['top1_agreement']:.2f}% with the unquantized model")
     print(f"logit error       max {cmp['max_abs_logit_err']:.4f}, mean {cmp['mean_abs_logit_err']:.4f}")
-    print(f"tokens/s          {n_tok / t_before:.1f} -> {n_tok_after / t_after:.1f} (greedy, {args.max_new_tokens} new tokens)")
+    print(f"prefill tok/s     {_rate(ref.prefill_tokens_per_second)} -> {_rate(new.prefill_tokens_per_second)} "
+          f"(forward over {len(windows[-1])}-token held-out windows, median of {max(len(windows) - 1, 1)})")
+    print(f"decode tok/s      {_rate(gen_before.decode_tokens_per_second)} -> {_rate(gen_after.decode_tokens_per_second)} "
+          f"(greedy, new tokens after the first: {max(gen_before.new_tokens - 1, 0)} -> {max(gen_after.new_tokens - 1, 0)})")
+    print(f"tokens/s          {gen_before.new_tokens / gen_before.seconds:.1f} -> {gen_after.new_tokens / gen_after.seconds:.1f} "
+          f"(greedy, {args.max_new_tokens} new tokens, end to end incl. the prompt)")
     print(f"prompt            {args.prompt!r}")
     print(f"continuation      {text!r}")
     if args.save:
@@ -229,15 +276,21 @@ def quantize_job(args) -> int:
         save_dir = Path(args.save)
         save_dir.mkdir(parents=True, exist_ok=True)
         if args.mode == "int8":
-            model.config.quantization_config = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=args.threshold)
+            model.config.quantization_config = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=args.threshold,
+                                                                  llm_int8_skip_modules=skip)
         else:
             model.config.quantization_config = BitsAndBytesConfig(
                 load_in_4bit=True, bnb_4bit_quant_type=args.mode, bnb_4bit_use_double_quant=args.double_quant,
-                bnb_4bit_compute_dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.compute_dtype])
+                bnb_4bit_compute_dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.compute_dtype],
+                llm_int8_skip_modules=skip)
         model.save_pretrained(str(save_dir), safe_serialization=True)
         tokenizer.save_pretrained(str(save_dir))
         print(f"saved             {save_dir}")
     return 0
+
+
+def _rate(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
 
 
 def _first_line(e: Exception) -> str:
@@ -249,6 +302,21 @@ def _layer_params(module) -> int:
     """Weight + bias elements of a quantized linear layer (its logical, unpacked size)."""
     n = module.in_features * module.out_features
     return n + (module.bias.shape[0] if module.bias is not None else 0)
+
+
+def _kept(model, name: str) -> str:
+    """A kept layer's name, and how it runs."""
+    from bitsandbytes_ms.nn import LinearFP
+
+    if isinstance(model.get_submodule(name), LinearFP):
+        return f"{name} (full precision, fast native GEMV)"
+    return f"{name} (full precision)"
+
+
+def _output_layer(model):
+    from bitsandbytes_ms.integrations.models import _output_layer_name
+
+    return _output_layer_name(model)
 
 
 def _abbrev(names, k: int = 4) -> str:
@@ -270,7 +338,8 @@ def main(argv=None) -> int:
     sub.add_parser("diagnostics", help="print versions, backend, library and CPU kernel path")
     sub.add_parser("demo", help="diagnostics + a blockwise 8-bit quantize/dequantize round trip")
     q = sub.add_parser("quantize", help="quantize a causal LM and report memory, quality, speed, a generation")
-    q.add_argument("--model", help="local Hugging Face-format checkpoint directory (default: the embedded model)")
+    q.add_argument("--model", help="local Hugging Face-format checkpoint directory, or a .gguf file (converted to "
+                                  "fp32 once, cached in ~/.cache/bitsandbytes_ms/models/gguf; default: the embedded model)")
     q.add_argument("--mode", choices=("int8", "nf4", "fp4"), default="int8")
     q.add_argument("--threshold", type=float, default=6.0, help="LLM.int8() outlier threshold (int8 mode)")
     q.add_argument("--double-quant", action="store_true", help="quantize the 4-bit absmax again (compress_statistics)")
@@ -278,6 +347,12 @@ def main(argv=None) -> int:
     q.add_argument("--save", help="save the quantized model (safetensors + quantization config) to this directory")
     q.add_argument("--prompt", default=DEFAULT_PROMPT)
     q.add_argument("--max-new-tokens", type=int, default=24)
+    q.add_argument("--quantize-lm-head", action="store_true",
+                   help="quantize the output layer (lm_head) too; by default it stays in full precision (upstream's "
+                        "llm_int8_skip_modules) and runs a native GEMV. A tied input embedding keeps its weight")
+    q.add_argument("--no-fuse", action="store_true",
+                   help="keep mindnlp's own decoder forward (default: fuse each quantized decoder layer into 2 native "
+                        "calls where the architecture is supported: Llama/Qwen2/Qwen3/Mistral with 4-bit or fp32 layers)")
     q.add_argument("--eval-file", help="text for the perplexity evaluation (default: the embedded held-out text)")
     q.add_argument("--eval-window", type=int, default=128, help="tokens per evaluation window")
     q.add_argument("--eval-windows", type=int, default=8, help="number of evaluation windows")

@@ -30,9 +30,11 @@ int64, float -> float32, bool -> bool, as MindSpore passes them). A nonzero stat
 from __future__ import annotations
 
 import ctypes as ct
+import math
 import os
 import sys
-from typing import Any
+import weakref
+from typing import Any, Optional
 
 import numpy as np
 import mindspore as ms
@@ -70,6 +72,51 @@ def host(t: Tensor) -> np.ndarray:
     """The tensor's data as a C-contiguous numpy array (shared with a contiguous CPU tensor)."""
     a = t.asnumpy()
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+class DeviceView:
+    """A numpy array over a tensor's own CPU memory, re-made only when the tensor's buffer moves.
+
+    ``Tensor.asnumpy()`` of a tensor that lives in MindSpore's CPU device memory (a parameter, an op result)
+    copies it into a second, persistent host buffer on every call (a 113 MB lm_head weight: ~15 ms and 113 MB
+    more memory), so the weight is read in place instead: ``Tensor._data_ptr()`` (the CPU device address,
+    < 1 us) wrapped once per address. The first sight of a tensor (and a null address) goes through
+    mindtorch's ``data_ptr()``, which makes MindSpore allocate the device buffer of a tensor that has none
+    yet; a new address waits for MindSpore's pipeline once (``wait_pipeline``) before its memory is read.
+    Callers take the activation's host copy first (``asnumpy`` runs everything queued before it), so
+    in-place updates of the weight made before the call have landed."""
+
+    __slots__ = ("ref", "ptr", "array")
+
+    def __init__(self):
+        self.ref = None  # weak: a replaced weight is not kept alive by the cache
+        self.ptr = 0
+        self.array = None
+
+    def get(self, t) -> Optional[np.ndarray]:
+        if not t.is_contiguous() or t.storage_offset() != 0:
+            return None  # a view into another buffer: the caller copies it (H.host)
+        same = self.ref is not None and self.ref() is t
+        ptr = t._data_ptr() if same else 0
+        if not ptr:
+            ptr = int(t.data_ptr())
+        if ptr != self.ptr or not same or self.array is None:
+            if not ptr:
+                return None
+            t.wait_pipeline()
+            dtype = np_dtype(t.dtype)
+            shape = tuple(int(s) for s in t.shape)
+            n = int(math.prod(shape))
+            buf = (ct.c_char * max(n * dtype.itemsize, 1)).from_address(ptr)
+            self.array = np.frombuffer(buf, dtype=dtype, count=n).reshape(shape)
+            self.ref, self.ptr = weakref.ref(t), ptr
+        return self.array
+
+
+def host_view(view: "DeviceView", t: Tensor) -> np.ndarray:
+    """``view.get(t)`` (the tensor's own memory), or :func:`host`'s copy where it cannot be viewed."""
+    a = view.get(t)
+    return host(t) if a is None else a
 
 
 def wrap(a: np.ndarray) -> Tensor:
@@ -168,7 +215,14 @@ def np_dtype(dtype) -> np.dtype:
 def _np_dtypes():
     # bfloat16: the numpy type MindSpore's own asnumpy() returns (it registers one of its own), so host
     # arrays of inputs and results compare and convert with each other
-    bf16 = Tensor(np.zeros(1, np.float32)).astype(ms.bfloat16).asnumpy().dtype
+    # (taken from mindspore.common.np_dtype: computing one with asnumpy() at import ran a kernel, which initialises
+    # MindSpore's runtime, so a later ms.set_device() -- the CLI's first step -- raised)
+    try:
+        from mindspore.common.np_dtype import bfloat16 as _ms_bf16
+
+        bf16 = np.dtype(_ms_bf16)
+    except ImportError:  # pragma: no cover - other MindSpore versions
+        bf16 = Tensor(np.zeros(1, np.float32)).astype(ms.bfloat16).asnumpy().dtype
     return {ms.float32: np.dtype(np.float32), ms.float16: np.dtype(np.float16), ms.bfloat16: bf16,
             ms.int8: np.dtype(np.int8), ms.uint8: np.dtype(np.uint8), ms.int32: np.dtype(np.int32),
             ms.int64: np.dtype(np.int64)}
@@ -182,4 +236,4 @@ def empty(shape, dtype) -> np.ndarray:
     return np.empty(shape, dtype=_NP_DTYPES[dtype])
 
 
-__all__ = ["active", "set_enabled", "host", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype"]
+__all__ = ["active", "set_enabled", "host", "host_view", "DeviceView", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype"]

@@ -354,3 +354,18 @@ define(NativeOp(
     infer=lambda s, d, st: ((s["x"], ms.float32),),
     doc="RMSNorm over the last dimension, fp32: w * (x / sqrt(mean(x^2) + eps)); out may be x",
 ))
+
+
+# ---- full-precision linear (the layers a quantized model keeps: lm_head) ----
+# csrc/cpu/gemm_fp.cpp: fp32 accumulation in 16 fixed lanes (lane = k mod 16, fused multiply-add in k
+# order), a fixed reduction tree, then + bias in fp32 and one rounding to the suffix's dtype; the same
+# bits at every SIMD level (the order is spelled out in _reference.gemm_fp).
+for _sfx, _dt in DTYPE_SUFFIX.items():
+    define(NativeOp(
+        name=f"cgemm_fp_{_sfx}",
+        inputs=("A", "W", "bias"),
+        outputs=("out",),
+        infer=(lambda dt: lambda s, d, st: ((tuple(s["A"][:-1]) + (s["W"][0],), dt),))(_dt),
+        doc="out[..., n] = sum_k A[..., k] * W[n, k] (+ bias[n]): full-precision GEMV/GEMM on a [N, K] weight "
+            "(fp16/bf16 widened in registers; fp32 accumulation in 16 fixed lanes, fixed reduction tree)",
+    ))

@@ -547,3 +547,51 @@ def decoder_mlp(x, norm_w, gate, up, down, intermediate: int, eps: float):
     u = linear_spec(y, up, intermediate)
     a = (g / (np.float32(1) + np.exp(-g)) * u).astype(np.float32)
     return (x + linear_spec(a, down, x.shape[-1])).astype(np.float32)
+
+
+# ---- full-precision linear (cgemm_fp_*) ----
+def fma_f32(a, b, c) -> np.ndarray:
+    """float32 fused multiply-add ``round_f32(a * b + c)`` (one rounding), elementwise, exactly.
+
+    ``a * b`` is exact in float64 (24 + 24 mantissa bits); ``s = p + c`` is rounded to float64, its error
+    ``e`` recovered exactly (TwoSum) and ``s`` moved to round-to-odd (the odd neighbour on ``e``'s side
+    when ``s`` is even and inexact); rounding a round-to-odd float64 to float32 is the correctly rounded
+    result (53 >= 24 + 2 bits; Boldo & Melquiond). Non-finite sums are passed through."""
+    a = np.asarray(a, np.float32).astype(np.float64)
+    b = np.asarray(b, np.float32).astype(np.float64)
+    c = np.asarray(c, np.float32).astype(np.float64)
+    p = a * b
+    s = p + c
+    with np.errstate(invalid="ignore"):
+        bb = s - p
+        e = (p - (s - bb)) + (c - bb)
+        fix = np.isfinite(s) & (e != 0) & ((s.view(np.int64) & 1) == 0)
+    if np.any(fix):
+        s = np.where(fix, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+    with np.errstate(over="ignore"):  # beyond float32's range: inf, as the kernel's fma
+        return s.astype(np.float32)
+
+
+def gemm_fp(A: np.ndarray, W: np.ndarray, bias=None, dtype: str = "float32") -> np.ndarray:
+    """Twin of ``cgemm_fp_*``: ``out[..., n] = A[..., k] @ W[n, k]^T (+ bias)``, in the kernel's order.
+
+    With a = fp32(A[m]), w = fp32(W[n]) (fp16/bf16 widen exactly):
+      acc[l] = 0 (l = 0..15); for k = 0..K-1: acc[k % 16] = fma(a[k], w[k], acc[k % 16])
+      u[i] = acc[i] + acc[i + 8] (i < 8); t[i] = u[i] + u[i + 4] (i < 4); r = (t[0] + t[2]) + (t[1] + t[3])
+      out = round_dtype(r) or round_dtype(r + fp32(bias[n]))      (float32 arithmetic throughout)
+    """
+    A = np.asarray(A, dtype=np.float32)
+    W = np.asarray(W, dtype=np.float32)
+    K = A.shape[-1]
+    N = W.shape[0]
+    a = A.reshape(-1, K)
+    acc = np.zeros((a.shape[0], N, 16), np.float32)
+    for k0 in range(0, K, 16):
+        L = min(16, K - k0)
+        acc[:, :, :L] = fma_f32(a[:, None, k0:k0 + L], W[None, :, k0:k0 + L], acc[:, :, :L])
+    u = acc[..., :8] + acc[..., 8:]
+    t = u[..., :4] + u[..., 4:]
+    r = (t[..., 0] + t[..., 2]) + (t[..., 1] + t[..., 3])
+    if bias is not None:
+        r = r + np.asarray(bias, np.float32).reshape(1, N)
+    return cast_out(r.astype(np.float32), dtype).reshape(A.shape[:-1] + (N,))

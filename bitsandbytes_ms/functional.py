@@ -76,6 +76,11 @@ def _contiguous(t: Tensor) -> Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _itemsize(dtype) -> int:
+    return 2 if dtype in (ms.float16, ms.bfloat16, ms.int16, ms.uint16) else 4 if dtype in (
+        ms.float32, ms.int32, ms.uint32) else 8 if dtype in (ms.float64, ms.int64) else 1
+
+
 def _numel(t: Tensor) -> int:
     return int(math.prod(t.shape))
 
@@ -942,12 +947,13 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
     return _write(out, res)
 
 class _Linear4bitPlan:
-    """What :func:`linear_4bit` needs of one quant_state, checked and prepared once: the (nested) absmax,
-    code and shape as tensors (for ops.Custom) and host arrays (for host calls), the bound host call per
-    activation dtype, and the packed bytes of the last weight it was used with. Rebuilt when a tensor of
-    the quant_state is replaced."""
+    """What :func:`linear_4bit` needs of one quant_state, checked once: shapes, blocksizes, dtypes and sizes
+    of its tensors, and the bound host call per activation dtype and thread. Rebuilt when a tensor of the
+    quant_state is replaced. No data is cached: every call reads the tensors' current memory (host calls
+    through :class:`~bitsandbytes_ms._hostcall.DeviceView`, which follows a buffer that an in-place update
+    moved), so a weight changed in place is never served stale."""
 
-    __slots__ = ("key", "N", "K", "bs", "bs2", "tensors", "arrays", "calls", "weight", "raw", "raw_host")
+    __slots__ = ("key", "N", "K", "bs", "bs2", "nested", "calls", "views", "weight_ok")
 
     def __init__(self, state: QuantState, fn: str):
         if state.shape is None or len(state.shape) != 2:
@@ -960,7 +966,8 @@ class _Linear4bitPlan:
         if _numel(code) != 16:
             raise ValueError(f"{fn}: `quant_state.code` must have 16 entries; got {_numel(code)}")
         nb = -(-self.N * self.K // self.bs)
-        if state.nested:
+        self.nested = bool(state.nested)
+        if self.nested:
             s2 = state.state2
             _check_dtype(state.absmax, (ms.uint8,), fn, "quant_state.absmax")
             _check_dtype(s2.absmax, (ms.float32,), fn, "quant_state.state2.absmax")
@@ -969,19 +976,18 @@ class _Linear4bitPlan:
             if _numel(s2.code) != 256 or _numel(s2.absmax) < -(-nb // self.bs2):
                 raise ValueError(f"{fn}: quant_state.state2 must have a 256-entry code and ceil({nb}/{self.bs2}) "
                                  f"absmax entries; got {_numel(s2.code)} and {_numel(s2.absmax)}")
-            offset = state.offset if isinstance(state.offset, Tensor) else Tensor(np.float32(state.offset))
-            offset = _tag(offset.astype(ms.float32).reshape(()), (state.absmax,))
-            absmax, absmax2, code2 = _contiguous(state.absmax).reshape(-1), _contiguous(s2.absmax), s2.code
+            off = state.offset
+            if isinstance(off, Tensor) and (off.dtype != ms.float32 or _numel(off) != 1):
+                raise ValueError(f"{fn}: `quant_state.offset` must be one float32 value; got {off.dtype} "
+                                 f"shape {tuple(off.shape)}")
         else:
             _check_dtype(state.absmax, (ms.float32,), fn, "quant_state.absmax")
             self.bs2 = 256
-            absmax, absmax2, code2, offset = _contiguous(state.absmax).reshape(-1), None, None, None
-        if _numel(absmax) < nb:
-            raise ValueError(f"{fn}: quant_state.absmax must have {nb} entries; got {_numel(absmax)}")
-        self.tensors = (absmax, code, absmax2, code2, offset)
-        self.arrays = None  # host arrays, made on the first host call
+        if _numel(state.absmax) < nb:
+            raise ValueError(f"{fn}: quant_state.absmax must have {nb} entries; got {_numel(state.absmax)}")
         self.calls: Dict[Any, Any] = {}
-        self.weight = self.raw = self.raw_host = None
+        self.views = [_hostcall.DeviceView() for _ in range(7)]  # B, absmax, code, absmax2, code2, offset, bias
+        self.weight_ok = None  # the last weight whose byte count was checked
 
     def __reduce__(self):  # a cache: copies and pickles of the QuantState start without one
         return (type(None), ())
@@ -995,33 +1001,49 @@ class _Linear4bitPlan:
     def matches(self, state) -> bool:
         return all(a is b for a, b in zip(self.key, _Linear4bitPlan.key_of(state)))
 
-    def packed(self, B: Tensor, fn: str, host: bool):
-        """The packed bytes of ``B`` (flat uint8): a host array or a tensor; the last weight's are kept."""
-        if B is not self.weight:
+    def check_weight(self, B: Tensor, fn: str) -> None:
+        if B is not self.weight_ok:
             _check_tensor(B, fn, "B")
-            raw = _as_uint8(_contiguous(B))
             need = (self.N * self.K + 1) // 2
-            if _numel(raw) < need:
-                raise ValueError(f"{fn}: `B` holds {_numel(raw)} bytes; a [{self.N}, {self.K}] weight needs {need}")
-            self.weight, self.raw, self.raw_host = B, raw, None
-        if host and self.raw_host is None:
-            self.raw_host = _hostcall.host(self.raw)
-        return self.raw_host if host else self.raw
+            have = _numel(B) * _itemsize(B.dtype)
+            if have < need:
+                raise ValueError(f"{fn}: `B` holds {have} bytes; a [{self.N}, {self.K}] weight needs {need}")
+            self.weight_ok = B
+
+    def host_args(self, B: Tensor, state: QuantState, bias: Optional[Tensor], dtype):
+        """The host arrays of the weight, its state and the bias (call argument order 1..7), read now."""
+        v, hv = self.views, _hostcall.host_view
+        raw = hv(v[0], B)
+        if raw.dtype != np.uint8 or raw.ndim != 1:
+            raw = raw.reshape(-1).view(np.uint8)
+        args = [raw, hv(v[1], state.absmax), hv(v[2], state.code)]
+        if self.nested:
+            s2, off = state.state2, state.offset
+            off = hv(v[5], off).reshape(()) if isinstance(off, Tensor) else np.array(off, np.float32)
+            args += [hv(v[3], s2.absmax), hv(v[4], s2.code), off]
+        else:
+            args += [None, None, None]
+        if bias is None:
+            args.append(None)
+        else:
+            b = hv(v[6], bias)
+            args.append(b if b.dtype == _hostcall.np_dtype(dtype) else b.astype(_hostcall.np_dtype(dtype)))
+        return args
 
     def host_call(self, dtype):
-        # one bound call per activation dtype and thread: a bound call's argument arrays are re-pointed on
-        # every call, and ctypes releases the GIL while the kernel runs
+        """The bound host call for ``dtype`` on this thread, and the arrays it is bound to now (one per
+        activation dtype and thread: a bound call's arguments are re-pointed on every call, and ctypes
+        releases the GIL while the kernel runs)."""
         key = (dtype, _get_ident())
-        call = self.calls.get(key)
-        if call is None:
-            if self.arrays is None:
-                self.arrays = [None if t is None else _hostcall.host(t) for t in self.tensors]
-            absmax, code, absmax2, code2, offset = self.arrays
+        entry = self.calls.get(key)
+        if entry is None:
             npdt = _hostcall.np_dtype(dtype)
-            call = self.calls[key] = _hostcall.entry(f"clinear_4bit_{_SUFFIX[dtype]}").bind(
-                np.empty((1, self.K), npdt), np.empty(1, np.uint8), absmax, code, absmax2, code2, offset, None,
-                self.bs, self.bs2, self.N, np.empty((1, self.N), npdt))
-        return call
+            call = _hostcall.entry(f"clinear_4bit_{_SUFFIX[dtype]}").bind(
+                np.empty((1, self.K), npdt), np.empty(1, np.uint8), np.empty(1, np.float32),
+                np.empty(16, np.float32), None, None, None, None, self.bs, self.bs2, self.N,
+                np.empty((1, self.N), npdt))
+            entry = self.calls[key] = (call, [None] * 8)
+        return entry
 
 
 def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
@@ -1077,21 +1099,26 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
     out_shape = tuple(shape[:-1]) + (plan.N,)
     if 0 in shape or plan.N == 0:
         return _empty_np(out_shape, A.dtype)
+    plan.check_weight(B, fn)
     if _hostcall.active():
-        call = plan.host_call(A.dtype)
+        call, bound = plan.host_call(A.dtype)
         out = _hostcall.empty(out_shape, A.dtype)
-        call.set(0, _hostcall.host(A))
-        call.set(1, plan.packed(B, fn, True))
-        if bias is not None:
-            b = _hostcall.host(bias)
-            call.set(7, b if b.dtype == out.dtype else b.astype(out.dtype))
-        else:
-            call.set(7, None)
+        call.set(0, _hostcall.host(A))  # first: waits for everything queued before (in-place updates too)
+        for i, arr in enumerate(plan.host_args(B, quant_state, bias, A.dtype), 1):
+            if arr is not bound[i]:  # re-point only what moved
+                call.set(i, arr)
+                bound[i] = arr
         call.set(11, out)
         call()
         return _hostcall.wrap(out)
-    absmax, code, absmax2, code2, offset = plan.tensors
-    raw = plan.packed(B, fn, False)
+    s2 = quant_state.state2
+    raw = B if B.dtype == ms.uint8 else _as_uint8(_contiguous(B))  # the kernel reads the bytes, any shape
+    absmax2 = code2 = offset = None
+    if plan.nested:
+        absmax2, code2 = _contiguous(s2.absmax), s2.code
+        offset = quant_state.offset
+        offset = _tag((offset if isinstance(offset, Tensor) else Tensor(np.float32(offset))).reshape(()), (A,))
+    absmax, code = _contiguous(quant_state.absmax), quant_state.code
     if bias is not None and bias.dtype != A.dtype:
         bias = _tag(bias.astype(A.dtype), (A,))
     return getattr(lib, f"clinear_4bit_{_SUFFIX[A.dtype]}")(_contiguous(A), raw, absmax, code, absmax2, code2, offset,
@@ -1377,13 +1404,11 @@ class Int8LinearPlan:
     (int8 [N, K]) and ``SCB`` (float32 [N]), their host arrays (made on the first host call) and the bound
     host call per activation dtype and thread. As :class:`_Linear4bitPlan`, a plan is tied to the tensor
     objects it was made from: :meth:`matches` tells whether a state still holds them, and callers rebuild
-    the plan when ``CB`` or ``SCB`` is replaced (``load_state_dict``, re-quantization). An in-place write
-    into the same tensor objects after the first host call (``CB.copy_(...)``, ``CB.data = ...``: under
-    mindtorch these give the tensor new storage) is not seen by the cached host arrays; call
-    :meth:`refresh` after one. (Taking the host arrays on every call instead costs a full copy of the
-    weight for an op-produced tensor: ``asnumpy`` syncs its device buffer, ~11 ms for 4096 x 11008.)"""
+    the plan when ``CB`` or ``SCB`` is replaced (``load_state_dict``, re-quantization). Host calls read
+    ``CB``/``SCB`` in place on every call (:class:`~bitsandbytes_ms._hostcall.DeviceView`: no copy of the
+    weight, and an in-place write, which gives a MindSpore tensor new storage, is seen by the next call)."""
 
-    __slots__ = ("CB", "SCB", "N", "K", "arrays", "_local")
+    __slots__ = ("CB", "SCB", "N", "K", "views", "_local")
 
     def __init__(self, CB: Tensor, SCB: Tensor, fn: str = "int8_linear"):
         _check_dtype(CB, (ms.int8,), fn, "CB")
@@ -1397,12 +1422,11 @@ class Int8LinearPlan:
         if _numel(SCB) != self.N:
             raise ValueError(f"{_fn_name(fn, 'SCB')} must have CB.shape[0] = {self.N} values; got {_numel(SCB)}")
         self.CB, self.SCB = CB, SCB
-        self.arrays = None
+        self.views = (_hostcall.DeviceView(), _hostcall.DeviceView())
         self._local = threading.local()  # bound host calls: per thread (a call runs without the GIL)
 
     def refresh(self) -> None:
-        """Drops the cached host arrays and bound calls (after an in-place write into ``CB``/``SCB``)."""
-        self.arrays = None
+        """Kept for callers of earlier versions: host calls read CB/SCB in place on every call."""
         self._local = threading.local()
 
     def __reduce__(self):  # a cache: copies and pickles of its owner start without one
@@ -1417,12 +1441,11 @@ class Int8LinearPlan:
             calls = self._local.calls = {}
         entry = calls.get(dtype)
         if entry is None:
-            if self.arrays is None:
-                self.arrays = (_hostcall.host(self.CB), _hostcall.host(self.SCB))
             npdt = _hostcall.np_dtype(dtype)
             a, b = np.empty((1, self.K), npdt), np.empty(self.K, np.uint8)  # placeholders: set on every call
-            call = _hostcall.entry(_INT8_LINEAR[dtype]).bind(a, self.arrays[0], self.arrays[1], None, 0.0, a, b)
-            entry = calls[dtype] = [call, 0.0]  # the bound call and its bound threshold
+            call = _hostcall.entry(_INT8_LINEAR[dtype]).bind(a, np.empty((self.N, self.K), np.int8),
+                                                             np.empty(self.N, np.float32), None, 0.0, a, b)
+            entry = calls[dtype] = [call, 0.0, None, None]  # the call, its threshold, CB and SCB arrays bound
         return entry
 
     def __call__(self, A: Tensor, bias: Optional[Tensor], threshold: float, fn: str = "int8_linear"):
@@ -1445,7 +1468,15 @@ class Int8LinearPlan:
             out = _hostcall.empty(out_shape, A.dtype)
             flags = np.empty(self.K, np.uint8)
             host = _hostcall.host
-            call.set(0, host(A))
+            call.set(0, host(A))  # first: waits for everything queued before (in-place updates too)
+            cb = _hostcall.host_view(self.views[0], self.CB)
+            scb = _hostcall.host_view(self.views[1], self.SCB).reshape(self.N)
+            if cb is not entry[2]:
+                call.set(1, cb)
+                entry[2] = cb
+            if scb is not entry[3]:
+                call.set(2, scb)
+                entry[3] = scb
             call.set(3, None if bias is None else host(bias))
             if threshold != entry[1]:
                 call.set(4, threshold)
@@ -1658,5 +1689,83 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
         if bias is not None:
             res = res + bias.reshape(-1).astype(ms.float32)
         res = res.reshape(out_shape).astype(A.dtype)
+    tag_device(res, like=(A,))
+    return _write(out, res)
+
+
+# ---- full-precision linear (the layers a quantized model keeps in full precision: lm_head) ----
+#: Rows of activations up to which :func:`gemm_fp` runs the native kernel (``cgemm_fp_*``), per dtype;
+#: above it MindSpore's ``MatMul(transpose_b=True)`` (fp32) is faster. ``None``: always native (MindSpore's
+#: CPU matmul rejects bf16, and fp16 would need a float32 copy of the weight). Measured crossover:
+#: see README ("Full-precision layers in a quantized model").
+GEMM_FP_NATIVE_MAX_ROWS = {ms.float32: 16, ms.float16: None, ms.bfloat16: None}
+
+_MATMUL_TB = None
+
+
+def _matmul_tb():
+    global _MATMUL_TB
+    if _MATMUL_TB is None:
+        _MATMUL_TB = ms.ops.MatMul(transpose_b=True)
+    return _MATMUL_TB
+
+
+def gemm_fp_uses_native(rows: int, dtype) -> bool:
+    """Whether :func:`gemm_fp` runs the native kernel for ``rows`` rows of activations of ``dtype``."""
+    limit = GEMM_FP_NATIVE_MAX_ROWS.get(dtype)
+    return limit is None or rows <= limit
+
+
+def _check_gemm_fp(A, W, bias, fn: str) -> None:
+    _check_dtype(A, FLOAT_DTYPES, fn, "A")
+    _check_tensor(W, fn, "W")
+    if W.dtype != A.dtype:
+        raise ValueError(f"{_fn_name(fn, 'W')} must have A's dtype {dtype_name(A.dtype)}; got {dtype_name(W.dtype)}")
+    if len(A.shape) == 0:
+        raise ValueError(f"{_fn_name(fn, 'A')} must have at least one dimension")
+    if len(W.shape) != 2 or int(W.shape[1]) != int(A.shape[-1]):
+        raise ValueError(f"{_fn_name(fn, 'W')} must have shape [N, {int(A.shape[-1])}] (A.shape[-1] = K); "
+                         f"got {tuple(W.shape)}")
+    if bias is not None:
+        _check_dtype(bias, FLOAT_DTYPES, fn, "bias")
+        if _numel(bias) != int(W.shape[0]):
+            raise ValueError(f"{_fn_name(fn, 'bias')} must have W.shape[0] = {int(W.shape[0])} elements; "
+                             f"got {_numel(bias)}")
+
+
+def gemm_fp(A: Tensor, W: Tensor, bias: Optional[Tensor] = None, out: Optional[Tensor] = None) -> Tensor:
+    """Full-precision linear ``A @ W.T (+ bias)`` in A's dtype (what ``nn.Linear`` computes), for the layers a
+    quantized model keeps in full precision (``lm_head``).
+
+    Up to :data:`GEMM_FP_NATIVE_MAX_ROWS` rows of ``A`` the native kernel streams ``W`` once (fp16/bf16
+    widened in registers) and accumulates in fp32 in a fixed order (:func:`bitsandbytes_ms._reference.gemm_fp`;
+    the same bits at every SIMD level); more fp32 rows go to MindSpore's ``MatMul(transpose_b=True)``.
+
+    Args:
+        A: [..., K] float32/float16/bfloat16 activations.
+        W: [N, K] weight, A's dtype. bias: optional [N] float tensor (added in fp32).
+        out: optional [..., N] tensor of A's dtype.
+
+    Raises:
+        ValueError / TypeError: wrong dtypes or shapes (the message names the argument).
+    """
+    fn = "gemm_fp"
+    _check_gemm_fp(A, W, bias, fn)
+    tag_device([t for t in (A, W, bias) if t is not None])  # tensors made before mindtorch was imported
+    K, N = int(A.shape[-1]), int(W.shape[0])
+    out_shape = tuple(A.shape[:-1]) + (N,)
+    _check_out(out, out_shape, A.dtype, fn)
+    rows = int(math.prod(A.shape[:-1]))
+    if rows * N == 0:
+        return _write(out, _empty_np(out_shape, A.dtype))
+    b = None if bias is None else _contiguous(bias).reshape(N)
+    if gemm_fp_uses_native(rows, A.dtype) or K == 0:
+        res = getattr(lib, f"cgemm_fp_{_SUFFIX[A.dtype]}")(_contiguous(A), _contiguous(W), b)
+    else:
+        # MindSpore ops throughout (their results carry no mindtorch device tag until the end)
+        res = _matmul_tb()(ms.ops.reshape(_contiguous(A), (rows, K)), _contiguous(W))
+        if b is not None:
+            res = ms.ops.add(res, ms.ops.cast(b, res.dtype))
+        res = ms.ops.reshape(res, out_shape)
     tag_device(res, like=(A,))
     return _write(out, res)

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-FIELDS = ["layers converted  28", "layers skipped    1: lm_head", "weight memory", "quantized layers", "perplexity", "top-1 agreement",
-          "logit error", "tokens/s", "continuation"]
+FIELDS = ["layers converted  28", "layers skipped    1: lm_head (full precision, fast native GEMV)", "weight memory", "quantized layers", "perplexity", "top-1 agreement",
+          "logit error", "fused decoder", "prefill tok/s", "decode tok/s", "tokens/s", "continuation"]
 
 
 def run(*args):
@@ -21,10 +21,31 @@ def test_quantize_job_reports_every_field(mode, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     for f in FIELDS:
         assert f in r.stdout, (f, r.stdout)
+    fused_line = next(line for line in r.stdout.splitlines() if line.startswith("fused decoder"))
+    # nf4 layers take the fused decoder; int8 ones keep the unfused path and say why
+    assert ("on: 2 native calls" in fused_line) if mode == "nf4" else ("off: " in fused_line and "Linear8bitLt" in fused_line), fused_line
     assert (tmp_path / "q" / "model.safetensors").exists() and (tmp_path / "q" / "config.json").exists()
     # a quantized checkpoint is not something to quantize again: one line, no traceback
     line = _one_line_error(run("quantize", "--model", str(tmp_path / "q")))
     assert "already quantized" in line
+
+
+def test_quantize_lm_head_flag(tmp_path):
+    """--quantize-lm-head: the output layer is quantized too (the report says so), and the saved checkpoint
+    loads back with a quantized lm_head (llm_int8_skip_modules=[] in its quantization config)."""
+    r = run("quantize", "--mode", "nf4", "--quantize-lm-head", "--max-new-tokens", "2", "--eval-windows", "1",
+            "--save", str(tmp_path / "q"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "layers converted  29" in r.stdout and "layers skipped    0: -" in r.stdout, r.stdout
+    assert "lm_head           quantized (nf4)" in r.stdout, r.stdout
+    assert "embeddings, norms stay in full precision" in r.stdout
+    from safetensors.numpy import load_file
+
+    keys = set(load_file(str(tmp_path / "q" / "model.safetensors")))
+    assert {"lm_head.weight", "lm_head.weight.absmax", "lm_head.weight.quant_state.bitsandbytes__nf4"} <= keys
+    import json
+
+    assert json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["llm_int8_skip_modules"] == []
 
 
 def _one_line_error(r):

@@ -169,7 +169,9 @@ def test_fused_model_matches_unfused(family):
 def test_fused_mixed_fp32_layers_fp4_no_double_quant():
     m = _model(_cfg("llama", attention_bias=True), quant_type="fp4", compress_statistics=False,
                modules_to_not_convert=["o_proj", "down_proj", "lm_head"])
-    assert type(m.model.layers[0].self_attn.o_proj) is torch.nn.Linear
+    from bitsandbytes_ms.nn import LinearFP
+
+    assert type(m.model.layers[0].self_attn.o_proj) is LinearFP  # a kept nn.Linear (quant_4bit's fast_fp_layers)
     _compare(m)
 
 
@@ -227,3 +229,23 @@ def test_fused_patches_are_registered_with_reasons():
     names = {p.name: p for p in registry.patches()}
     for n in FU.FUSED_PATCHES:
         assert n in names and len(names[n].why) > 40
+
+
+def test_weights_changed_after_fuse_are_read_again():
+    """fuse() reads the weights' own memory; a weight updated in place after fuse() (its buffer moves) must be
+    picked up by the next generation, never served stale."""
+    m = _model(_cfg("llama"))
+    ids = torch.tensor(IDS[:1])
+    assert fuse(m)
+    try:
+        with torch.no_grad():
+            before = m(ids).logits.asnumpy()
+            emb = m.model.embed_tokens.weight
+            emb.copy_(emb * 0.5)
+            fused = m(ids).logits.asnumpy()
+            unfuse(m)
+            ref = m(ids).logits.asnumpy()
+    finally:
+        unfuse(m)
+    assert not np.allclose(before, ref)
+    np.testing.assert_allclose(fused, ref, rtol=0, atol=1e-5 * np.abs(ref).max())

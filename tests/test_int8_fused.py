@@ -386,9 +386,9 @@ def test_malformed_native_calls_return_status():
     assert not o0.any()
 
 
-def test_plan_follows_replaced_weights_and_refresh(fused_switch):
+def test_plan_follows_replaced_and_rewritten_weights(fused_switch):
     """The plan cached on the state is rebuilt when CB/SCB are replaced; after an in-place write into the same
-    tensors (mindtorch's copy_ gives them new storage) Int8LinearPlan.refresh() takes the new bytes."""
+    tensors (mindtorch's copy_ gives them new storage) the next call reads the new bytes by itself."""
     fused_switch(True)
     A, CB, SCB, bias = _ms_case((3,), 100, 37, "float16", 6.0, seed=21)
     _, CB2, SCB2, _ = _ms_case((3,), 100, 37, "float16", 6.0, seed=22)
@@ -407,9 +407,8 @@ def test_plan_follows_replaced_weights_and_refresh(fused_switch):
     np.testing.assert_array_equal(bnb.matmul(A, CB2, state=st, bias=bias).numpy(), ref(CB2, SCB2))
     assert st.__dict__["_int8_linear_plan"] is not plan
     plan = st.__dict__["_int8_linear_plan"]
-    CB2.copy_(CB)  # rewritten in place: same plan; refresh() takes the new bytes
+    CB2.copy_(CB)  # rewritten in place: same plan, the new bytes
     SCB2.copy_(SCB)
-    plan.refresh()
     np.testing.assert_array_equal(bnb.matmul(A, CB2, state=st, bias=bias).numpy(), ref(CB, SCB))
     assert st.__dict__["_int8_linear_plan"] is plan
 

@@ -240,3 +240,19 @@ def test_concurrent_threads_get_their_own_results():
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_in_place_update_is_never_served_stale():
+    """An in-place update moves a MindSpore tensor's buffer: the next call must read the new values."""
+    rng = np.random.default_rng(13)
+    W = Tensor(rng.standard_normal((16, 64)).astype(np.float32))
+    q, qs = F.quantize_4bit(W, quant_type="nf4", compress_statistics=False)
+    x = Tensor(rng.standard_normal((1, 64)).astype(np.float32))
+    y1 = F.linear_4bit(x, q, qs).asnumpy()
+    qs.absmax.copy_(qs.absmax * 2)
+    np.testing.assert_allclose(F.linear_4bit(x, q, qs).asnumpy(), 2 * y1, rtol=1e-6)
+    q2, _ = F.quantize_4bit(-W, quant_type="nf4", compress_statistics=False)
+    want = F.linear_4bit(x, q2, qs).asnumpy()
+    assert not np.array_equal(want, 2 * y1)
+    q.copy_(q2)
+    assert np.array_equal(F.linear_4bit(x, q, qs).asnumpy(), want)

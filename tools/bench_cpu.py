@@ -628,6 +628,7 @@ def bench_threads(ctx):
         variants += [("OpenMP build", {"BNB_MS_LIBRARY": lib}),
                      ("OpenMP build, OMP_WAIT_POLICY=PASSIVE", {"BNB_MS_LIBRARY": lib, "OMP_WAIT_POLICY": "PASSIVE"})]
     rounds: Dict[str, List[dict]] = {name: [] for name, _ in variants}
+    load0 = os.getloadavg()[0]
     for _ in range(ctx.threads_rounds):
         for name, env in variants:
             rounds[name].append(_threads_round(env, max(5, ctx.repeat * 2), max(4, ctx.repeat)))
@@ -673,7 +674,9 @@ def bench_threads(ctx):
          "gemv_4bit 4096^2 ms, 1 thread"], rows,
         "One iteration: 2 Llama-style layers (hidden 2048, MLP 5632, NF4 weights, batch 1): 7 gemv_4bit per "
         "layer and ~20 MindSpore ops (RMSNorm, attention over a 128-token cache, SiLU, residuals). The "
-        "gemv_4bit columns time the kernel alone (from the first table's runs).")
+        "gemv_4bit columns time the kernel alone (from the first table's runs). Load average (1 min) at the "
+        f"start / end of this section: {load0:.1f} / {os.getloadavg()[0]:.1f} (other processes share the machine; "
+        "absolute times move with it, the variants alternate so they see the same load).")
 
 
 def main(argv=None) -> int:

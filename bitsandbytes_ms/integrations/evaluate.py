@@ -4,6 +4,7 @@ logits with the unquantized model, and generation speed. Works on any mindnlp ca
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -73,10 +74,23 @@ class LogitStats:
     nll_sum: float = 0.0
     n_tokens: int = 0
     logits: List[np.ndarray] = field(default_factory=list)
+    #: seconds of each window's forward pass (the model call and the logits' copy to the host)
+    forward_seconds: List[float] = field(default_factory=list)
+    window_tokens: List[int] = field(default_factory=list)
 
     @property
     def perplexity(self) -> float:
         return math.exp(self.nll_sum / max(self.n_tokens, 1))
+
+    @property
+    def prefill_tokens_per_second(self) -> Optional[float]:
+        """Tokens per second of a forward pass over a whole window (a prefill): the median over the windows,
+        leaving out the first when there are more (it also warms up kernels for that shape)."""
+        pairs = list(zip(self.window_tokens, self.forward_seconds))
+        if not pairs:
+            return None
+        pairs = pairs[1:] if len(pairs) > 1 else pairs
+        return statistics.median(n / t for n, t in pairs if t > 0) if any(t > 0 for _, t in pairs) else None
 
 
 def run_windows(model, windows: List[np.ndarray], keep_logits: bool = True, progress=None) -> LogitStats:
@@ -88,8 +102,11 @@ def run_windows(model, windows: List[np.ndarray], keep_logits: bool = True, prog
     with torch.no_grad():
         for w in it:
             ids = torch.tensor(w[None, :])
+            t0 = time.perf_counter()
             logits = model(ids).logits
             lg = logits.float().asnumpy()[0] if hasattr(logits, "asnumpy") else np.asarray(logits)[0]
+            stats.forward_seconds.append(time.perf_counter() - t0)
+            stats.window_tokens.append(len(w))
             lg = lg.astype(np.float64)
             m = lg.max(axis=-1, keepdims=True)
             logp = lg - m - np.log(np.exp(lg - m).sum(axis=-1, keepdims=True))
@@ -110,17 +127,59 @@ def compare_logits(ref: LogitStats, new: LogitStats) -> dict:
             "max_abs_logit_err": float(err.max()), "mean_abs_logit_err": float(err.mean())}
 
 
-def generate(model, tokenizer, prompt: str, max_new_tokens: int):
-    """Greedy continuation; returns (text, new_tokens, seconds)."""
+class _TokenTimes:
+    """A transformers streamer that records when each token arrives (the first ``put`` is the prompt)."""
+
+    def __init__(self):
+        self.times: List[float] = []
+
+    def put(self, value):
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+
+@dataclass
+class Generation:
+    text: str
+    new_tokens: int
+    seconds: float                    #: the whole ``generate`` call
+    first_token_seconds: Optional[float] = None  #: from the call to the first new token (prefill of the prompt)
+    decode_seconds: Optional[float] = None       #: from the first to the last new token
+
+    @property
+    def decode_tokens_per_second(self) -> Optional[float]:
+        """New tokens after the first, per second of decoding (None with fewer than 2 new tokens)."""
+        if self.new_tokens < 2 or not self.decode_seconds:
+            return None
+        return (self.new_tokens - 1) / self.decode_seconds
+
+
+def generate_timed(model, tokenizer, prompt: str, max_new_tokens: int, min_new_tokens: Optional[int] = None
+                   ) -> Generation:
+    """Greedy continuation of ``prompt``, timed per token (time to first token, then decode speed)."""
     import torch
 
     enc = tokenizer(prompt, return_tensors="pt")
     ids = enc["input_ids"]
+    st = _TokenTimes()
+    kw = {} if min_new_tokens is None else {"min_new_tokens": min_new_tokens}
     t0 = time.perf_counter()
     with torch.no_grad():
         out = model.generate(ids, attention_mask=enc.get("attention_mask"), max_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+                             do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+                             streamer=st, **kw)
     dt = time.perf_counter() - t0
     out_ids = np.asarray(out.asnumpy() if hasattr(out, "asnumpy") else out)[0]
     new = out_ids[ids.shape[1]:]
-    return tokenizer.decode(new, skip_special_tokens=True), len(new), dt
+    tok = st.times[1:]
+    return Generation(tokenizer.decode(new, skip_special_tokens=True), len(new), dt,
+                      first_token_seconds=(tok[0] - t0) if tok else None,
+                      decode_seconds=(tok[-1] - tok[0]) if len(tok) > 1 else None)
+
+
+def generate(model, tokenizer, prompt: str, max_new_tokens: int):
+    """Greedy continuation; returns (text, new_tokens, seconds)."""
+    g = generate_timed(model, tokenizer, prompt, max_new_tokens)
+    return g.text, g.new_tokens, g.seconds

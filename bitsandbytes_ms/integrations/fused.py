@@ -16,7 +16,7 @@ attached to the transformers ``DynamicCache`` object generate passes in (``cache
 ``Cache.get_seq_length`` / ``reorder_cache`` / ``crop`` make that object answer for it (its own layers stay empty).
 
 Weights: each linear is our ``Linear4bit`` (NF4/FP4, with or without double quant, compute dtype fp32) or a
-plain fp32 ``nn.Linear``, in any mix. Anything else keeps the unfused path, with one warning naming the
+plain fp32 ``nn.Linear`` (or ``LinearFP``, what quant_8bit/quant_4bit make of the layers they keep), in any mix. Anything else keeps the unfused path, with one warning naming the
 reason: an architecture other than these (Qwen3 too: its QK-norm is fused), a rope_scaling type other than default, an
 activation other than SiLU, ``pretraining_tp > 1``, other layer types (e.g. int8 ``Linear8bitLt``), non-fp32
 weights. Per call, the unfused path also runs when gradients are being recorded, in graph mode, in training
@@ -82,10 +82,32 @@ class _Unsupported(Exception):
 
 # ---- the plan: host arrays and bound host calls --------------------------------------------------------
 def _host_param(p, keep: Dict[int, np.ndarray]) -> np.ndarray:
+    """The parameter's own memory as a host array (no copy; a copy only where it cannot be viewed)."""
     a = keep.get(id(p))
     if a is None:
-        a = keep[id(p)] = _hostcall.host(p)
+        a = keep[id(p)] = _hostcall.host_view(_hostcall.DeviceView(), p)
     return a
+
+
+def _signature(model) -> list:
+    """The identity and current buffer address of every tensor a plan reads: parameters and 4-bit quant
+    states. A plan made from other tensors or buffers (a weight replaced, loaded or updated in place,
+    which moves its buffer) is rebuilt before the next generation starts."""
+    sig = []
+
+    def add(t):
+        if t is not None and hasattr(t, "_data_ptr"):
+            sig.append((id(t), t._data_ptr()))
+
+    for p in model.parameters():
+        add(p)
+    for m in model.modules():
+        qs = getattr(getattr(m, "weight", None), "quant_state", None)
+        if qs is not None:
+            s2 = qs.state2
+            for t in (qs.absmax, qs.code, qs.offset, getattr(s2, "absmax", None), getattr(s2, "code", None)):
+                add(t)
+    return sig
 
 
 def _linear_spec(mod, name: str, N: int, K: int, keep: Dict[int, np.ndarray]) -> tuple:
@@ -110,13 +132,15 @@ def _linear_spec(mod, name: str, N: int, K: int, keep: Dict[int, np.ndarray]) ->
         if tuple(qs.shape) != (N, K):
             raise _Unsupported(f"{name} has shape {tuple(qs.shape)}, expected {(N, K)}")
         plan = F._plan_4bit(qs, "fuse")
-        packed = plan.packed(w, "fuse", True)
-        if plan.arrays is None:
-            plan.arrays = [None if t is None else _hostcall.host(t) for t in plan.tensors]
-        absmax, code, absmax2, code2, offset = plan.arrays
-        keep[id(packed)] = packed
+        plan.check_weight(w, "fuse")
+        packed, absmax, code, absmax2, code2, offset = plan.host_args(w, qs, None, ms.float32)[:6]
+        for a in (packed, absmax, code, absmax2, code2, offset):
+            if a is not None:
+                keep[id(a)] = a
         return (packed, absmax, code, absmax2, code2, offset, bias, plan.bs, plan.bs2)
-    if type(mod) is torch.nn.Linear:
+    from ..nn.linear_fp import LinearFP
+
+    if type(mod) is torch.nn.Linear or type(mod) is LinearFP:  # LinearFP: a kept nn.Linear (quant_8bit/quant_4bit)
         if mod.weight.dtype != ms.float32:
             raise _Unsupported(f"{name} is an nn.Linear in {mod.weight.dtype} (fp32 only)")
         if tuple(mod.weight.shape) != (N, K):
@@ -210,6 +234,7 @@ class _Plan:
             self.lm_spec = self.lm_call = None  # the lm_head module runs (e.g. an int8 lm_head)
         self.norm_call = _hostcall.entry("crms_norm_fp32").bind(dummy_x, self.norm_w, self.norm_eps, dummy_x)
         self.vocab = cfg.vocab_size
+        self.sig = _signature(model)  # after the views above (they give unallocated tensors a buffer)
 
 
 def unsupported_reason(model) -> Optional[str]:
@@ -463,6 +488,14 @@ def _causal_lm_forward(wrapped, instance, args, kwargs):
                                f"cannot continue here: {reason}")
         _warn_once(("run", reason), f"bitsandbytes_ms fused forward: the unfused path runs: {reason}")
         return wrapped(*args, **kwargs)
+    if _state_of(kw.get("past_key_values")) is None and _signature(instance) != plan.sig:
+        # a new generation on weights that changed since the plan was made: read them again
+        plan, reason = _build(instance)
+        if plan is None:
+            unfuse(instance)
+            _warn_once(("rebuild", reason), f"bitsandbytes_ms fused forward: the unfused path runs: {reason}")
+            return wrapped(*args, **kwargs)
+        object.__setattr__(instance, _PLAN, plan)
     unknown = set(kw) - set(_FWD_ARGS) - {"return_dict", "output_attentions", "output_hidden_states"}
     if unknown:
         _warn_once(("kw", tuple(sorted(unknown))), f"bitsandbytes_ms fused forward ignores {sorted(unknown)}")

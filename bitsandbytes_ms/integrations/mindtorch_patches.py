@@ -226,3 +226,27 @@ registry.register_value(
         "bitsandbytes' parametrize hooks and their users switch on the parametrization cache) never reaches the "
         "counter mindtorch's parametrized attributes consult, and later reads through the alias see the stale copy. "
         "The patch makes assignments through this alias land on the mindtorch module, as with PyTorch's module.")
+
+
+# ---- transformers' bitsandbytes quantizers: the layers they keep in full precision run the native forward ----
+# Test: tests/test_linear_fp.py::test_patch_from_pretrained_kept_layers_are_linear_fp (LinearFP with the patch,
+# plain nn.Linear with it removed).
+def _kept_layers_fast(wrapped, instance, args, kwargs):
+    result = wrapped(*args, **kwargs)
+    model = args[0] if args else kwargs.get("model")
+    if model is not None:
+        from ..nn.linear_fp import use_fast_fp_layers
+
+        use_fast_fp_layers(model)  # every plain nn.Linear left after the quantizer is a kept layer
+    return result
+
+
+_WHY_KEPT = ("from_pretrained(quantization_config=BitsAndBytesConfig(...)) keeps lm_head (llm_int8_skip_modules) as "
+             "mindtorch's nn.Linear, which runs MindSpore's CPU `dense`: ~200 ms for SmolLM2's 1 x 576 -> 49152 "
+             "lm_head (the slowest layer of a quantized decode step) and no bfloat16 at all. After the quantizer's "
+             "own post-load step the kept plain nn.Linear layers become bitsandbytes_ms.nn.LinearFP in place (same "
+             "module object and parameters, ties kept; native GEMV at inference), as quant_8bit/quant_4bit do.")
+registry.register("transformers-bnb4bit-kept-layers-native", "transformers.quantizers.quantizer_bnb_4bit",
+                  "Bnb4BitHfQuantizer._process_model_after_weight_loading", why=_WHY_KEPT)(_kept_layers_fast)
+registry.register("transformers-bnb8bit-kept-layers-native", "transformers.quantizers.quantizer_bnb_8bit",
+                  "Bnb8BitHfQuantizer._process_model_after_weight_loading", why=_WHY_KEPT)(_kept_layers_fast)

@@ -123,7 +123,35 @@ def _progress(items, enabled: bool, desc: str):
     return tqdm(items, desc=desc, unit="layer", leave=False)
 
 
-def _convert(model, make_layer, modules_to_not_convert, converted, skipped, progress, desc):
+def _output_layer_name(model) -> Optional[str]:
+    """Name of the model's output projection (``get_output_embeddings()``), if it has one."""
+    try:
+        out = model.get_output_embeddings()
+    except Exception:
+        return None
+    if out is None:
+        return None
+    return next((name for name, module in model.named_modules() if module is out and name), None)
+
+
+def _untie_converted_output(model, converted_names) -> None:
+    """After the output layer was quantized although its weight was tied to the input embedding (which keeps
+    its own full-precision weight), the two are no longer tied: say so in the config, so that transformers
+    does not tie them again (``tie_weights``) and a saved checkpoint stores both."""
+    cfg = getattr(model, "config", None)
+    out = _output_layer_name(model)
+    if cfg is None or out is None or out not in converted_names:
+        return
+    cfgs = [cfg]
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    if text is not cfg:
+        cfgs.append(text)
+    for c in cfgs:
+        if getattr(c, "tie_word_embeddings", False):
+            c.tie_word_embeddings = False
+
+
+def _convert(model, make_layer, modules_to_not_convert, converted, skipped, progress, desc, fast_fp_layers=True):
     names, keep = find_linear_layers(model, modules_to_not_convert)
     if skipped is not None:
         skipped.extend(keep)
@@ -135,20 +163,32 @@ def _convert(model, make_layer, modules_to_not_convert, converted, skipped, prog
         del old
         if converted is not None:
             converted.append(name)
+    _untie_converted_output(model, names)
+    if fast_fp_layers and keep:
+        from ..nn.linear_fp import use_fast_fp_layers
+
+        use_fast_fp_layers(model, keep)
     return model
 
 
 def quant_8bit(model, threshold: float = 6.0, modules_to_not_convert: Optional[Sequence[str]] = None, *,
-               converted: Optional[list] = None, skipped: Optional[list] = None, progress: bool = True):
+               converted: Optional[list] = None, skipped: Optional[list] = None, progress: bool = True,
+               fast_fp_layers: bool = True):
     """Quantizes every linear layer of a loaded mindnlp model to LLM.int8() in place
     (``Linear8bitLt`` with ``has_fp16_weights=False``; int8 weight rows + fp32 ``SCB`` scales).
 
     Args:
         model: a mindnlp/transformers model holding its weights.
         threshold: outlier threshold (6.0 as in the LLM.int8() paper and transformers' default).
-        modules_to_not_convert: names kept in full precision (default ``lm_head`` and tied layers).
+        modules_to_not_convert: names kept in full precision, with transformers' matching rule (upstream's
+            ``llm_int8_skip_modules``). ``None`` (default): ``lm_head`` and layers whose weight is tied to
+            another parameter; ``[]`` quantizes every linear layer, ``lm_head`` included (a tied input
+            embedding keeps its own full-precision weight; ``config.tie_word_embeddings`` is then set to False).
         converted/skipped: optional lists that receive the converted/kept layer names.
         progress: show a tqdm bar over layers.
+        fast_fp_layers: the kept plain ``nn.Linear`` layers (``lm_head``) are turned into
+            :class:`bitsandbytes_ms.nn.LinearFP` in place (same parameters; native GEMV/GEMM forward at
+            inference). ``False`` leaves them as they are.
     Returns: the model.
     """
     torch = _torch()
@@ -165,12 +205,14 @@ def quant_8bit(model, threshold: float = 6.0, modules_to_not_convert: Optional[S
             new.bias = torch.nn.Parameter(old.bias.data, requires_grad=False)
         return new
 
-    return _convert(model, make, modules_to_not_convert, converted, skipped, progress, "quantizing (int8)")
+    return _convert(model, make, modules_to_not_convert, converted, skipped, progress, "quantizing (int8)",
+                    fast_fp_layers)
 
 
 def quant_4bit(model, quant_type: str = "nf4", compute_dtype=None, compress_statistics: bool = True,
                blocksize: int = 64, modules_to_not_convert: Optional[Sequence[str]] = None, quant_storage=ms.uint8,
-               *, converted: Optional[list] = None, skipped: Optional[list] = None, progress: bool = True):
+               *, converted: Optional[list] = None, skipped: Optional[list] = None, progress: bool = True,
+               fast_fp_layers: bool = True):
     """Quantizes every linear layer of a loaded mindnlp model to 4-bit in place (``Linear4bit``: packed
     NF4/FP4 codes with an absmax per ``blocksize`` block, double-quantized when
     ``compress_statistics``; QLoRA, arXiv 2305.14314).
@@ -180,7 +222,7 @@ def quant_4bit(model, quant_type: str = "nf4", compute_dtype=None, compress_stat
         compute_dtype: dtype (or ``"fp32"|"fp16"|"bf16"``) the matmul runs in; default the input's.
         compress_statistics: double quantization of absmax (8-bit, blocksize 256).
         blocksize: 4-bit block size (32..4096).
-        modules_to_not_convert, converted, skipped, progress: as :func:`quant_8bit`.
+        modules_to_not_convert, converted, skipped, progress, fast_fp_layers: as :func:`quant_8bit`.
     Raises: ValueError for an unknown quant_type / compute_dtype.
     """
     torch = _torch()
@@ -205,7 +247,8 @@ def quant_4bit(model, quant_type: str = "nf4", compute_dtype=None, compress_stat
             new.bias = torch.nn.Parameter(old.bias.data, requires_grad=False)
         return new
 
-    return _convert(model, make, modules_to_not_convert, converted, skipped, progress, f"quantizing ({quant_type})")
+    return _convert(model, make, modules_to_not_convert, converted, skipped, progress, f"quantizing ({quant_type})",
+                    fast_fp_layers)
 
 
 def dequantize(model, dtype=None, progress: bool = True):
@@ -235,11 +278,12 @@ def dequantize(model, dtype=None, progress: bool = True):
 
 
 def replace_with_bnb_linear(model, modules_to_not_convert: Optional[List[str]] = None, current_key_name=None,
-                            quantization_config=None):
+                            quantization_config=None, fast_fp_layers: bool = True):
     """transformers' ``replace_with_bnb_linear``: replaces ``nn.Linear``/``Conv1D`` layers by empty
     ``Linear8bitLt`` (``load_in_8bit``) or ``Linear4bit`` (``load_in_4bit``) layers configured from a
     ``BitsAndBytesConfig``; their weights are loaded afterwards. ``lm_head`` and
-    ``modules_to_not_convert`` stay in full precision. Returns the model.
+    ``modules_to_not_convert`` stay in full precision (as :class:`bitsandbytes_ms.nn.LinearFP` with
+    ``fast_fp_layers``, the default; same parameters). Returns the model.
 
     Raises: ValueError if ``quantization_config`` asks for neither 8-bit nor 4-bit.
     """
@@ -268,4 +312,4 @@ def replace_with_bnb_linear(model, modules_to_not_convert: Optional[List[str]] =
         new.requires_grad_(False)
         return new
 
-    return _convert(model, make, skip, None, None, False, "")
+    return _convert(model, make, skip, None, None, False, "", fast_fp_layers)
