@@ -98,8 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--before", required=True, help="checkout of the baseline (e.g. a worktree of main)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=15)
-    ap.add_argument("--omp-threads", type=int, default=None,
-                    help="OMP_NUM_THREADS for both sides (on a loaded shared machine OpenMP regions can cost ms)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="BNB_MS_NUM_THREADS (the library's pool) for both sides; default: the process's CPUs")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
@@ -110,8 +110,8 @@ def main(argv=None) -> int:
     trees = {"before": a.before, "after": str(ROOT)}
     kernel_lib = str(ROOT / "bitsandbytes_ms" / "libbitsandbytes_ms_cpu.so")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BNB_MS_")}
-    if a.omp_threads:
-        env["OMP_NUM_THREADS"] = str(a.omp_threads)
+    if a.threads:
+        env["BNB_MS_NUM_THREADS"] = str(a.threads)
     for r in range(a.rounds):
         for side in ("before", "after"):
             p = subprocess.run([sys.executable, __file__, "--before", a.before, "--worker", trees[side], str(a.repeat),
