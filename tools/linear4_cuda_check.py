@@ -57,7 +57,10 @@ def main() -> int:
                 out_c = torch.empty(M, N, dtype=TD[dt])
                 rc_c = cpu(f"clinear_4bit_{SFX[dt]}", [A, q, amx, nf4] + extra + [bias, np.array(bs), np.array(256),
                                                                                    np.array(N), out_c])
-                dev = [torch.from_numpy(np.ascontiguousarray(x)).cuda() if isinstance(x, np.ndarray) else x
+                # the 0-d offset alternates between host and device memory (both are valid AOT scalars);
+                # np.ascontiguousarray would make it 1-d
+                dev = [x if x is None or (x.ndim == 0 and total % 2) else
+                       torch.from_numpy(x.copy() if x.ndim == 0 else np.ascontiguousarray(x)).cuda()
                        for x in [q, amx, nf4] + extra]
                 out_g = torch.full((M, N), 7, dtype=TD[dt], device="cuda")
                 rc_g = cuda(f"clinear_4bit_{SFX[dt]}", [A.cuda()] + dev + [bias.cuda(), np.array(bs), np.array(256),
