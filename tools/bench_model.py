@@ -176,6 +176,16 @@ def worker_torch(spec: dict) -> dict:
             quant_8bit(model, threshold=6.0 if mode == "int8" else 0.0, progress=False)
         elif mode in ("nf4", "fp4"):
             quant_4bit(model, quant_type=mode, compute_dtype="fp32", compress_statistics=False, progress=False)
+        res["fused"] = False
+        if mode != "fp32" and spec.get("fuse", True):  # as `bnb-ms quantize` does by default
+            import warnings
+
+            from bitsandbytes_ms.integrations import fuse
+
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                res["fused"] = bool(fuse(model))
+            res["fuse_note"] = "" if res["fused"] else next((str(w.message) for w in caught), "")
         res["quantize_s"] = time.perf_counter() - t1
         res["weight_bytes"] = ev.weight_memory(model)
 
@@ -814,7 +824,7 @@ def render(meta: dict, results: list) -> str:
                 a, b = r["generated_ids"], up["generated_ids"]
                 k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
                 same = f"{k}/{len(a)}"
-            L.append(f"| {r['system']} | {r['mode']} | {r.get('layer_class', 'GGUF')} | {_f(r.get('decode_tok_s'))} | "
+            L.append(f"| {r['system']} | {r['mode']} | {r.get('layer_class', 'GGUF')}{' (fused)' if r.get('fused') else ''} | {_f(r.get('decode_tok_s'))} | "
                      f"{_f(r.get('prefill_tok_s'), '{:.1f}')} | {_f(r.get('ppl'), '{:.3f}')} | "
                      f"{r['weight_bytes'] / 2**20:.1f} | {r['peak_rss_mib']:.0f} | {r['rss_end_mib']:.0f} | {same} | "
                      f"{r.get('loadavg', '?').split()[0]} | {r.get('wall_s', 0):.0f} |")
