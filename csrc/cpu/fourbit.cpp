@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "aot.h"
+#include "checks/fourbit.h"
 #include "cpu/cpu_features.h"
 #include "cpu/linear_kernels.h"
 #include "cpu/parallel.h"
@@ -754,48 +755,27 @@ void gemm4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, 
 template <class T>
 int linear4_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 12) return E_NPARAM;
-  enum { A, B, ABSMAX, CODE, ABSMAX2, CODE2, OFFSET, BIAS, BS, BS2, NOUT, OUT };
-  int64_t bs, bs2, N;
-  const bool nested = c.dtype(ABSMAX) == DType::u8;
-  if (c.dtype(A) != dtype_of<T>() || c.dtype(B) != DType::u8 || (!nested && c.dtype(ABSMAX) != DType::f32) ||
-      c.dtype(CODE) != DType::f32 || c.dtype(OUT) != dtype_of<T>() || (!c.is_none(BIAS) && c.dtype(BIAS) != dtype_of<T>()))
-    return E_DTYPE;
-  if (nested && (c.dtype(ABSMAX2) != DType::f32 || c.dtype(CODE2) != DType::f32 || c.dtype(OFFSET) != DType::f32))
-    return E_DTYPE;
-  if (!c.scalar_i64(BS, &bs) || bs <= 0 || bs % 2 || !c.scalar_i64(NOUT, &N) || N < 0 || !c.scalar_i64(BS2, &bs2) ||
-      bs2 <= 0)
-    return E_VALUE;
-  if (c.rank(A) < 1) return E_SHAPE;
-  const int64_t K = c.cols(A), M = c.rows(A), nb = (N * K + bs - 1) / bs;
-  if (c.numel(CODE) != kCode4 || c.numel(OUT) != M * N || c.numel(B) < (N * K + 1) / 2 || c.numel(ABSMAX) < nb ||
-      (!c.is_none(BIAS) && c.numel(BIAS) != N))
-    return E_SHAPE;
-  if (nested && (c.numel(CODE2) != 256 || c.numel(ABSMAX2) < (nb + bs2 - 1) / bs2 || c.rank(OFFSET) != 0))
-    return E_SHAPE;
-  if (M * N == 0) return OK;
-  if (!c.params[A] || !c.params[B] || !c.params[ABSMAX] || !c.params[CODE] || !c.params[OUT] ||
-      (nested && (!c.params[ABSMAX2] || !c.params[CODE2] || !c.params[OFFSET])))
-    return E_NULL;
-  T *o = c.ptr<T>(OUT);
-  const T *bias = c.is_none(BIAS) ? nullptr : c.ptr<T>(BIAS);
+  checks::Linear4<T> a;
+  if (int st = checks::linear4(c, &a)) return st;
+  if (a.empty) return OK;
+  const int64_t M = a.M, N = a.N, K = a.K;
   if (K == 0) {
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) o[m * N + n] = with_bias(from_f32<T>(0.0f), bias, n);
+      for (int64_t n = 0; n < N; ++n) a.out[m * N + n] = with_bias(from_f32<T>(0.0f), a.bias, n);
     return OK;
   }
   Absmax4 amx;
-  if (nested) {
-    amx.q = c.ptr<uint8_t>(ABSMAX);
-    amx.code2 = c.ptr<float>(CODE2);
-    amx.absmax2 = c.ptr<float>(ABSMAX2);
-    amx.offset = *c.ptr<float>(OFFSET);
-    amx.bs2 = bs2;
+  if (a.nested) {
+    amx.q = a.absmax_q;
+    amx.code2 = a.code2;
+    amx.absmax2 = a.absmax2;
+    amx.offset = a.offset;
+    amx.bs2 = a.bs2;
   } else {
-    amx.f32 = c.ptr<float>(ABSMAX);
+    amx.f32 = a.absmax;
   }
-  if (M == 1) gemv4<T>(c.ptr<float>(CODE), c.ptr<uint8_t>(B), amx, c.ptr<T>(A), bias, o, M, N, K, bs);
-  else gemm4<T>(c.ptr<float>(CODE), c.ptr<uint8_t>(B), amx, c.ptr<T>(A), bias, o, M, N, K, bs);
+  if (M == 1) gemv4<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
+  else gemm4<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
   return OK;
 }
 

@@ -21,6 +21,7 @@
 // does not do.
 #include <cstdint>
 
+#include "checks/fourbit.h"
 #include "cuda/aot_cuda.cuh"
 
 namespace bnb_ms {
@@ -469,56 +470,31 @@ template <class H>
 int linear4_entry(BNB_MS_AOT_ARGS) {
   using T = typename DevType<H>::type;
   CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 12) return E_NPARAM;
-  enum { A, B, ABSMAX, CODE, ABSMAX2, CODE2, OFFSET, BIAS, BS, BS2, NOUT, OUT };
-  int64_t bs, bs2, N;
-  const bool nested = c.dtype(ABSMAX) == DType::u8;
-  if (c.dtype(A) != dtype_of<H>() || c.dtype(B) != DType::u8 || (!nested && c.dtype(ABSMAX) != DType::f32) ||
-      c.dtype(CODE) != DType::f32 || c.dtype(OUT) != dtype_of<H>() || (!c.is_none(BIAS) && c.dtype(BIAS) != dtype_of<H>()))
-    return E_DTYPE;
-  if (nested && (c.dtype(ABSMAX2) != DType::f32 || c.dtype(CODE2) != DType::f32 || c.dtype(OFFSET) != DType::f32))
-    return E_DTYPE;
-  if (!c.scalar_i64(BS, &bs) || bs <= 0 || bs % 2 || !c.scalar_i64(NOUT, &N) || N < 0 || !c.scalar_i64(BS2, &bs2) ||
-      bs2 <= 0)
-    return E_VALUE;
-  if (c.rank(A) < 1) return E_SHAPE;
-  const int64_t K = c.cols(A), M = c.rows(A), nb = (N * K + bs - 1) / bs;
-  if (c.numel(CODE) != kCode4 || c.numel(OUT) != M * N || c.numel(B) < (N * K + 1) / 2 || c.numel(ABSMAX) < nb ||
-      (!c.is_none(BIAS) && c.numel(BIAS) != N))
-    return E_SHAPE;
-  if (nested && (c.numel(CODE2) != 256 || c.numel(ABSMAX2) < (nb + bs2 - 1) / bs2 || c.rank(OFFSET) != 0))
-    return E_SHAPE;
-  if (M * N == 0) return OK;
-  if (!c.params[A] || !c.params[B] || !c.params[ABSMAX] || !c.params[CODE] || !c.params[OUT] ||
-      (nested && (!c.params[ABSMAX2] || !c.params[CODE2] || !c.params[OFFSET])))
-    return E_NULL;
-  T *o = c.ptr<T>(OUT);
+  checks::Linear4<T> a;
+  if (int s = checks::linear4(c, &a)) return s;
+  if (a.empty) return OK;
+  const int64_t M = a.M, N = a.N, K = a.K, bs = a.bs, nb = (N * K + bs - 1) / bs;
   const cudaStream_t st = c.cu_stream();
   const int64_t row_blocks = (N + kGWarps - 1) / kGWarps;
   if (row_blocks > 0x7fffffff) return E_SHAPE;
   if (K == 0) {
-    fill_zero<T><<<grid_for(M * N, 256, 8), 256, 0, st>>>(o, M * N);
+    fill_zero<T><<<grid_for(M * N, 256, 8), 256, 0, st>>>(a.out, M * N);
   } else {
-    const float *am = c.ptr<float>(ABSMAX);
+    const float *am = a.absmax;
     float *dq = nullptr;
-    if (nested) {
-      float off;  // a 0-d tensor in host or device memory (the scalar reader takes both)
-      if (!c.scalar_f32(OFFSET, &off)) return E_VALUE;
+    if (a.nested) {
       if (cudaMallocAsync(reinterpret_cast<void **>(&dq), (size_t)nb * sizeof(float), st) != cudaSuccess) return E_DEVICE;
-      decode_nested_absmax<<<grid_for(nb, 256, 8), 256, 0, st>>>(c.ptr<uint8_t>(ABSMAX), c.ptr<float>(CODE2),
-                                                               c.ptr<float>(ABSMAX2), off, bs2, nb, dq);
+      decode_nested_absmax<<<grid_for(nb, 256, 8), 256, 0, st>>>(a.absmax_q, a.code2, a.absmax2, a.offset, a.bs2, nb, dq);
       am = dq;
     }
     dim3 grid((unsigned)row_blocks, (unsigned)(M < 65535 ? M : 65535));
-    const T *a = c.ptr<T>(A);
-    const uint8_t *b = c.ptr<uint8_t>(B);
-    if (K % 32 == 0 && bs % 32 == 0 && aligned16(a) && aligned16(b))
-      gemv4_fast<T><<<grid, kGWarps * 32, 0, st>>>(c.ptr<float>(CODE), b, am, a, o, M, N, K, bs, log2_exact(bs));
+    if (K % 32 == 0 && bs % 32 == 0 && aligned16(a.A) && aligned16(a.B))
+      gemv4_fast<T><<<grid, kGWarps * 32, 0, st>>>(a.code, a.B, am, a.A, a.out, M, N, K, bs, log2_exact(bs));
     else
-      gemv4_generic<T><<<grid, kGWarps * 32, 0, st>>>(c.ptr<float>(CODE), b, am, a, o, M, N, K, bs);
+      gemv4_generic<T><<<grid, kGWarps * 32, 0, st>>>(a.code, a.B, am, a.A, a.out, M, N, K, bs);
     if (dq && cudaFreeAsync(dq, st) != cudaSuccess) return E_DEVICE;
   }
-  if (!c.is_none(BIAS)) add_bias_rows<T><<<grid_for(M * N, 256, 8), 256, 0, st>>>(o, c.ptr<T>(BIAS), M, N);
+  if (a.bias) add_bias_rows<T><<<grid_for(M * N, 256, 8), 256, 0, st>>>(a.out, a.bias, M, N);
   return launch_status();
 }
 
