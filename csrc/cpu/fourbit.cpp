@@ -456,6 +456,18 @@ struct Absmax4 {
   void decode(int64_t b0, int64_t b1, float *dst) const {
     for (int64_t b = b0; b < b1; ++b) dst[b - b0] = code2[q[b]] * absmax2[b / bs2] + offset;
   }
+  // The fp32 scales of the blocks that weight rows [n0, n1) touch: the array itself, or (nested) those blocks
+  // decoded into this thread's buffer.  *off is the first block the returned pointer holds.
+  const float *rows(int64_t n0, int64_t n1, int64_t K, int64_t bs, int64_t *off) const {
+    *off = 0;
+    if (!nested()) return f32;
+    static thread_local std::vector<float> dq;
+    *off = n0 * K / bs;
+    const int64_t end = (n1 * K + bs - 1) / bs;
+    dq.resize((size_t)(end - *off));
+    decode(*off, end, dq.data());
+    return dq.data();
+  }
 };
 
 template <class T>
@@ -473,16 +485,8 @@ void gemv4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, 
   else gemv4_prep<Gemv4Scalar>(xn.data(), xp.data(), M, K);
   const float *xnp = xn.data(), *xpp = xp.data();
   gemv4_parallel_rows(N, K, [&](int64_t n0, int64_t n1) {
-    const float *am = amx.f32;
-    int64_t off = 0;
-    if (amx.nested()) {  // decode the scales of the blocks that rows [n0, n1) touch, in this worker
-      static thread_local std::vector<float> dq;
-      off = n0 * K / bs;
-      const int64_t end = (n1 * K + bs - 1) / bs;
-      dq.resize((size_t)(end - off));
-      amx.decode(off, end, dq.data());
-      am = dq.data();
-    }
+    int64_t off;
+    const float *am = amx.rows(n0, n1, K, bs, &off);
     if (lvl >= SimdLevel::avx512) gemv4_rows_avx512<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
     else if (lvl >= SimdLevel::avx2) gemv4_rows_avx2<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
     else gemv4_rows_scalar<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
@@ -718,16 +722,9 @@ void gemm4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, 
     for (int64_t k = 0; k < K; ++k) xpad[m * K16 + k] = to_f32(A[m * K + k]);
   const float *xp = xpad.data();
   gemv4_parallel_rows(N, K * std::max<int64_t>(1, M / 4), [&](int64_t n0, int64_t n1) {
-    static thread_local std::vector<float> dq, wrow, res;
-    const float *am = amx.f32;
-    int64_t off = 0;
-    if (amx.nested()) {
-      off = n0 * K / bs;
-      const int64_t end = (n1 * K + bs - 1) / bs;
-      dq.resize((size_t)(end - off));
-      amx.decode(off, end, dq.data());
-      am = dq.data();
-    }
+    static thread_local std::vector<float> wrow, res;
+    int64_t off;
+    const float *am = amx.rows(n0, n1, K, bs, &off);
     wrow.resize((size_t)K16);
     res.resize((size_t)M);
     for (int64_t n = n0; n < n1; ++n) {
