@@ -3,13 +3,10 @@ every code path of csrc/cpu/fourbit.cpp: whole blocks per row (the fast path, 1,
 block), blocks crossing rows with 32-aligned groups, unaligned / padded groups (K not a multiple of 32),
 odd K, several A rows, fp16/bf16 activations; and the SIMD levels against each other."""
 
-import hashlib
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from simd_levels import assert_levels_agree
 
 import mindspore as ms
 
@@ -132,17 +129,4 @@ def test_gemv_simd_levels_agree_every_path():
         "\nsys.stdout.write(c.simd_level()+' '+h.hexdigest())"
     )
 
-    def run(level):
-        env = dict(os.environ)
-        env.pop("BNB_MS_SIMD", None)
-        if level:
-            env["BNB_MS_SIMD"] = level
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-        return r.stdout.split()
-
-    ref_level, ref = run("scalar")
-    assert ref_level == "scalar"
-    native_level, native = run(None)
-    assert native == ref, f"{native_level} differs from scalar"
-    if native_level == "avx512":
-        assert run("avx2")[1] == ref
+    assert_levels_agree(code)

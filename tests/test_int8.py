@@ -1,12 +1,10 @@
 """LLM.int8() functional ops: native kernels vs the numpy reference (_reference.py), vs upstream
 bitsandbytes 0.50.2 fixtures (bit-exact), shapes (3-D/4-D), dtypes, K edge cases, outliers, bad input."""
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from simd_levels import assert_levels_agree
 from hypothesis import given, settings, strategies as st
 
 import mindspore as ms
@@ -227,18 +225,7 @@ def test_simd_levels_agree():
         "sys.stdout.write(c.simd_level()+' '+hashlib.sha256(b''.join(o)).hexdigest())"
     )
 
-    def run(level):
-        env = dict(os.environ)
-        env.pop("BNB_MS_SIMD", None)
-        if level:
-            env["BNB_MS_SIMD"] = level
-        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                              check=True).stdout.split()
-
-    lvl, scalar = run("scalar")
-    assert lvl == "scalar"
-    _, best = run(None)
-    assert scalar == best
+    assert_levels_agree(code)
 
 
 # ---------------------------------------------------------------------------------------------

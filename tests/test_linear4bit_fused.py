@@ -14,7 +14,6 @@ import bitsandbytes_ms as bnb
 import bitsandbytes_ms.functional as F
 from bitsandbytes_ms import _hostcall as H
 from bitsandbytes_ms import _reference as R
-from bitsandbytes_ms.cextension import lib
 
 DTYPES = [ms.float32, ms.float16, ms.bfloat16]
 
@@ -182,10 +181,7 @@ def test_linear4bit_layer_uses_it_and_keeps_gradients():
 def test_simd_levels_agree():
     """BNB_MS_SIMD=scalar and every SIMD level this CPU has give the same bits for 1 row (gemv) and 2..9 rows
     (GEMM: the 4- and 8-row register blocks and their tails), plain and double-quant, odd shapes."""
-    import hashlib
-    import os
-    import subprocess
-    import sys
+    from simd_levels import assert_levels_agree
 
     code = (
         "import mindspore as ms, numpy as np, hashlib, sys; ms.set_device('CPU');"
@@ -201,20 +197,7 @@ def test_simd_levels_agree():
         "\nsys.stdout.write(c.simd_level()+' '+h.hexdigest())"
     )
 
-    def run(level):
-        env = dict(os.environ)
-        env.pop("BNB_MS_SIMD", None)
-        if level:
-            env["BNB_MS_SIMD"] = level
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-        return r.stdout.split()
-
-    ref_level, ref = run("scalar")
-    assert ref_level == "scalar"
-    native_level, native = run(None)
-    assert native == ref, f"{native_level} differs from scalar"
-    if native_level == "avx512":
-        assert run("avx2")[1] == ref
+    assert_levels_agree(code)
 
 
 def test_concurrent_threads_get_their_own_results():

@@ -3,11 +3,9 @@ bytes as the portable path: every optimizer rule, fp32/fp16/bf16 parameters, wei
 tail, zero blocks and NaN gradients. Run in subprocesses with BNB_MS_SIMD lowering the dispatch
 level (the level is fixed at library load)."""
 
-import os
-import subprocess
-import sys
 
 import pytest
+from simd_levels import assert_levels_agree
 
 _CODE = r"""
 import hashlib, sys
@@ -47,19 +45,5 @@ sys.stdout.write(c.simd_level() + ' ' + hashlib.sha256(b''.join(outs)).hexdigest
 """
 
 
-def _run(level):
-    env = dict(os.environ)
-    env.pop("BNB_MS_SIMD", None)
-    if level:
-        env["BNB_MS_SIMD"] = level
-    r = subprocess.run([sys.executable, "-c", _CODE], env=env, capture_output=True, text=True, check=True)
-    return r.stdout.split()
-
-
 def test_optim8bit_simd_equals_scalar():
-    best_level, best = _run(None)
-    scalar_level, scalar = _run("scalar")
-    assert scalar_level == "scalar"
-    assert best == scalar, (best_level, "differs from scalar")
-    if best_level == "avx512":  # also check the AVX2 path on AVX-512 machines
-        assert _run("avx2")[1] == scalar
+    assert_levels_agree(_CODE)
