@@ -37,6 +37,7 @@ import os
 import warnings
 from typing import Dict, List, Optional
 
+import mindspore as ms
 import numpy as np
 
 from .. import _hostcall
@@ -48,6 +49,7 @@ _enabled = os.environ.get("BNB_MS_FUSED", "1") != "0"
 _PLAN = "_bnb_fused_plan"
 _KV = "_bnb_fused_kv"
 _SPEC_NONE = (None, None, None, None, None, None, None, 64, 256)
+_FLOAT = (ms.float32, ms.float16, ms.bfloat16)
 _warned: set = set()
 #: how many forwards took the fused path (tests and benchmarks read it)
 stats = {"fused_forwards": 0}
@@ -90,9 +92,9 @@ def _host_param(p, keep: Dict[int, np.ndarray]) -> np.ndarray:
 
 
 def _signature(model) -> list:
-    """The identity and current buffer address of every tensor a plan reads: parameters and 4-bit quant
-    states. A plan made from other tensors or buffers (a weight replaced, loaded or updated in place,
-    which moves its buffer) is rebuilt before the next generation starts."""
+    """The identity and current buffer address of every tensor a plan reads: parameters, 4-bit quant
+    states, int8 row scales (SCB) and thresholds. A plan made from other tensors or buffers (a weight replaced,
+    loaded or updated in place, which moves its buffer) is rebuilt before the next generation starts."""
     sig = []
 
     def add(t):
@@ -107,28 +109,38 @@ def _signature(model) -> list:
             s2 = qs.state2
             for t in (qs.absmax, qs.code, qs.offset, getattr(s2, "absmax", None), getattr(s2, "code", None)):
                 add(t)
+        st = getattr(m, "state", None)
+        if st is not None and hasattr(st, "SCB"):  # Linear8bitLt
+            add(getattr(m.weight, "SCB", None))
+            add(st.SCB)
+            sig.append((id(m), "threshold", float(st.threshold)))
     return sig
 
 
-def _linear_spec(mod, name: str, N: int, K: int, keep: Dict[int, np.ndarray]) -> tuple:
+def _linear_spec(mod, name: str, N: int, K: int, keep: Dict[int, np.ndarray], dtype=None) -> tuple:
+    """The 9-entry linear spec (csrc/cpu/decoder.cpp's header) of one linear module; ``dtype``: the model's
+    hidden-state dtype (a Linear4bit may compute in it; the fused path computes in fp32)."""
     import mindspore as ms
     import torch
 
     from .. import functional as F
-    from ..nn.modules import Linear4bit, Params4bit
+    from ..nn.modules import Int8Params, Linear4bit, Linear8bitLt, Params4bit
 
     bias = None
     if getattr(mod, "bias", None) is not None:
-        if mod.bias.dtype != ms.float32:
-            raise _Unsupported(f"{name}.bias is {mod.bias.dtype}, not float32")
+        if mod.bias.dtype not in _FLOAT:
+            raise _Unsupported(f"{name}.bias is {mod.bias.dtype} (fused: float32, float16 or bfloat16)")
+        if _numel(mod.bias) != N:
+            raise _Unsupported(f"{name}.bias has {_numel(mod.bias)} values, expected {N}")
         bias = _host_param(mod.bias, keep)
     if isinstance(mod, Linear4bit):
         w = mod.weight
         qs = getattr(w, "quant_state", None)
         if not isinstance(w, Params4bit) or qs is None:
             raise _Unsupported(f"{name} is a Linear4bit whose weight is not quantized")
-        if mod.compute_dtype not in (None, ms.float32):
-            raise _Unsupported(f"{name} computes in {mod.compute_dtype} (the fused path computes in float32)")
+        if mod.compute_dtype not in (None, ms.float32, dtype):
+            raise _Unsupported(f"{name} computes in {mod.compute_dtype} (the fused path computes in float32; "
+                               f"fused: compute dtype float32 or the model's {dtype})")
         if tuple(qs.shape) != (N, K):
             raise _Unsupported(f"{name} has shape {tuple(qs.shape)}, expected {(N, K)}")
         plan = F._plan_4bit(qs, "fuse")
@@ -138,15 +150,43 @@ def _linear_spec(mod, name: str, N: int, K: int, keep: Dict[int, np.ndarray]) ->
             if a is not None:
                 keep[id(a)] = a
         return (packed, absmax, code, absmax2, code2, offset, bias, plan.bs, plan.bs2)
+    if isinstance(mod, Linear8bitLt):
+        w, st = mod.weight, mod.state
+        if st.has_fp16_weights:
+            raise _Unsupported(f"{name} is a Linear8bitLt with has_fp16_weights=True (training state; fused: "
+                               f"int8 inference weights, has_fp16_weights=False)")
+        if not isinstance(w, Int8Params) or w.dtype != ms.int8:
+            raise _Unsupported(f"{name} is a Linear8bitLt whose weight is not quantized to int8 yet")
+        scb = getattr(w, "SCB", None)
+        scb = scb if scb is not None else st.SCB
+        if scb is None or scb.dtype != ms.float32 or _numel(scb) != N:
+            raise _Unsupported(f"{name} is a Linear8bitLt without float32 row scales SCB [{N}]")
+        if tuple(w.shape) != (N, K):
+            raise _Unsupported(f"{name} has shape {tuple(w.shape)}, expected {(N, K)}")
+        if K > F.checks_int8_max_K:
+            raise _Unsupported(f"{name} has {K} input features (int8 GEMM: at most {F.checks_int8_max_K})")
+        thr = float(st.threshold)
+        # the unfused forward's branch: outlier columns only for threshold > 0 (0, negative or NaN: none)
+        thr_a = np.array(thr if thr > 0.0 else 0.0, np.float32)
+        keep[id(thr_a)] = thr_a
+        return (_host_param(w, keep), _host_param(scb, keep).reshape(N), None, None, None, thr_a, bias, 64, 256)
     from ..nn.linear_fp import LinearFP
 
     if type(mod) is torch.nn.Linear or type(mod) is LinearFP:  # LinearFP: a kept nn.Linear (quant_8bit/quant_4bit)
-        if mod.weight.dtype != ms.float32:
-            raise _Unsupported(f"{name} is an nn.Linear in {mod.weight.dtype} (fp32 only)")
+        if mod.weight.dtype not in _FLOAT:
+            raise _Unsupported(f"{name} is an nn.Linear in {mod.weight.dtype} (fused: float32, float16, bfloat16)")
         if tuple(mod.weight.shape) != (N, K):
             raise _Unsupported(f"{name} has shape {tuple(mod.weight.shape)}, expected {(N, K)}")
         return (_host_param(mod.weight, keep), None, None, None, None, None, bias, 64, 256)
-    raise _Unsupported(f"{name} is a {type(mod).__name__} (fused: Linear4bit or fp32 nn.Linear)")
+    raise _Unsupported(f"{name} is a {type(mod).__name__} (fused: Linear4bit, Linear8bitLt or a float32/float16/"
+                       f"bfloat16 nn.Linear)")
+
+
+def _numel(t) -> int:
+    n = 1
+    for d in t.shape:
+        n *= int(d)
+    return n
 
 
 class _Layer:
@@ -156,9 +196,7 @@ class _Layer:
 class _Plan:
     """Everything a fused forward needs, checked once."""
 
-    def __init__(self, model):
-        import mindspore as ms
-
+    def __init__(self, model, hidden=None):
         cfg = model.config
         self.family = cfg.model_type
         inner = model.model
@@ -168,8 +206,11 @@ class _Plan:
         I = cfg.intermediate_size
         self.H, self.Hq, self.KVH, self.D, self.I = H, Hq, KVH, D, I
         emb = inner.embed_tokens.weight
-        if emb.dtype != ms.float32:
-            raise _Unsupported(f"the embedding is {emb.dtype} (fp32 only)")
+        if emb.dtype not in _FLOAT:
+            raise _Unsupported(f"the embedding is {emb.dtype} (fused: float32, float16 or bfloat16)")
+        #: the hidden states' dtype between layer halves: the model's (its embedding's); fp32 inside the calls
+        self.dtype = emb.dtype if hidden is None else hidden
+        self.np_dtype = _hostcall.np_dtype(self.dtype)
         self.embed = _host_param(emb, self.keep)
         rot = inner.rotary_emb
         self.inv_freq = np.ascontiguousarray(_hostcall.host(rot.inv_freq).astype(np.float32))
@@ -180,7 +221,7 @@ class _Plan:
         self.norm_eps = float(inner.norm.variance_epsilon)
         self.layers: List[_Layer] = []
         past = np.zeros((), np.int64)
-        dummy_x = np.zeros((1, 1, H), np.float32)
+        dummy_x = np.zeros((1, 1, H), self.np_dtype)
         attn_e, mlp_e = _hostcall.entry("cdecoder_attention_fp32"), _hostcall.entry("cdecoder_mlp_fp32")
         for i, layer in enumerate(inner.layers[: cfg.num_hidden_layers]):
             a, m, pfx = layer.self_attn, layer.mlp, f"model.layers.{i}"
@@ -190,25 +231,26 @@ class _Plan:
                 if n is not None:
                     if self.family != "qwen3":
                         raise _Unsupported(f"{pfx}.self_attn has {nm} (QK-norm outside Qwen3)")
-                    if n.weight.dtype != ms.float32 or float(n.variance_epsilon) != float(
+                    if n.weight.dtype not in _FLOAT or float(n.variance_epsilon) != float(
                             layer.input_layernorm.variance_epsilon):
-                        raise _Unsupported(f"{pfx}.self_attn.{nm}: fp32 weight and the layer norms' eps needed")
+                        raise _Unsupported(f"{pfx}.self_attn.{nm}: a float weight and the layer norms' eps needed")
                     qk.append(_host_param(n.weight, self.keep))
                 else:
                     qk.append(None)
             if getattr(a, "head_dim", D) != D:
                 raise _Unsupported(f"{pfx}.self_attn.head_dim differs from the config's")
-            specs = [_linear_spec(a.q_proj, f"{pfx}.self_attn.q_proj", Hq * D, H, self.keep),
-                     _linear_spec(a.k_proj, f"{pfx}.self_attn.k_proj", KVH * D, H, self.keep),
-                     _linear_spec(a.v_proj, f"{pfx}.self_attn.v_proj", KVH * D, H, self.keep),
-                     _linear_spec(a.o_proj, f"{pfx}.self_attn.o_proj", H, Hq * D, self.keep)]
-            mspecs = [_linear_spec(m.gate_proj, f"{pfx}.mlp.gate_proj", I, H, self.keep),
-                      _linear_spec(m.up_proj, f"{pfx}.mlp.up_proj", I, H, self.keep),
-                      _linear_spec(m.down_proj, f"{pfx}.mlp.down_proj", H, I, self.keep)]
+            dt, kp = emb.dtype, self.keep
+            specs = [_linear_spec(a.q_proj, f"{pfx}.self_attn.q_proj", Hq * D, H, kp, dt),
+                     _linear_spec(a.k_proj, f"{pfx}.self_attn.k_proj", KVH * D, H, kp, dt),
+                     _linear_spec(a.v_proj, f"{pfx}.self_attn.v_proj", KVH * D, H, kp, dt),
+                     _linear_spec(a.o_proj, f"{pfx}.self_attn.o_proj", H, Hq * D, kp, dt)]
+            mspecs = [_linear_spec(m.gate_proj, f"{pfx}.mlp.gate_proj", I, H, kp, dt),
+                      _linear_spec(m.up_proj, f"{pfx}.mlp.up_proj", I, H, kp, dt),
+                      _linear_spec(m.down_proj, f"{pfx}.mlp.down_proj", H, I, kp, dt)]
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
             for nm, n in (("input_layernorm", n1), ("post_attention_layernorm", n2)):
-                if n.weight.dtype != ms.float32:
-                    raise _Unsupported(f"{pfx}.{nm} is {n.weight.dtype} (fp32 only)")
+                if n.weight.dtype not in _FLOAT:
+                    raise _Unsupported(f"{pfx}.{nm} is {n.weight.dtype} (fused: float32, float16 or bfloat16)")
             window = 0
             sw = getattr(a, "sliding_window", None) if self.family in ("qwen2", "qwen3") else getattr(cfg, "sliding_window", None)
             if self.family != "llama" and sw:
@@ -227,9 +269,9 @@ class _Plan:
         self.past = past  # the 0-d int64 every attention call reads (updated in place)
         head = model.lm_head
         try:
-            self.lm_spec = _linear_spec(head, "lm_head", cfg.vocab_size, H, self.keep)
+            self.lm_spec = _linear_spec(head, "lm_head", cfg.vocab_size, H, self.keep, emb.dtype)
             self.lm_call = _hostcall.entry("cdecoder_linear_fp32").bind(
-                dummy_x, *self.lm_spec, cfg.vocab_size, np.zeros((1, 1, cfg.vocab_size), np.float32))
+                dummy_x, *self.lm_spec, cfg.vocab_size, np.zeros((1, 1, cfg.vocab_size), self.np_dtype))
         except _Unsupported:
             self.lm_spec = self.lm_call = None  # the lm_head module runs (e.g. an int8 lm_head)
         self.norm_call = _hostcall.entry("crms_norm_fp32").bind(dummy_x, self.norm_w, self.norm_eps, dummy_x)
@@ -259,11 +301,15 @@ def unsupported_reason(model) -> Optional[str]:
     return None
 
 
+#: hidden-state dtype of new plans; None: the model's own (measurements set float32 to compare; see the docstring)
+_hidden_override = None
+
+
 def _build(model):
     reason = unsupported_reason(model)
     if reason is None:
         try:
-            return _Plan(model), None
+            return _Plan(model, _hidden_override), None
         except _Unsupported as e:
             reason = str(e)
     return None, reason
@@ -332,7 +378,7 @@ class _KVState:
             if len(self.x) > 4:
                 self.x.clear()
                 self.pos.clear()
-            x = self.x[T] = np.empty((self.B, T, self.plan.H), np.float32)
+            x = self.x[T] = np.empty((self.B, T, self.plan.H), self.plan.np_dtype)
             self.pos[T] = np.empty((self.B, T), np.int64)
         return x, self.pos[T]
 
@@ -385,7 +431,7 @@ def _fused_forward(model, plan: _Plan, kw):
     stats["fused_forwards"] += 1
     ids, emb = kw.get("input_ids"), kw.get("inputs_embeds")
     if emb is not None:
-        src = _hostcall.host(emb).astype(np.float32, copy=False)
+        src = _hostcall.host(emb).astype(plan.np_dtype, copy=False)
     else:
         src = _host_int(ids).astype(np.int64, copy=False)
     B, T = (src.shape[0], src.shape[1]) if src.ndim >= 2 else (1, src.shape[0])
@@ -414,8 +460,10 @@ def _fused_forward(model, plan: _Plan, kw):
     x, pos = state.buffers(T)
     if emb is not None:
         x[...] = src.reshape(B, T, -1)
-    else:
+    elif plan.embed.dtype == x.dtype:
         np.take(plan.embed, src.reshape(B, T), axis=0, out=x)
+    else:
+        x[...] = plan.embed[src.reshape(B, T)]
     p = kw.get("position_ids")
     if p is None:
         pos[...] = np.arange(past, L, dtype=np.int64)
@@ -456,7 +504,7 @@ def _fused_forward(model, plan: _Plan, kw):
     nc.set(3, hs)
     nc()
     if plan.lm_call is not None:
-        logits = np.empty(hs.shape[:-1] + (plan.vocab,), np.float32)
+        logits = np.empty(hs.shape[:-1] + (plan.vocab,), plan.np_dtype)  # the unfused lm_head's dtype
         lc = plan.lm_call
         lc.set(0, hs)
         lc.set(11, logits)

@@ -4,14 +4,32 @@
 //   cdecoder_attention_fp32:  out = x + O(attn(RoPE(Q(rms(x))), RoPE(K(rms(x))) -> cache, V(rms(x)) -> cache))
 //   cdecoder_mlp_fp32:        out = x + Down(silu(Gate(rms(x))) * Up(rms(x)))
 // plus two helpers for the model's ends: cdecoder_linear_fp32 (one linear, e.g. lm_head) and
-// crms_norm_fp32 (the final norm).  Activations are fp32.  A linear layer's weight is either
-//   * fp32 [N, K] (a layer left unquantized): AVX2/scalar GEMV of this file (fp32 accumulation), or
+// crms_norm_fp32 (the final norm).  The suffix is the compute dtype: everything inside runs in fp32.
+// The hidden states x / out (the residual stream between layer halves) are fp32, or fp16 / bf16 for a model
+// kept in that dtype: x widened on entry, out = T(x + f(x)) rounded once per layer half (the fused path's
+// "layer boundary"; see integrations/fused.py for the measured effect).  Norm weights f32 | f16 | bf16.
+// A linear layer's weight is one of
+//   * fp32 [N, K] (a layer left unquantized): the GEMV of this file (fp32 accumulation);
+//   * fp16 / bf16 [N, K] (a layer left unquantized in a 16-bit model): the same GEMV, the weight widened to fp32
+//     in registers (exact), fp32 accumulation; many rows widen weight chunks for gemm_rows;
 //   * NF4/FP4 packed + absmax fp32 or double quant: the 4-bit GEMV of fourbit.cpp (linear_kernels.h), the
-//     same kernel (and bits) as the unfused Linear4bit forward at <= 8 rows.
-// Every linear is given as 9 consecutive params ("linear spec"):
-//   W (f32 [N, K] | u8 packed >= (N*K+1)/2), absmax (f32 [nb] | u8 [nb] | none for fp32 W), code (f32[16] | none),
-//   absmax2 (f32 | none), code2 (f32[256] | none), offset (f32 0-d | none), bias (f32 [N] | none),
-//   blocksize (i64), blocksize2 (i64)
+//     same kernel (and bits) as the unfused Linear4bit forward at <= 8 rows;
+//   * int8 (LLM.int8(), Linear8bitLt's inference state): CB int8 [N, K] + SCB f32 [N] + threshold: the fused
+//     int8 kernel of int8.cpp (int8_linear_f32, linear_kernels.h) for every row count, i.e. the bytes of the
+//     unfused Linear8bitLt forward (cint8_linear_<dtype>) on the same input: with fp32 hidden states the input
+//     is rounded to fp16 before quantization as upstream; with fp16 / bf16 hidden states it is rounded to that
+//     dtype and the layer computes in it (its output widened back); threshold > 0 multiplies the outlier columns.
+// Every linear is given as 9 consecutive params ("linear spec"), by weight kind:
+//   slot        fp32 / fp16 / bf16       4-bit                         int8
+//   W           f|h|bf [N, K]            u8 packed >= (N*K+1)/2        i8 CB [N, K] (K <= 131071)
+//   absmax      none                     f32 [nb] | u8 [nb] (dq)       f32 SCB [N]
+//   code        none                     f32 [16]                      none
+//   absmax2     none                     f32 [>= nb/bs2] (dq) | none   none
+//   code2       none                     f32 [256] (dq) | none         none
+//   offset      none                     f32 0-d (dq) | none           f32 0-d threshold (>= 0) | none (0)
+//   bias        f32|f16|bf16 [N] | none (added in fp32, any kind)
+//   blocksize   i64 (4-bit: > 0, even; others: unused)
+//   blocksize2  i64 (4-bit: > 0; others: unused)
 // Numerics (HF transformers' eager forward, fp32):
 //   QK-norm   (Qwen3) the same RMSNorm over each head's D values of q and k, before RoPE
 //   RMSNorm   r = 1/sqrt(mean(x^2) + eps) (sum in double), y = w * (x * r)
@@ -23,7 +41,7 @@
 //   SiLU      g / (1 + exp(-g))
 // The KV cache is the caller's preallocated k_cache/v_cache [B, KVH, S_max, D] (fp32), written IN PLACE at
 // [past, past + T) before attending over [0, past + T).  `out` may be the same memory as `x`.
-// Threads: parallel_for (parallel.h) for this file's loops; the 4-bit GEMV threads itself.
+// Threads: parallel_for (parallel.h) for this file's loops; the 4-bit GEMV and the int8 kernel thread themselves.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -35,36 +53,41 @@
 #include "cpu/cpu_features.h"
 #include "cpu/linear_kernels.h"
 #include "cpu/parallel.h"
+#include "cpu/simd_convert.h"
 
 namespace bnb_ms {
 namespace {
 
 // ---- small fp32 vector helpers ----------------------------------------------------------------------
-float dot_scalar(const float *a, const float *b, int64_t n) {
+// dot(a, b): a fp32, b fp32 | fp16 | bf16 (widened exactly in registers); fp32 accumulation, the same order
+// for every element type of b.
+template <class T>
+float dot_scalar(const float *a, const T *b, int64_t n) {
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) s[l] = std::fma(a[i + l], b[i + l], s[l]);
+    for (int l = 0; l < 8; ++l) s[l] = std::fma(a[i + l], to_f32<T>(b[i + l]), s[l]);
   float r = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
-  for (; i < n; ++i) r = std::fma(a[i], b[i], r);
+  for (; i < n; ++i) r = std::fma(a[i], to_f32<T>(b[i]), r);
   return r;
 }
 
-BNB_MS_TARGET_AVX2 float dot_avx2(const float *a, const float *b, int64_t n) {
+template <class T>
+BNB_MS_TARGET_AVX2 float dot_avx2(const float *a, const T *b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8<T>(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8<T>(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load8<T>(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load8<T>(b + i + 24), s3);
   }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8<T>(b + i), s0);
   const __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
   const __m128 u = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
   const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));
   float r = _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
-  for (; i < n; ++i) r = std::fma(a[i], b[i], r);
+  for (; i < n; ++i) r = std::fma(a[i], to_f32<T>(b[i]), r);
   return r;
 }
 
@@ -79,8 +102,9 @@ BNB_MS_TARGET_AVX2 void axpy_avx2(float *y, float p, const float *x, int64_t n) 
   for (; i < n; ++i) y[i] = std::fma(p, x[i], y[i]);
 }
 
-BNB_MS_INLINE float dot(const float *a, const float *b, int64_t n) {
-  return has_avx2() ? dot_avx2(a, b, n) : dot_scalar(a, b, n);
+template <class T>
+BNB_MS_INLINE float dot(const float *a, const T *b, int64_t n) {
+  return has_avx2() ? dot_avx2<T>(a, b, n) : dot_scalar<T>(a, b, n);
 }
 BNB_MS_INLINE void axpy(float *y, float p, const float *x, int64_t n) {
   if (has_avx2()) axpy_avx2(y, p, x, n);
@@ -89,35 +113,97 @@ BNB_MS_INLINE void axpy(float *y, float p, const float *x, int64_t n) {
 
 // ---- linear layers --------------------------------------------------------------------------------
 struct Lin {
-  bool dense = false;
-  const float *W = nullptr;  // dense [N, K]
-  Linear4Weight q4;
-  const float *bias = nullptr;
+  bool dense = false;           // fp32 weight W (read in place by gemm_rows)
+  const float *W = nullptr;     // dense fp32 [N, K]
+  const void *W16 = nullptr;    // dense fp16 / bf16 [N, K] (wdt)
+  DType wdt = DType::f32;
+  bool int8 = false;            // LLM.int8(): q8
+  Int8Weight q8;
+  Linear4Weight q4;             // 4-bit otherwise
+  const float *bias = nullptr;  // fp32 [N]: in place, or bias_f32 (widened from fp16 / bf16)
+  std::vector<float> bias_f32;
   int64_t N = 0, K = 0;
 };
 
 constexpr int kSpec = 9;
 enum { L_W, L_ABSMAX, L_CODE, L_ABSMAX2, L_CODE2, L_OFFSET, L_BIAS, L_BS, L_BS2 };
 
-// Checks the linear spec at params [i0, i0 + 9) for an [N, K] weight; fills `l`.
-int parse_lin(const Call<> &c, int i0, int64_t N, int64_t K, Lin *l) {
+bool is_float(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
+
+// dst[i] = float(src[i]) for the n values of an fp32 / fp16 / bf16 buffer (parallel for long spans).
+void widen(const void *src, DType dt, float *dst, int64_t n) {
+  parallel_for(n, 65536, [&](int64_t i0, int64_t i1) {
+    if (dt == DType::f16) convert_span<fp16_t, float>(static_cast<const fp16_t *>(src) + i0, dst + i0, i1 - i0);
+    else if (dt == DType::bf16) convert_span<bf16_t, float>(static_cast<const bf16_t *>(src) + i0, dst + i0, i1 - i0);
+    else std::memcpy(dst + i0, static_cast<const float *>(src) + i0, (size_t)(i1 - i0) * sizeof(float));
+  });
+}
+
+// dst[i] = T(src[i]) (rounded to nearest even) for an fp32 / fp16 / bf16 destination.
+void narrow(const float *src, void *dst, DType dt, int64_t n) {
+  parallel_for(n, 65536, [&](int64_t i0, int64_t i1) {
+    if (dt == DType::f16) convert_span<float, fp16_t>(src + i0, static_cast<fp16_t *>(dst) + i0, i1 - i0);
+    else if (dt == DType::bf16) convert_span<float, bf16_t>(src + i0, static_cast<bf16_t *>(dst) + i0, i1 - i0);
+    else if (static_cast<float *>(dst) != src) std::memcpy(static_cast<float *>(dst) + i0, src + i0, (size_t)(i1 - i0) * sizeof(float));
+  });
+}
+
+// Param i (f32 | f16 | bf16, n values) as fp32: its own memory when f32, else widened into buf.
+const float *f32_of(const Call<> &c, int i, std::vector<float> &buf) {
+  if (c.dtype(i) == DType::f32) return c.ptr<float>(i);
+  buf.resize((size_t)c.numel(i));
+  widen(c.params[i], c.dtype(i), buf.data(), c.numel(i));
+  return buf.data();
+}
+
+// Checks the linear spec at params [i0, i0 + 9) for an [N, K] weight; fills `l`.  `act`: the dtype of the
+// hidden states (the activation dtype an unfused int8 layer would see).
+int parse_lin(const Call<> &c, int i0, int64_t N, int64_t K, DType act, Lin *l) {
   l->N = N;
   l->K = K;
   const int b = i0 + L_BIAS;
   if (!c.is_none(b)) {
-    if (c.dtype(b) != DType::f32) return E_DTYPE;
+    if (!is_float(c.dtype(b))) return E_DTYPE;
     if (c.numel(b) != N) return E_SHAPE;
-    l->bias = c.ptr<float>(b);
+    if (c.dtype(b) == DType::f32) {
+      l->bias = c.ptr<float>(b);
+    } else {
+      l->bias_f32.resize((size_t)N);
+      widen(c.params[b], c.dtype(b), l->bias_f32.data(), N);
+      l->bias = l->bias_f32.data();
+    }
   }
   const int w = i0 + L_W;
   if (c.is_none(w)) return E_NULL;
-  if (c.dtype(w) == DType::f32) {
+  const DType wdt = c.dtype(w);
+  if (is_float(wdt) || wdt == DType::i8) {
     if (c.rank(w) != 2 || c.dim(w, 0) != N || c.dim(w, 1) != K) return E_SHAPE;
+  }
+  if (wdt == DType::f32) {
     l->dense = true;
     l->W = c.ptr<float>(w);
     return OK;
   }
-  if (c.dtype(w) != DType::u8) return E_DTYPE;
+  if (wdt == DType::f16 || wdt == DType::bf16) {
+    l->W16 = c.params[w];
+    l->wdt = wdt;
+    return OK;
+  }
+  if (wdt == DType::i8) {
+    const int scb = i0 + L_ABSMAX, thr = i0 + L_OFFSET;
+    if (c.is_none(scb)) return E_NULL;
+    if (c.dtype(scb) != DType::f32) return E_DTYPE;
+    if (c.numel(scb) != N || K > 131071) return E_SHAPE;  // checks/int8.h kIgemmMaxK: exact int32 sums
+    float t = 0.0f;
+    if (!c.is_none(thr) && (!c.scalar_f32(thr, &t) || !(t >= 0.0f))) return E_VALUE;
+    l->int8 = true;
+    l->q8.CB = c.ptr<int8_t>(w);
+    l->q8.SCB = c.ptr<float>(scb);
+    l->q8.threshold = t;
+    l->q8.act = act;
+    return OK;
+  }
+  if (wdt != DType::u8) return E_DTYPE;
   int64_t bs, bs2;
   if (!c.scalar_i64(i0 + L_BS, &bs) || bs <= 0 || bs % 2 || !c.scalar_i64(i0 + L_BS2, &bs2) || bs2 <= 0) return E_VALUE;
   const int64_t nb = (N * K + bs - 1) / bs;
@@ -148,11 +234,12 @@ int parse_lin(const Call<> &c, int i0, int64_t N, int64_t K, Lin *l) {
   return OK;
 }
 
-// out[m, n] = x[m, :] . W[n, :] (+ bias[n]), dense fp32, parallel over n.
-void dense_gemv(const float *W, const float *bias, const float *x, float *out, int64_t M, int64_t N, int64_t K) {
+// out[m, n] = x[m, :] . W[n, :] (+ bias[n]), dense fp32 / fp16 / bf16 W (widened in registers), parallel over n.
+template <class T>
+void dense_gemv(const T *W, const float *bias, const float *x, float *out, int64_t M, int64_t N, int64_t K) {
   parallel_for(N, std::max<int64_t>(16, 16384 / std::max<int64_t>(K, 1)), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
-      const float *w = W + n * K;
+      const T *w = W + n * K;
       const float b = bias ? bias[n] : 0.0f;
       for (int64_t m = 0; m < M; ++m) out[m * N + n] = dot(x + m * K, w, K) + b;
     }
@@ -239,6 +326,12 @@ void dequant4_rows(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K, fl
   }
 }
 
+// rows [n0, n1) of a weight that is not fp32 (4-bit or fp16 / bf16) in fp32, for gemm_rows.
+void weight_rows_f32(const Lin &l, int64_t n0, int64_t n1, float *dst) {
+  if (l.W16) widen(static_cast<const uint16_t *>(l.W16) + n0 * l.K, l.wdt, dst, (n1 - n0) * l.K);
+  else dequant4_rows(l.q4, n0, n1, l.K, dst);
+}
+
 void gemm_rows(const Lin &l, const float *x, float *out, int64_t M) {
   const int64_t N = l.N, K = l.K, nchunks = (N + kChunk - 1) / kChunk;
   const bool avx2 = has_avx2();
@@ -247,7 +340,7 @@ void gemm_rows(const Lin &l, const float *x, float *out, int64_t M) {
     for (int64_t ch = c0; ch < c1; ++ch) {
       const int64_t n0 = ch * kChunk, n1 = std::min(N, n0 + kChunk);
       const float *w = l.W ? l.W + n0 * K : wbuf.data();
-      if (!l.dense) dequant4_rows(l.q4, n0, n1, K, wbuf.data());
+      if (!l.dense) weight_rows_f32(l, n0, n1, wbuf.data());
       const float *b = l.bias ? l.bias + n0 : nullptr;
       if (avx2) gemm_tile_avx2(x, M, w, n1 - n0, K, b, out + n0, N);
       else gemm_tile_scalar(x, M, w, n1 - n0, K, b, out + n0, N);
@@ -257,11 +350,15 @@ void gemm_rows(const Lin &l, const float *x, float *out, int64_t M) {
 
 // up to this many rows a linear runs the GEMV kernels (4-bit: the unfused Linear4bit's kernel, same bits);
 // more rows (prefill) run gemm_rows (as the unfused Linear4bit dequantizes and multiplies above 8 rows).
+// int8 layers run the unfused layer's fused kernel at every row count (its own GEMV/GEMM choice inside).
 constexpr int64_t kGemvMaxRows = 8;
 
 void apply_lin(const Lin &l, const float *x, float *out, int64_t M) {
-  if (M > kGemvMaxRows) gemm_rows(l, x, out, M);
-  else if (l.dense) dense_gemv(l.W, l.bias, x, out, M, l.N, l.K);
+  if (l.int8) int8_linear_f32(l.q8, x, l.bias, out, M, l.N, l.K);
+  else if (M > kGemvMaxRows) gemm_rows(l, x, out, M);
+  else if (l.dense) dense_gemv<float>(l.W, l.bias, x, out, M, l.N, l.K);
+  else if (l.wdt == DType::f16) dense_gemv<fp16_t>(static_cast<const fp16_t *>(l.W16), l.bias, x, out, M, l.N, l.K);
+  else if (l.wdt == DType::bf16) dense_gemv<bf16_t>(static_cast<const bf16_t *>(l.W16), l.bias, x, out, M, l.N, l.K);
   else linear4_f32(l.q4, x, l.bias, out, M, l.N, l.K);
 }
 
@@ -336,21 +433,22 @@ void attend(const AttnShape &s, const float *q, const float *kc, const float *vc
 }
 
 // ---- entry points -------------------------------------------------------------------------------------
-// params: x f32 [B, T, H], positions i64 [B, T], key_mask u8|bool [B, >= past+T] (columns past+T.. unused) | none, k_cache f32 [B, KVH, Smax, D],
-//   v_cache (same), norm_w f32 [H], inv_freq f32 [D/2], q_norm_w f32 [D] | none, k_norm_w f32 [D] | none
-//   (QK-norm: RMSNorm of every head's q / k with eps, before RoPE), q spec (9), k spec (9), v spec (9), o spec (9),
-//   past i64, n_heads i64, eps f32, scaling f32, rope_scale f32, window i64 -> out f32 [B, T, H] (may alias x)
+// params: x (f32|f16|bf16) [B, T, H], positions i64 [B, T], key_mask u8|bool [B, >= past+T] (columns past+T.. unused) | none,
+//   k_cache f32 [B, KVH, Smax, D], v_cache (same), norm_w (f32|f16|bf16) [H], inv_freq f32 [D/2],
+//   q_norm_w (f32|f16|bf16) [D] | none, k_norm_w (same) [D] | none (QK-norm: RMSNorm of every head's q / k with
+//   eps, before RoPE), q spec (9), k spec (9), v spec (9), o spec (9), past i64, n_heads i64, eps f32,
+//   scaling f32, rope_scale f32, window i64 -> out (x's dtype) [B, T, H] (may alias x)
 int attention_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   enum { X, POS, MASK, KC, VC, NORM, INVF, QNORM, KNORM, QS, KS = QS + kSpec, VS = KS + kSpec, OS = VS + kSpec,
          PAST = OS + kSpec, NH, EPS, SCALING, RSCALE, WINDOW, OUT, NPARAM };
   if (nparam != NPARAM) return E_NPARAM;
-  if (c.dtype(X) != DType::f32 || c.dtype(POS) != DType::i64 || c.dtype(KC) != DType::f32 ||
-      c.dtype(VC) != DType::f32 || c.dtype(NORM) != DType::f32 || c.dtype(INVF) != DType::f32 ||
-      c.dtype(OUT) != DType::f32)
+  const DType act = c.dtype(X);
+  if (!is_float(act) || c.dtype(POS) != DType::i64 || c.dtype(KC) != DType::f32 || c.dtype(VC) != DType::f32 ||
+      !is_float(c.dtype(NORM)) || c.dtype(INVF) != DType::f32 || c.dtype(OUT) != act)
     return E_DTYPE;
   if (!c.is_none(MASK) && c.dtype(MASK) != DType::u8 && c.dtype(MASK) != DType::boolean) return E_DTYPE;
-  if ((!c.is_none(QNORM) && c.dtype(QNORM) != DType::f32) || (!c.is_none(KNORM) && c.dtype(KNORM) != DType::f32))
+  if ((!c.is_none(QNORM) && !is_float(c.dtype(QNORM))) || (!c.is_none(KNORM) && !is_float(c.dtype(KNORM))))
     return E_DTYPE;
   AttnShape s;
   float eps, rscale;
@@ -375,20 +473,23 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   const int64_t QD = s.Hq * s.D, KD = s.KVH * s.D;
   Lin lq, lk, lv, lo;
   int st;
-  if ((st = parse_lin(c, QS, QD, s.H, &lq)) || (st = parse_lin(c, KS, KD, s.H, &lk)) ||
-      (st = parse_lin(c, VS, KD, s.H, &lv)) || (st = parse_lin(c, OS, s.H, QD, &lo)))
+  if ((st = parse_lin(c, QS, QD, s.H, act, &lq)) || (st = parse_lin(c, KS, KD, s.H, act, &lk)) ||
+      (st = parse_lin(c, VS, KD, s.H, act, &lv)) || (st = parse_lin(c, OS, s.H, QD, act, &lo)))
     return st;
   if (R == 0 || s.H == 0) return OK;
   if (!c.params[X] || !c.params[POS] || !c.params[KC] || !c.params[VC] || !c.params[NORM] || !c.params[INVF] ||
       !c.params[OUT])
     return E_NULL;
-  const float *x = c.ptr<float>(X);
+  static thread_local std::vector<float> xw, nw, qnw, knw, xn, q, k, v, at, o, cs, sn;
+  const float *x = f32_of(c, X, xw);  // fp16 / bf16 hidden states: widened (out may alias x)
   const int64_t *pos = c.ptr<int64_t>(POS);
   const uint8_t *mask = c.is_none(MASK) ? nullptr : c.ptr<uint8_t>(MASK);
-  float *kc = c.ptr<float>(KC), *vc = c.ptr<float>(VC), *out = c.ptr<float>(OUT);
+  float *kc = c.ptr<float>(KC), *vc = c.ptr<float>(VC);
   const float *invf = c.ptr<float>(INVF);
+  const float *norm_w = f32_of(c, NORM, nw);
+  const float *qn_w = c.is_none(QNORM) ? nullptr : f32_of(c, QNORM, qnw);
+  const float *kn_w = c.is_none(KNORM) ? nullptr : f32_of(c, KNORM, knw);
 
-  static thread_local std::vector<float> xn, q, k, v, at, o, cs, sn;
   xn.resize((size_t)(R * s.H));
   q.resize((size_t)(R * QD));
   k.resize((size_t)(R * KD));
@@ -397,12 +498,12 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   o.resize((size_t)(R * s.H));
   cs.resize((size_t)(s.D / 2));
   sn.resize((size_t)(s.D / 2));
-  rms_norm(x, c.ptr<float>(NORM), eps, xn.data(), R, s.H);
+  rms_norm(x, norm_w, eps, xn.data(), R, s.H);
   apply_lin(lq, xn.data(), q.data(), R);
   apply_lin(lk, xn.data(), k.data(), R);
   apply_lin(lv, xn.data(), v.data(), R);
-  if (!c.is_none(QNORM)) rms_norm(q.data(), c.ptr<float>(QNORM), eps, q.data(), R * s.Hq, s.D);  // QK-norm (Qwen3)
-  if (!c.is_none(KNORM)) rms_norm(k.data(), c.ptr<float>(KNORM), eps, k.data(), R * s.KVH, s.D);
+  if (qn_w) rms_norm(q.data(), qn_w, eps, q.data(), R * s.Hq, s.D);  // QK-norm (Qwen3)
+  if (kn_w) rms_norm(k.data(), kn_w, eps, k.data(), R * s.KVH, s.D);
   for (int64_t r = 0; r < R; ++r) {
     const float fp = (float)pos[r];
     for (int64_t i = 0; i < s.D / 2; ++i) {
@@ -421,17 +522,20 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   }
   attend(s, q.data(), kc, vc, mask, c.is_none(MASK) ? 0 : c.dim(MASK, 1), at.data());
   apply_lin(lo, at.data(), o.data(), R);
-  for (int64_t i = 0; i < R * s.H; ++i) out[i] = x[i] + o[i];
+  float *res = act == DType::f32 ? c.ptr<float>(OUT) : o.data();
+  for (int64_t i = 0; i < R * s.H; ++i) res[i] = x[i] + o[i];
+  if (act != DType::f32) narrow(res, c.params[OUT], act, R * s.H);  // the layer boundary: one rounding
   return OK;
 }
 
-// params: x f32 [..., H], norm_w f32 [H], gate spec (9), up spec (9), down spec (9), intermediate i64, eps f32
-//   -> out f32 [..., H] (may alias x)
+// params: x (f32|f16|bf16) [..., H], norm_w (f32|f16|bf16) [H], gate spec (9), up spec (9), down spec (9),
+//   intermediate i64, eps f32 -> out (x's dtype) [..., H] (may alias x)
 int mlp_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   enum { X, NORM, GS, US = GS + kSpec, DS = US + kSpec, INTER = DS + kSpec, EPS, OUT, NPARAM };
   if (nparam != NPARAM) return E_NPARAM;
-  if (c.dtype(X) != DType::f32 || c.dtype(NORM) != DType::f32 || c.dtype(OUT) != DType::f32) return E_DTYPE;
+  const DType act = c.dtype(X);
+  if (!is_float(act) || !is_float(c.dtype(NORM)) || c.dtype(OUT) != act) return E_DTYPE;
   int64_t I;
   float eps;
   if (!c.scalar_i64(INTER, &I) || I <= 0 || !c.scalar_f32(EPS, &eps)) return E_VALUE;
@@ -440,18 +544,18 @@ int mlp_entry(BNB_MS_AOT_ARGS) {
   if (c.numel(NORM) != H || c.numel(OUT) != R * H) return E_SHAPE;
   Lin lg, lu, ld;
   int st;
-  if ((st = parse_lin(c, GS, I, H, &lg)) || (st = parse_lin(c, US, I, H, &lu)) || (st = parse_lin(c, DS, H, I, &ld)))
+  if ((st = parse_lin(c, GS, I, H, act, &lg)) || (st = parse_lin(c, US, I, H, act, &lu)) ||
+      (st = parse_lin(c, DS, H, I, act, &ld)))
     return st;
   if (R == 0 || H == 0) return OK;
   if (!c.params[X] || !c.params[NORM] || !c.params[OUT]) return E_NULL;
-  const float *x = c.ptr<float>(X);
-  float *out = c.ptr<float>(OUT);
-  static thread_local std::vector<float> xn, g, u, d;
+  static thread_local std::vector<float> xw, nw, xn, g, u, d;
+  const float *x = f32_of(c, X, xw);
   xn.resize((size_t)(R * H));
   g.resize((size_t)(R * I));
   u.resize((size_t)(R * I));
   d.resize((size_t)(R * H));
-  rms_norm(x, c.ptr<float>(NORM), eps, xn.data(), R, H);
+  rms_norm(x, f32_of(c, NORM, nw), eps, xn.data(), R, H);
   apply_lin(lg, xn.data(), g.data(), R);
   apply_lin(lu, xn.data(), u.data(), R);
   for (int64_t i = 0; i < R * I; ++i) {
@@ -459,34 +563,44 @@ int mlp_entry(BNB_MS_AOT_ARGS) {
     g[i] = a / (1.0f + std::exp(-a)) * u[i];
   }
   apply_lin(ld, g.data(), d.data(), R);
-  for (int64_t i = 0; i < R * H; ++i) out[i] = x[i] + d[i];
+  float *res = act == DType::f32 ? c.ptr<float>(OUT) : d.data();
+  for (int64_t i = 0; i < R * H; ++i) res[i] = x[i] + d[i];
+  if (act != DType::f32) narrow(res, c.params[OUT], act, R * H);
   return OK;
 }
 
-// params: x f32 [..., K], spec (9), n_out i64 -> out f32 [..., N]
+// params: x (f32|f16|bf16) [..., K], spec (9), n_out i64 -> out (f32|f16|bf16) [..., N] (computed in fp32,
+//   rounded once to out's dtype)
 int linear_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   enum { X, S, NOUT = S + kSpec, OUT, NPARAM };
   if (nparam != NPARAM) return E_NPARAM;
-  if (c.dtype(X) != DType::f32 || c.dtype(OUT) != DType::f32) return E_DTYPE;
+  const DType act = c.dtype(X), odt = c.dtype(OUT);
+  if (!is_float(act) || !is_float(odt)) return E_DTYPE;
   int64_t N;
   if (!c.scalar_i64(NOUT, &N) || N < 0) return E_VALUE;
   if (c.rank(X) < 1) return E_SHAPE;
   const int64_t K = c.cols(X), M = c.rows(X);
   if (c.numel(OUT) != M * N) return E_SHAPE;
   Lin l;
-  if (int st = parse_lin(c, S, N, K, &l)) return st;
+  if (int st = parse_lin(c, S, N, K, act, &l)) return st;
   if (M * N == 0) return OK;
   if (!c.params[X] || !c.params[OUT]) return E_NULL;
-  apply_lin(l, c.ptr<float>(X), c.ptr<float>(OUT), M);
+  static thread_local std::vector<float> xw, ow;
+  const float *x = f32_of(c, X, xw);
+  float *out = odt == DType::f32 ? c.ptr<float>(OUT) : (ow.resize((size_t)(M * N)), ow.data());
+  apply_lin(l, x, out, M);
+  if (odt != DType::f32) narrow(out, c.params[OUT], odt, M * N);
+  if (ow.size() > (size_t(16) << 20)) std::vector<float>().swap(ow);  // a long prompt's logits: not kept
   return OK;
 }
 
-// params: x f32 [..., H], w f32 [H], eps f32 -> out f32 [..., H] (may alias x)
+// params: x (f32|f16|bf16) [..., H], w (f32|f16|bf16) [H], eps f32 -> out (x's dtype) [..., H] (may alias x)
 int rms_norm_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   if (nparam != 4) return E_NPARAM;
-  if (c.dtype(0) != DType::f32 || c.dtype(1) != DType::f32 || c.dtype(3) != DType::f32) return E_DTYPE;
+  const DType act = c.dtype(0);
+  if (!is_float(act) || !is_float(c.dtype(1)) || c.dtype(3) != act) return E_DTYPE;
   float eps;
   if (!c.scalar_f32(2, &eps)) return E_VALUE;
   if (c.rank(0) < 1) return E_SHAPE;
@@ -494,7 +608,11 @@ int rms_norm_entry(BNB_MS_AOT_ARGS) {
   if (c.numel(1) != H || c.numel(3) != R * H) return E_SHAPE;
   if (R * H == 0) return OK;
   if (!c.params[0] || !c.params[1] || !c.params[3]) return E_NULL;
-  rms_norm(c.ptr<float>(0), c.ptr<float>(1), eps, c.ptr<float>(3), R, H);
+  static thread_local std::vector<float> xw, ww;
+  const float *x = f32_of(c, 0, xw);
+  float *y = act == DType::f32 ? c.ptr<float>(3) : xw.data();  // 16-bit: in the widened copy, then rounded
+  rms_norm(x, f32_of(c, 1, ww), eps, y, R, H);
+  if (act != DType::f32) narrow(y, c.params[3], act, R * H);
   return OK;
 }
 

@@ -39,6 +39,7 @@
 #include "aot.h"
 #include "checks/int8.h"
 #include "cpu/cpu_features.h"
+#include "cpu/linear_kernels.h"
 #include "cpu/parallel.h"
 #include "cpu/simd_convert.h"
 
@@ -863,6 +864,7 @@ int mm_dequant_entry(BNB_MS_AOT_ARGS) {
 //   vector_quant (with outlier column flags for threshold > 0) -> int8_gemm (the path of
 //   gemm_path_for_rows(rows)) -> for threshold > 0 the mixed mm dequant above, else the mm dequant
 //   straight into T.  col_flags are those of cint8_vector_quant on the quantized input.
+//   The same kernel serves the fused decoder layers (decoder.cpp) through int8_linear_f32 (linear_kernels.h).
 constexpr float kInt8Dequant = 7.874015718698502e-3f;  // float32(1 / 127), functional.INT8_DEQUANT_SCALE
 
 // Scratch of the fused entry points: per calling thread, reused across calls, grown on demand and
@@ -1011,26 +1013,8 @@ int mixed_mm_dequant_entry(BNB_MS_AOT_ARGS) {
 }
 
 // fp32 -> fp16, round to nearest even (f32_to_fp16's bytes at every level)
-BNB_MS_TARGET_AVX2 void to_fp16_avx2(const float *x, fp16_t *y, int64_t i0, int64_t i1) {
-  int64_t i = i0;
-  for (; i + 8 <= i1; i += 8) store8<fp16_t>(y + i, load8<float>(x + i));
-  for (; i < i1; ++i) y[i] = from_f32<fp16_t>(x[i]);
-}
-
-BNB_MS_TARGET_AVX512 void to_fp16_avx512(const float *x, fp16_t *y, int64_t i0, int64_t i1) {
-  int64_t i = i0;
-  for (; i + 16 <= i1; i += 16) store16<fp16_t>(y + i, load16<float>(x + i));
-  for (; i < i1; ++i) y[i] = from_f32<fp16_t>(x[i]);
-}
-
 void to_fp16(const float *x, fp16_t *y, int64_t n) {
-  const SimdLevel lvl = simd_level();
-  parallel_for(n, 65536, [&](int64_t i0, int64_t i1) {
-    if (lvl >= SimdLevel::avx512) to_fp16_avx512(x, y, i0, i1);
-    else if (lvl >= SimdLevel::avx2) to_fp16_avx2(x, y, i0, i1);
-    else
-      for (int64_t i = i0; i < i1; ++i) y[i] = from_f32<fp16_t>(x[i]);
-  });
+  parallel_for(n, 65536, [&](int64_t i0, int64_t i1) { convert_span<float, fp16_t>(x + i0, y + i0, i1 - i0); });
 }
 
 template <class T, class BT>
@@ -1079,7 +1063,38 @@ int int8_linear_entry(BNB_MS_AOT_ARGS) {
 }
 
 
+// fp32 activations of an fp16/bf16 layer (linear_kernels.h): A rounded to T, the layer's forward in T (its bytes),
+// the result widened back to fp32.
+template <class T>
+void int8_linear_narrowed(const Int8Weight &w, const float *A, const float *bias, float *out, uint8_t *flags,
+                          int64_t M, int64_t N, int64_t K) {
+  static thread_local std::vector<T> a, o;
+  T *at = grow(a, M * K), *ot = grow(o, M * N);
+  parallel_for(M * K, 65536, [&](int64_t i0, int64_t i1) { convert_span<float, T>(A + i0, at + i0, i1 - i0); });
+  int8_linear<T, float>(at, w.CB, w.SCB, bias, w.threshold, ot, flags, M, N, K);
+  parallel_for(M * N, 65536, [&](int64_t i0, int64_t i1) { convert_span<T, float>(ot + i0, out + i0, i1 - i0); });
+  if (a.size() * sizeof(T) > kScratchKeepBytes) std::vector<T>().swap(a);
+  if (o.size() * sizeof(T) > kScratchKeepBytes) std::vector<T>().swap(o);
+}
+
 }  // namespace
+
+// Internal wrapper of the fused LLM.int8() forward for other feature files (linear_kernels.h).
+void int8_linear_f32(const Int8Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
+                     int64_t K) {
+  if (M * N == 0) return;
+  if (K == 0) {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) out[m * N + n] = bias ? bias[n] : 0.0f;
+    return;
+  }
+  static thread_local std::vector<uint8_t> flags;  // the outlier columns (the caller does not need them)
+  uint8_t *f = grow(flags, K);
+  if (w.act == DType::f16) int8_linear_narrowed<fp16_t>(w, A, bias, out, f, M, N, K);
+  else if (w.act == DType::bf16) int8_linear_narrowed<bf16_t>(w, A, bias, out, f, M, N, K);
+  else int8_linear<float, float>(A, w.CB, w.SCB, bias, w.threshold, out, f, M, N, K);
+}
+
 }  // namespace bnb_ms
 
 using bnb_ms::bf16_t;

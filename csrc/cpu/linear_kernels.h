@@ -5,8 +5,17 @@
 // with W the [N, K] NF4/FP4 weight behind `packed`; absmax fp32 per block (absmax_f32), or double quant
 // (absmax_q uint8 codes, code2 f32[256], absmax2 f32 per bs2 blocks, offset).  Same numerics as the
 // entry point (bit-identical per row).  Threads: the kernel's own (parallel over output rows).
+//
+// int8_linear_f32: the fused LLM.int8() forward of int8.cpp (cint8_linear_<T>'s kernel) on fp32 activations
+// A [M, K]: out [M, N] = A @ (CB * SCB / 127).T (+ bias), threshold > 0 with outlier columns.  `act` is the
+// activation dtype of the unfused Linear8bitLt this stands for: f32 gives cint8_linear_fp32's bytes (A rounded
+// to fp16 before the vector-wise quantization, as upstream); f16 / bf16 round A to that dtype first and give
+// cint8_linear_fp16 / _bf16's bytes on it, widened back to fp32.  K <= 131071 (exact int32 accumulation; the
+// caller checks).  Threads: the kernel's own.  Scratch: per calling thread, as the entry points'.
 #pragma once
 #include <cstdint>
+
+#include "aot.h"
 
 namespace bnb_ms {
 
@@ -22,5 +31,15 @@ struct Linear4Weight {
 
 void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
                  int64_t K);
+
+struct Int8Weight {
+  const int8_t *CB = nullptr;  // int8 [N, K], row-wise absmax quantized
+  const float *SCB = nullptr;  // [N] row absmax (the scale of row n is SCB[n] / 127)
+  float threshold = 0.0f;      // >= 0; > 0: outlier columns (|a| >= threshold) multiplied in fp32
+  DType act = DType::f32;      // f32 | f16 | bf16 (see above)
+};
+
+void int8_linear_f32(const Int8Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
+                     int64_t K);
 
 }  // namespace bnb_ms

@@ -1,6 +1,7 @@
 // simd_convert.h -- SIMD loads/stores of fp32/fp16/bf16 for the CPU kernels: 8 lanes (AVX2 + F16C) and
 // 16 lanes (AVX-512). The values and roundings are those of to_f32/from_f32 in aot.h, NaNs included, so a SIMD
 // path gives the same bytes as its scalar twin. Included by the kernel files that convert element types.
+// convert_span<S, D>(src, dst, n): dst[i] = D(src[i]) over a span at the best level (serial; callers split it).
 #pragma once
 #include <immintrin.h>
 
@@ -59,5 +60,28 @@ template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<bf16_t>(bf16_t *p, _
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
   r = _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40)));
   _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+}
+
+// dst[i] = from_f32<D>(to_f32<S>(src[i])) for i < n: widening is exact, narrowing rounds to nearest even with
+// from_f32's NaNs, the same bytes at every level.
+template <class S, class D>
+BNB_MS_TARGET_AVX2 void convert_span_avx2(const S *src, D *dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store8<D>(dst + i, load8<S>(src + i));
+  for (; i < n; ++i) dst[i] = from_f32<D>(to_f32<S>(src[i]));
+}
+template <class S, class D>
+BNB_MS_TARGET_AVX512 void convert_span_avx512(const S *src, D *dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) store16<D>(dst + i, load16<S>(src + i));
+  for (; i < n; ++i) dst[i] = from_f32<D>(to_f32<S>(src[i]));
+}
+template <class S, class D>
+void convert_span(const S *src, D *dst, int64_t n) {
+  const SimdLevel lvl = simd_level();
+  if (lvl >= SimdLevel::avx512) convert_span_avx512<S, D>(src, dst, n);
+  else if (lvl >= SimdLevel::avx2) convert_span_avx2<S, D>(src, dst, n);
+  else
+    for (int64_t i = 0; i < n; ++i) dst[i] = from_f32<D>(to_f32<S>(src[i]));
 }
 }  // namespace bnb_ms
