@@ -307,8 +307,7 @@ for _sfx, _dt in DTYPE_SUFFIX.items():
 # csrc/cpu/decoder.cpp's header): W (fp32/fp16/bf16 [N, K], the packed 4-bit uint8 bytes, or int8 CB [N, K]),
 # absmax (4-bit: fp32 | uint8 double-quant codes; int8: SCB fp32 [N]; dense: None), code (4-bit fp32[16] | None),
 # absmax2, code2 (double quant, else None), offset (double quant; int8: the outlier threshold; else None),
-# bias (fp32/fp16/bf16 [N] | None), blocksize, blocksize2 (4-bit). The hidden states x/out are fp32, fp16 or
-# bf16 (one rounding per layer half); the computation is fp32.
+# bias (fp32/fp16/bf16 [N] | None), blocksize, blocksize2 (4-bit). Activations are fp32; norm weights fp32/fp16/bf16.
 LINEAR_SPEC = ("W", "absmax", "code", "absmax2", "code2", "offset", "bias", "blocksize", "blocksize2")
 
 
@@ -323,8 +322,8 @@ define(NativeOp(
            + _spec("q") + _spec("k") + _spec("v") + _spec("o")
            + ("past", "n_heads", "eps", "scaling", "rope_scale", "window"),
     outputs=("out",),
-    infer=lambda s, d, st: ((s["x"], d["x"]),),
-    doc="the attention half of a decoder layer, computed in fp32 (x/out fp32, fp16 or bf16): out = x + O(attn) with RMSNorm(x; norm_w, eps), Q/K/V "
+    infer=lambda s, d, st: ((s["x"], ms.float32),),
+    doc="the attention half of a decoder layer, fp32: out = x + O(attn) with RMSNorm(x; norm_w, eps), Q/K/V "
         "projections (+bias), QK-norm (q_norm_w/k_norm_w [D] or None: RMSNorm per head, Qwen3), RoPE (rotate_half; f = pos * inv_freq, cos/sin * rope_scale), K/V written IN PLACE "
         "into k_cache/v_cache [B, KVH, S_max, D] at [past, past+T), causal GQA softmax(q.k * scaling) over "
         "[0, past+T) with key_mask [B, >= past+T] (0 = padding; first past+T columns) and an optional sliding window (0 = none); "
@@ -335,8 +334,8 @@ define(NativeOp(
     cpu_only=True,
     inputs=("x", "norm_w") + _spec("gate") + _spec("up") + _spec("down") + ("intermediate", "eps"),
     outputs=("out",),
-    infer=lambda s, d, st: ((s["x"], d["x"]),),
-    doc="the MLP half of a decoder layer, computed in fp32 (x/out fp32, fp16 or bf16): out = x + Down(silu(Gate(y)) * Up(y)), y = RMSNorm(x; norm_w, eps); "
+    infer=lambda s, d, st: ((s["x"], ms.float32),),
+    doc="the MLP half of a decoder layer, fp32: out = x + Down(silu(Gate(y)) * Up(y)), y = RMSNorm(x; norm_w, eps); "
         "out may be x",
 ))
 define(NativeOp(
@@ -345,18 +344,17 @@ define(NativeOp(
     inputs=("x",) + _spec("w") + ("n_out",),
     outputs=("out",),
     static=("n_out",),
-    infer=lambda s, d, st: ((tuple(s["x"][:-1]) + (int(st["n_out"]),), d["x"]),),
-    doc="one linear layer given as a linear spec (fp32/fp16/bf16, 4-bit or int8 weight), x [..., K] -> [..., n_out] "
-        "computed in fp32 and rounded once to out's dtype (x's through ops.Custom; e.g. the lm_head of a fused model)",
+    infer=lambda s, d, st: ((tuple(s["x"][:-1]) + (int(st["n_out"]),), ms.float32),),
+    doc="one linear layer given as a linear spec (fp32/fp16/bf16, 4-bit or int8 weight), fp32 x [..., K] -> "
+        "[..., n_out] (e.g. the lm_head of a fused model)",
 ))
 define(NativeOp(
     name="crms_norm_fp32",
     cpu_only=True,
     inputs=("x", "w", "eps"),
     outputs=("out",),
-    infer=lambda s, d, st: ((s["x"], d["x"]),),
-    doc="RMSNorm over the last dimension, computed in fp32: w * (x / sqrt(mean(x^2) + eps)), rounded once to "
-        "x's dtype; out may be x",
+    infer=lambda s, d, st: ((s["x"], ms.float32),),
+    doc="RMSNorm over the last dimension, fp32 (w fp32/fp16/bf16): w * (x / sqrt(mean(x^2) + eps)); out may be x",
 ))
 
 

@@ -459,7 +459,7 @@ def linear_spec_weight(spec, N: int, K: int) -> np.ndarray:
     """The fp32 [N, K] weight a linear spec stands for (fp32, fp16/bf16 widened, or 4-bit dequantized)."""
     W, absmax, code, absmax2, code2, offset, _bias, bs, bs2 = spec
     W = np.asarray(W)
-    if W.dtype in (np.float32, np.float16) or (np_bfloat16 is not None and W.dtype == np_bfloat16):
+    if W.dtype.name in ("float32", "float16", "bfloat16"):  # (ml_dtypes' or MindSpore's bfloat16)
         return W.astype(np.float32).reshape(N, K)
     if absmax2 is not None:
         q = np.asarray(absmax).reshape(-1)
@@ -468,19 +468,17 @@ def linear_spec_weight(spec, N: int, K: int) -> np.ndarray:
     return dequantize_4bit(W, absmax, code, int(bs), N * K).reshape(N, K)
 
 
-def linear_spec(x: np.ndarray, spec, N: int, act: str = "float32") -> np.ndarray:
-    """x [..., K] @ W.T + bias in float64, rounded to fp32. An int8 spec (CB, SCB, threshold in the offset slot)
-    gives :func:`int8_linear`'s bytes: for ``act`` "float32" on x itself, for "float16"/"bfloat16" on x rounded
-    to that dtype (the unfused layer of a 16-bit model), widened back to fp32."""
+def linear_spec(x: np.ndarray, spec, N: int) -> np.ndarray:
+    """x [..., K] @ W.T + bias in float64, rounded to fp32; an int8 spec (CB, SCB, the threshold in the offset
+    slot) gives :func:`int8_linear`'s bytes on fp32 x."""
     x = np.asarray(x, np.float32)
     K = x.shape[-1]
     W = np.asarray(spec[0])
     if W.dtype == np.int8:
         thr = 0.0 if spec[5] is None else float(np.asarray(spec[5], np.float32))
         bias = None if spec[6] is None else np.asarray(spec[6]).astype(np.float32)
-        a = x.reshape(-1, K) if act == "float32" else cast_out(x.reshape(-1, K), act).astype(np.float32)
-        out, _ = int8_linear(a, W.reshape(N, K), np.asarray(spec[1], np.float32).reshape(N), bias, thr, act)
-        return np.asarray(out).astype(np.float32).reshape(x.shape[:-1] + (N,))
+        out, _ = int8_linear(x.reshape(-1, K), W.reshape(N, K), np.asarray(spec[1], np.float32).reshape(N), bias, thr)
+        return np.asarray(out, np.float32).reshape(x.shape[:-1] + (N,))
     out = x.reshape(-1, K).astype(np.float64) @ linear_spec_weight(spec, N, K).astype(np.float64).T
     if spec[6] is not None:
         out = out + np.asarray(spec[6]).astype(np.float64)
@@ -488,10 +486,10 @@ def linear_spec(x: np.ndarray, spec, N: int, act: str = "float32") -> np.ndarray
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """HF's LlamaRMSNorm in fp32: w * (x * rsqrt(mean(x^2) + eps))."""
+    """HF's LlamaRMSNorm in fp32: w * (x * rsqrt(mean(x^2) + eps)) (w fp32, or fp16/bf16 widened)."""
     x = np.asarray(x, np.float32)
     var = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True).astype(np.float32)
-    return (np.asarray(w, np.float32) * (x * (np.float32(1) / np.sqrt(var + np.float32(eps))))).astype(np.float32)
+    return (np.asarray(w).astype(np.float32) * (x * (np.float32(1) / np.sqrt(var + np.float32(eps))))).astype(np.float32)
 
 
 def _rope(v: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, rope_scale: float) -> np.ndarray:
@@ -507,19 +505,18 @@ def _rope(v: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, rope_scale: floa
 
 def decoder_attention(x, positions, key_mask, k_cache, v_cache, norm_w, inv_freq, q, k, v, o, past: int,
                       n_heads: int, eps: float, scaling: float, rope_scale: float = 1.0, window: int = 0,
-                      q_norm_w=None, k_norm_w=None, act: str = "float32"):
+                      q_norm_w=None, k_norm_w=None):
     """Twin of ``cdecoder_attention_fp32``: returns ``x + O(attention)`` [B, T, H] and writes the new keys and
     values into ``k_cache``/``v_cache`` [B, KVH, S_max, D] at [past, past + T) (in place, as the kernel does).
-    q/k/v/o are linear specs; key_mask [B, >= past + T] (nonzero = attend; its first past + T columns) or None; window 0 = no sliding window.
-    ``act``: the hidden states' dtype (x given in it; the result rounded to it once; int8 layers see it)."""
-    x = np.asarray(x).astype(np.float32)
+    q/k/v/o are linear specs; key_mask [B, >= past + T] (nonzero = attend; its first past + T columns) or None; window 0 = no sliding window."""
+    x = np.asarray(x, np.float32)
     B, T, H = x.shape
     KVH, D = k_cache.shape[1], k_cache.shape[3]
     L = past + T
     y = rms_norm(x, norm_w, eps)
-    qs = linear_spec(y, q, n_heads * D, act).reshape(B, T, n_heads, D)
-    ks = linear_spec(y, k, KVH * D, act).reshape(B, T, KVH, D)
-    vs = linear_spec(y, v, KVH * D, act).reshape(B, T, KVH, D)
+    qs = linear_spec(y, q, n_heads * D).reshape(B, T, n_heads, D)
+    ks = linear_spec(y, k, KVH * D).reshape(B, T, KVH, D)
+    vs = linear_spec(y, v, KVH * D).reshape(B, T, KVH, D)
     if q_norm_w is not None:
         qs = rms_norm(qs, q_norm_w, eps)
     if k_norm_w is not None:
@@ -546,18 +543,17 @@ def decoder_attention(x, positions, key_mask, k_cache, v_cache, norm_w, inv_freq
     den = e.sum(-1, keepdims=True)
     p = np.where(den > 0, e / np.where(den > 0, den, 1), 0.0)
     attn = np.einsum("bhtj,bhjd->bthd", p, vv).astype(np.float32).reshape(B, T, n_heads * D)
-    return cast_out((x + linear_spec(attn, o, H, act)).astype(np.float32), act)
+    return (x + linear_spec(attn, o, H)).astype(np.float32)
 
 
-def decoder_mlp(x, norm_w, gate, up, down, intermediate: int, eps: float, act: str = "float32"):
-    """Twin of ``cdecoder_mlp_fp32``: x + Down(silu(Gate(y)) * Up(y)), y = RMSNorm(x); ``act`` as
-    :func:`decoder_attention`."""
-    x = np.asarray(x).astype(np.float32)
+def decoder_mlp(x, norm_w, gate, up, down, intermediate: int, eps: float):
+    """Twin of ``cdecoder_mlp_fp32``: x + Down(silu(Gate(y)) * Up(y)), y = RMSNorm(x)."""
+    x = np.asarray(x, np.float32)
     y = rms_norm(x, norm_w, eps)
-    g = linear_spec(y, gate, intermediate, act)
-    u = linear_spec(y, up, intermediate, act)
+    g = linear_spec(y, gate, intermediate)
+    u = linear_spec(y, up, intermediate)
     a = (g / (np.float32(1) + np.exp(-g)) * u).astype(np.float32)
-    return cast_out((x + linear_spec(a, down, x.shape[-1], act)).astype(np.float32), act)
+    return (x + linear_spec(a, down, x.shape[-1])).astype(np.float32)
 
 
 # ---- full-precision linear (cgemm_fp_*) ----

@@ -15,18 +15,39 @@ The KV cache is ours: fp32 arrays [B, KVH, capacity, D] per layer, preallocated 
 attached to the transformers ``DynamicCache`` object generate passes in (``cache._bnb_fused_kv``). Patches on
 ``Cache.get_seq_length`` / ``reorder_cache`` / ``crop`` make that object answer for it (its own layers stay empty).
 
-Weights: each linear is our ``Linear4bit`` (NF4/FP4, with or without double quant, compute dtype fp32) or a
-plain fp32 ``nn.Linear`` (or ``LinearFP``, what quant_8bit/quant_4bit make of the layers they keep), in any mix. Anything else keeps the unfused path, with one warning naming the
-reason: an architecture other than these (Qwen3 too: its QK-norm is fused), a rope_scaling type other than default, an
-activation other than SiLU, ``pretraining_tp > 1``, other layer types (e.g. int8 ``Linear8bitLt``), non-fp32
-weights. Per call, the unfused path also runs when gradients are being recorded, in graph mode, in training
-mode, when ``output_attentions``/``output_hidden_states`` are asked for, for a 4-D attention mask, or for a
-cache that the unfused path has already filled (one warning per reason).
+Weights: each linear is, in any mix, our ``Linear4bit`` (NF4/FP4, with or without double quant; compute dtype
+fp32 or the model's), our ``Linear8bitLt`` in its inference state (``has_fp16_weights=False``: int8 ``CB`` with
+fp32 row scales ``SCB``, any threshold: 0, or > 0 with outlier columns), or a plain fp32/fp16/bf16 ``nn.Linear``
+(or ``LinearFP``, what quant_8bit/quant_4bit make of the layers they keep); biases fp32/fp16/bf16. Anything else
+keeps the unfused path, with one warning naming the reason: an architecture other than these (Qwen3 too: its
+QK-norm is fused), a rope_scaling type other than default, an activation other than SiLU, ``pretraining_tp > 1``,
+other layer types, a ``Linear8bitLt`` with ``has_fp16_weights=True`` (the training state: its float weights are
+quantized again at every forward) or not yet quantized, a Linear4bit computing in another dtype. Per call, the
+unfused path also runs when gradients are being recorded, in graph mode, in training mode, when
+``output_attentions``/``output_hidden_states`` are asked for, for a 4-D attention mask, or for a cache that the
+unfused path has already filled (one warning per reason).
 
 Numerics: decode (one token) runs the same 4-bit kernel as the unfused layers (bit-identical projections);
 RMSNorm, RoPE, softmax and the residual adds are fp32 like transformers' but in another order, so logits
 differ by rounding (tests/test_fused_decoder.py measures max|diff| / max|logit|). Prefill uses the gemv kernel
-for every row (the unfused Linear4bit dequantizes and runs a matmul above 8 rows).
+for every row (the unfused Linear4bit dequantizes and runs a matmul above 8 rows). An int8 layer runs the unfused
+layer's own fused kernel (``cint8_linear_fp32``'s) at every row count: the same bytes on the same input (tested
+by replaying every Linear8bitLt call of an unfused generation). Between layers int8 amplifies rounding
+differences: a 1-ulp difference in an input can move one int8 code (1/127 of the row's absmax) or, with
+threshold > 0, move a column across the outlier threshold for every row of the call, so an int8 model's fused
+logits differ from the unfused ones by more than a 4-bit model's (tests/test_fused_decoder.py: INT8_LOGIT_BOUND).
+
+fp16 / bf16 models (their embedding, norms and kept layers in that dtype; quantized layers computing in it):
+the fused path widens those weights exactly and computes in fp32 with fp32 hidden states between layers (fp32
+logits), i.e. it runs the fp32 computation of the model's 16-bit weights, not the unfused model's 16-bit
+arithmetic. Measured (benchmarks/fused_cpu.md, small random models of the four families, int8 / NF4 / full
+precision): fused vs the same weights computed unfused in fp32, max|dlogit| / max|logit| 4e-7 .. 9e-7 (fp16),
+1e-6 .. 2e-6 (bf16; one int8 case 1.5e-4); fused vs the unfused fp16 model 5e-4 .. 3.9e-3, which is the unfused
+fp16 model's own distance from fp32; same greedy tokens in every case. Rounding the hidden states to the model's
+dtype after each layer half (the alternative, measured at commit cba89d3) came no closer to the unfused fp16 model
+(6e-4 .. 3.8e-3: that model rounds after every op, not per layer) and moved bf16 models 4e-3 .. 0.6 away from the
+fp32 computation, with different greedy tokens in 3 of 12 cases. (An unfused bf16 model does not run on
+MindSpore's CPU at all: its gather has no bf16 kernel.)
 
 Switches: ``unfuse(model)``; ``set_enabled(False)`` (or ``BNB_MS_FUSED=0``) for every model.
 """
@@ -196,7 +217,7 @@ class _Layer:
 class _Plan:
     """Everything a fused forward needs, checked once."""
 
-    def __init__(self, model, hidden=None):
+    def __init__(self, model):
         cfg = model.config
         self.family = cfg.model_type
         inner = model.model
@@ -208,9 +229,6 @@ class _Plan:
         emb = inner.embed_tokens.weight
         if emb.dtype not in _FLOAT:
             raise _Unsupported(f"the embedding is {emb.dtype} (fused: float32, float16 or bfloat16)")
-        #: the hidden states' dtype between layer halves: the model's (its embedding's); fp32 inside the calls
-        self.dtype = emb.dtype if hidden is None else hidden
-        self.np_dtype = _hostcall.np_dtype(self.dtype)
         self.embed = _host_param(emb, self.keep)
         rot = inner.rotary_emb
         self.inv_freq = np.ascontiguousarray(_hostcall.host(rot.inv_freq).astype(np.float32))
@@ -221,7 +239,7 @@ class _Plan:
         self.norm_eps = float(inner.norm.variance_epsilon)
         self.layers: List[_Layer] = []
         past = np.zeros((), np.int64)
-        dummy_x = np.zeros((1, 1, H), self.np_dtype)
+        dummy_x = np.zeros((1, 1, H), np.float32)
         attn_e, mlp_e = _hostcall.entry("cdecoder_attention_fp32"), _hostcall.entry("cdecoder_mlp_fp32")
         for i, layer in enumerate(inner.layers[: cfg.num_hidden_layers]):
             a, m, pfx = layer.self_attn, layer.mlp, f"model.layers.{i}"
@@ -271,7 +289,7 @@ class _Plan:
         try:
             self.lm_spec = _linear_spec(head, "lm_head", cfg.vocab_size, H, self.keep, emb.dtype)
             self.lm_call = _hostcall.entry("cdecoder_linear_fp32").bind(
-                dummy_x, *self.lm_spec, cfg.vocab_size, np.zeros((1, 1, cfg.vocab_size), self.np_dtype))
+                dummy_x, *self.lm_spec, cfg.vocab_size, np.zeros((1, 1, cfg.vocab_size), np.float32))
         except _Unsupported:
             self.lm_spec = self.lm_call = None  # the lm_head module runs (e.g. an int8 lm_head)
         self.norm_call = _hostcall.entry("crms_norm_fp32").bind(dummy_x, self.norm_w, self.norm_eps, dummy_x)
@@ -301,15 +319,11 @@ def unsupported_reason(model) -> Optional[str]:
     return None
 
 
-#: hidden-state dtype of new plans; None: the model's own (measurements set float32 to compare; see the docstring)
-_hidden_override = None
-
-
 def _build(model):
     reason = unsupported_reason(model)
     if reason is None:
         try:
-            return _Plan(model, _hidden_override), None
+            return _Plan(model), None
         except _Unsupported as e:
             reason = str(e)
     return None, reason
@@ -378,7 +392,7 @@ class _KVState:
             if len(self.x) > 4:
                 self.x.clear()
                 self.pos.clear()
-            x = self.x[T] = np.empty((self.B, T, self.plan.H), self.plan.np_dtype)
+            x = self.x[T] = np.empty((self.B, T, self.plan.H), np.float32)
             self.pos[T] = np.empty((self.B, T), np.int64)
         return x, self.pos[T]
 
@@ -431,7 +445,7 @@ def _fused_forward(model, plan: _Plan, kw):
     stats["fused_forwards"] += 1
     ids, emb = kw.get("input_ids"), kw.get("inputs_embeds")
     if emb is not None:
-        src = _hostcall.host(emb).astype(plan.np_dtype, copy=False)
+        src = _hostcall.host(emb).astype(np.float32, copy=False)
     else:
         src = _host_int(ids).astype(np.int64, copy=False)
     B, T = (src.shape[0], src.shape[1]) if src.ndim >= 2 else (1, src.shape[0])
@@ -462,8 +476,8 @@ def _fused_forward(model, plan: _Plan, kw):
         x[...] = src.reshape(B, T, -1)
     elif plan.embed.dtype == x.dtype:
         np.take(plan.embed, src.reshape(B, T), axis=0, out=x)
-    else:
-        x[...] = plan.embed[src.reshape(B, T)]
+    else:  # an fp16 / bf16 embedding: the rows widened
+        x[...] = plan.embed[src.reshape(B, T)].astype(np.float32)
     p = kw.get("position_ids")
     if p is None:
         pos[...] = np.arange(past, L, dtype=np.int64)
@@ -504,7 +518,7 @@ def _fused_forward(model, plan: _Plan, kw):
     nc.set(3, hs)
     nc()
     if plan.lm_call is not None:
-        logits = np.empty(hs.shape[:-1] + (plan.vocab,), plan.np_dtype)  # the unfused lm_head's dtype
+        logits = np.empty(hs.shape[:-1] + (plan.vocab,), np.float32)
         lc = plan.lm_call
         lc.set(0, hs)
         lc.set(11, logits)

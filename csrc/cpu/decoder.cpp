@@ -4,10 +4,9 @@
 //   cdecoder_attention_fp32:  out = x + O(attn(RoPE(Q(rms(x))), RoPE(K(rms(x))) -> cache, V(rms(x)) -> cache))
 //   cdecoder_mlp_fp32:        out = x + Down(silu(Gate(rms(x))) * Up(rms(x)))
 // plus two helpers for the model's ends: cdecoder_linear_fp32 (one linear, e.g. lm_head) and
-// crms_norm_fp32 (the final norm).  The suffix is the compute dtype: everything inside runs in fp32.
-// The hidden states x / out (the residual stream between layer halves) are fp32, or fp16 / bf16 for a model
-// kept in that dtype: x widened on entry, out = T(x + f(x)) rounded once per layer half (the fused path's
-// "layer boundary"; see integrations/fused.py for the measured effect).  Norm weights f32 | f16 | bf16.
+// crms_norm_fp32 (the final norm).  Activations (the hidden states x / out, the residual stream) are fp32 for
+// every model, an fp16 / bf16 one included (integrations/fused.py says why: measured); norm weights and dense
+// weights may be fp16 / bf16 (widened exactly).
 // A linear layer's weight is one of
 //   * fp32 [N, K] (a layer left unquantized): the GEMV of this file (fp32 accumulation);
 //   * fp16 / bf16 [N, K] (a layer left unquantized in a 16-bit model): the same GEMV, the weight widened to fp32
@@ -16,9 +15,8 @@
 //     same kernel (and bits) as the unfused Linear4bit forward at <= 8 rows;
 //   * int8 (LLM.int8(), Linear8bitLt's inference state): CB int8 [N, K] + SCB f32 [N] + threshold: the fused
 //     int8 kernel of int8.cpp (int8_linear_f32, linear_kernels.h) for every row count, i.e. the bytes of the
-//     unfused Linear8bitLt forward (cint8_linear_<dtype>) on the same input: with fp32 hidden states the input
-//     is rounded to fp16 before quantization as upstream; with fp16 / bf16 hidden states it is rounded to that
-//     dtype and the layer computes in it (its output widened back); threshold > 0 multiplies the outlier columns.
+//     unfused Linear8bitLt forward on the same fp32 input (cint8_linear_fp32: the input rounded to fp16 before
+//     the vector-wise quantization, as upstream; threshold > 0 multiplies the outlier columns in fp32).
 // Every linear is given as 9 consecutive params ("linear spec"), by weight kind:
 //   slot        fp32 / fp16 / bf16       4-bit                         int8
 //   W           f|h|bf [N, K]            u8 packed >= (N*K+1)/2        i8 CB [N, K] (K <= 131071)
@@ -50,6 +48,7 @@
 #include <vector>
 
 #include "aot.h"
+#include "checks/int8.h"
 #include "cpu/cpu_features.h"
 #include "cpu/linear_kernels.h"
 #include "cpu/parallel.h"
@@ -128,23 +127,12 @@ struct Lin {
 constexpr int kSpec = 9;
 enum { L_W, L_ABSMAX, L_CODE, L_ABSMAX2, L_CODE2, L_OFFSET, L_BIAS, L_BS, L_BS2 };
 
-bool is_float(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
-
 // dst[i] = float(src[i]) for the n values of an fp32 / fp16 / bf16 buffer (parallel for long spans).
 void widen(const void *src, DType dt, float *dst, int64_t n) {
   parallel_for(n, 65536, [&](int64_t i0, int64_t i1) {
     if (dt == DType::f16) convert_span<fp16_t, float>(static_cast<const fp16_t *>(src) + i0, dst + i0, i1 - i0);
     else if (dt == DType::bf16) convert_span<bf16_t, float>(static_cast<const bf16_t *>(src) + i0, dst + i0, i1 - i0);
     else std::memcpy(dst + i0, static_cast<const float *>(src) + i0, (size_t)(i1 - i0) * sizeof(float));
-  });
-}
-
-// dst[i] = T(src[i]) (rounded to nearest even) for an fp32 / fp16 / bf16 destination.
-void narrow(const float *src, void *dst, DType dt, int64_t n) {
-  parallel_for(n, 65536, [&](int64_t i0, int64_t i1) {
-    if (dt == DType::f16) convert_span<float, fp16_t>(src + i0, static_cast<fp16_t *>(dst) + i0, i1 - i0);
-    else if (dt == DType::bf16) convert_span<float, bf16_t>(src + i0, static_cast<bf16_t *>(dst) + i0, i1 - i0);
-    else if (static_cast<float *>(dst) != src) std::memcpy(static_cast<float *>(dst) + i0, src + i0, (size_t)(i1 - i0) * sizeof(float));
   });
 }
 
@@ -156,14 +144,13 @@ const float *f32_of(const Call<> &c, int i, std::vector<float> &buf) {
   return buf.data();
 }
 
-// Checks the linear spec at params [i0, i0 + 9) for an [N, K] weight; fills `l`.  `act`: the dtype of the
-// hidden states (the activation dtype an unfused int8 layer would see).
-int parse_lin(const Call<> &c, int i0, int64_t N, int64_t K, DType act, Lin *l) {
+// Checks the linear spec at params [i0, i0 + 9) for an [N, K] weight; fills `l`.
+int parse_lin(const Call<> &c, int i0, int64_t N, int64_t K, Lin *l) {
   l->N = N;
   l->K = K;
   const int b = i0 + L_BIAS;
   if (!c.is_none(b)) {
-    if (!is_float(c.dtype(b))) return E_DTYPE;
+    if (!checks::is_float_dtype(c.dtype(b))) return E_DTYPE;
     if (c.numel(b) != N) return E_SHAPE;
     if (c.dtype(b) == DType::f32) {
       l->bias = c.ptr<float>(b);
@@ -176,7 +163,7 @@ int parse_lin(const Call<> &c, int i0, int64_t N, int64_t K, DType act, Lin *l) 
   const int w = i0 + L_W;
   if (c.is_none(w)) return E_NULL;
   const DType wdt = c.dtype(w);
-  if (is_float(wdt) || wdt == DType::i8) {
+  if (checks::is_float_dtype(wdt) || wdt == DType::i8) {
     if (c.rank(w) != 2 || c.dim(w, 0) != N || c.dim(w, 1) != K) return E_SHAPE;
   }
   if (wdt == DType::f32) {
@@ -193,14 +180,13 @@ int parse_lin(const Call<> &c, int i0, int64_t N, int64_t K, DType act, Lin *l) 
     const int scb = i0 + L_ABSMAX, thr = i0 + L_OFFSET;
     if (c.is_none(scb)) return E_NULL;
     if (c.dtype(scb) != DType::f32) return E_DTYPE;
-    if (c.numel(scb) != N || K > 131071) return E_SHAPE;  // checks/int8.h kIgemmMaxK: exact int32 sums
+    if (c.numel(scb) != N || K > checks::kIgemmMaxK) return E_SHAPE;  // exact int32 sums
     float t = 0.0f;
     if (!c.is_none(thr) && (!c.scalar_f32(thr, &t) || !(t >= 0.0f))) return E_VALUE;
     l->int8 = true;
     l->q8.CB = c.ptr<int8_t>(w);
     l->q8.SCB = c.ptr<float>(scb);
     l->q8.threshold = t;
-    l->q8.act = act;
     return OK;
   }
   if (wdt != DType::u8) return E_DTYPE;
@@ -433,22 +419,22 @@ void attend(const AttnShape &s, const float *q, const float *kc, const float *vc
 }
 
 // ---- entry points -------------------------------------------------------------------------------------
-// params: x (f32|f16|bf16) [B, T, H], positions i64 [B, T], key_mask u8|bool [B, >= past+T] (columns past+T.. unused) | none,
+// params: x f32 [B, T, H], positions i64 [B, T], key_mask u8|bool [B, >= past+T] (columns past+T.. unused) | none,
 //   k_cache f32 [B, KVH, Smax, D], v_cache (same), norm_w (f32|f16|bf16) [H], inv_freq f32 [D/2],
 //   q_norm_w (f32|f16|bf16) [D] | none, k_norm_w (same) [D] | none (QK-norm: RMSNorm of every head's q / k with
 //   eps, before RoPE), q spec (9), k spec (9), v spec (9), o spec (9), past i64, n_heads i64, eps f32,
-//   scaling f32, rope_scale f32, window i64 -> out (x's dtype) [B, T, H] (may alias x)
+//   scaling f32, rope_scale f32, window i64 -> out f32 [B, T, H] (may alias x)
 int attention_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   enum { X, POS, MASK, KC, VC, NORM, INVF, QNORM, KNORM, QS, KS = QS + kSpec, VS = KS + kSpec, OS = VS + kSpec,
          PAST = OS + kSpec, NH, EPS, SCALING, RSCALE, WINDOW, OUT, NPARAM };
   if (nparam != NPARAM) return E_NPARAM;
-  const DType act = c.dtype(X);
-  if (!is_float(act) || c.dtype(POS) != DType::i64 || c.dtype(KC) != DType::f32 || c.dtype(VC) != DType::f32 ||
-      !is_float(c.dtype(NORM)) || c.dtype(INVF) != DType::f32 || c.dtype(OUT) != act)
+  if (c.dtype(X) != DType::f32 || c.dtype(POS) != DType::i64 || c.dtype(KC) != DType::f32 ||
+      c.dtype(VC) != DType::f32 || !checks::is_float_dtype(c.dtype(NORM)) || c.dtype(INVF) != DType::f32 ||
+      c.dtype(OUT) != DType::f32)
     return E_DTYPE;
   if (!c.is_none(MASK) && c.dtype(MASK) != DType::u8 && c.dtype(MASK) != DType::boolean) return E_DTYPE;
-  if ((!c.is_none(QNORM) && !is_float(c.dtype(QNORM))) || (!c.is_none(KNORM) && !is_float(c.dtype(KNORM))))
+  if ((!c.is_none(QNORM) && !checks::is_float_dtype(c.dtype(QNORM))) || (!c.is_none(KNORM) && !checks::is_float_dtype(c.dtype(KNORM))))
     return E_DTYPE;
   AttnShape s;
   float eps, rscale;
@@ -473,18 +459,18 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   const int64_t QD = s.Hq * s.D, KD = s.KVH * s.D;
   Lin lq, lk, lv, lo;
   int st;
-  if ((st = parse_lin(c, QS, QD, s.H, act, &lq)) || (st = parse_lin(c, KS, KD, s.H, act, &lk)) ||
-      (st = parse_lin(c, VS, KD, s.H, act, &lv)) || (st = parse_lin(c, OS, s.H, QD, act, &lo)))
+  if ((st = parse_lin(c, QS, QD, s.H, &lq)) || (st = parse_lin(c, KS, KD, s.H, &lk)) ||
+      (st = parse_lin(c, VS, KD, s.H, &lv)) || (st = parse_lin(c, OS, s.H, QD, &lo)))
     return st;
   if (R == 0 || s.H == 0) return OK;
   if (!c.params[X] || !c.params[POS] || !c.params[KC] || !c.params[VC] || !c.params[NORM] || !c.params[INVF] ||
       !c.params[OUT])
     return E_NULL;
-  static thread_local std::vector<float> xw, nw, qnw, knw, xn, q, k, v, at, o, cs, sn;
-  const float *x = f32_of(c, X, xw);  // fp16 / bf16 hidden states: widened (out may alias x)
+  static thread_local std::vector<float> nw, qnw, knw, xn, q, k, v, at, o, cs, sn;
+  const float *x = c.ptr<float>(X);
   const int64_t *pos = c.ptr<int64_t>(POS);
   const uint8_t *mask = c.is_none(MASK) ? nullptr : c.ptr<uint8_t>(MASK);
-  float *kc = c.ptr<float>(KC), *vc = c.ptr<float>(VC);
+  float *kc = c.ptr<float>(KC), *vc = c.ptr<float>(VC), *out = c.ptr<float>(OUT);
   const float *invf = c.ptr<float>(INVF);
   const float *norm_w = f32_of(c, NORM, nw);
   const float *qn_w = c.is_none(QNORM) ? nullptr : f32_of(c, QNORM, qnw);
@@ -522,20 +508,17 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   }
   attend(s, q.data(), kc, vc, mask, c.is_none(MASK) ? 0 : c.dim(MASK, 1), at.data());
   apply_lin(lo, at.data(), o.data(), R);
-  float *res = act == DType::f32 ? c.ptr<float>(OUT) : o.data();
-  for (int64_t i = 0; i < R * s.H; ++i) res[i] = x[i] + o[i];
-  if (act != DType::f32) narrow(res, c.params[OUT], act, R * s.H);  // the layer boundary: one rounding
+  for (int64_t i = 0; i < R * s.H; ++i) out[i] = x[i] + o[i];
   return OK;
 }
 
-// params: x (f32|f16|bf16) [..., H], norm_w (f32|f16|bf16) [H], gate spec (9), up spec (9), down spec (9),
-//   intermediate i64, eps f32 -> out (x's dtype) [..., H] (may alias x)
+// params: x f32 [..., H], norm_w (f32|f16|bf16) [H], gate spec (9), up spec (9), down spec (9),
+//   intermediate i64, eps f32 -> out f32 [..., H] (may alias x)
 int mlp_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   enum { X, NORM, GS, US = GS + kSpec, DS = US + kSpec, INTER = DS + kSpec, EPS, OUT, NPARAM };
   if (nparam != NPARAM) return E_NPARAM;
-  const DType act = c.dtype(X);
-  if (!is_float(act) || !is_float(c.dtype(NORM)) || c.dtype(OUT) != act) return E_DTYPE;
+  if (c.dtype(X) != DType::f32 || !checks::is_float_dtype(c.dtype(NORM)) || c.dtype(OUT) != DType::f32) return E_DTYPE;
   int64_t I;
   float eps;
   if (!c.scalar_i64(INTER, &I) || I <= 0 || !c.scalar_f32(EPS, &eps)) return E_VALUE;
@@ -544,13 +527,13 @@ int mlp_entry(BNB_MS_AOT_ARGS) {
   if (c.numel(NORM) != H || c.numel(OUT) != R * H) return E_SHAPE;
   Lin lg, lu, ld;
   int st;
-  if ((st = parse_lin(c, GS, I, H, act, &lg)) || (st = parse_lin(c, US, I, H, act, &lu)) ||
-      (st = parse_lin(c, DS, H, I, act, &ld)))
+  if ((st = parse_lin(c, GS, I, H, &lg)) || (st = parse_lin(c, US, I, H, &lu)) || (st = parse_lin(c, DS, H, I, &ld)))
     return st;
   if (R == 0 || H == 0) return OK;
   if (!c.params[X] || !c.params[NORM] || !c.params[OUT]) return E_NULL;
-  static thread_local std::vector<float> xw, nw, xn, g, u, d;
-  const float *x = f32_of(c, X, xw);
+  static thread_local std::vector<float> nw, xn, g, u, d;
+  const float *x = c.ptr<float>(X);
+  float *out = c.ptr<float>(OUT);
   xn.resize((size_t)(R * H));
   g.resize((size_t)(R * I));
   u.resize((size_t)(R * I));
@@ -563,44 +546,34 @@ int mlp_entry(BNB_MS_AOT_ARGS) {
     g[i] = a / (1.0f + std::exp(-a)) * u[i];
   }
   apply_lin(ld, g.data(), d.data(), R);
-  float *res = act == DType::f32 ? c.ptr<float>(OUT) : d.data();
-  for (int64_t i = 0; i < R * H; ++i) res[i] = x[i] + d[i];
-  if (act != DType::f32) narrow(res, c.params[OUT], act, R * H);
+  for (int64_t i = 0; i < R * H; ++i) out[i] = x[i] + d[i];
   return OK;
 }
 
-// params: x (f32|f16|bf16) [..., K], spec (9), n_out i64 -> out (f32|f16|bf16) [..., N] (computed in fp32,
-//   rounded once to out's dtype)
+// params: x f32 [..., K], spec (9), n_out i64 -> out f32 [..., N]
 int linear_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   enum { X, S, NOUT = S + kSpec, OUT, NPARAM };
   if (nparam != NPARAM) return E_NPARAM;
-  const DType act = c.dtype(X), odt = c.dtype(OUT);
-  if (!is_float(act) || !is_float(odt)) return E_DTYPE;
+  if (c.dtype(X) != DType::f32 || c.dtype(OUT) != DType::f32) return E_DTYPE;
   int64_t N;
   if (!c.scalar_i64(NOUT, &N) || N < 0) return E_VALUE;
   if (c.rank(X) < 1) return E_SHAPE;
   const int64_t K = c.cols(X), M = c.rows(X);
   if (c.numel(OUT) != M * N) return E_SHAPE;
   Lin l;
-  if (int st = parse_lin(c, S, N, K, act, &l)) return st;
+  if (int st = parse_lin(c, S, N, K, &l)) return st;
   if (M * N == 0) return OK;
   if (!c.params[X] || !c.params[OUT]) return E_NULL;
-  static thread_local std::vector<float> xw, ow;
-  const float *x = f32_of(c, X, xw);
-  float *out = odt == DType::f32 ? c.ptr<float>(OUT) : (ow.resize((size_t)(M * N)), ow.data());
-  apply_lin(l, x, out, M);
-  if (odt != DType::f32) narrow(out, c.params[OUT], odt, M * N);
-  if (ow.size() > (size_t(16) << 20)) std::vector<float>().swap(ow);  // a long prompt's logits: not kept
+  apply_lin(l, c.ptr<float>(X), c.ptr<float>(OUT), M);
   return OK;
 }
 
-// params: x (f32|f16|bf16) [..., H], w (f32|f16|bf16) [H], eps f32 -> out (x's dtype) [..., H] (may alias x)
+// params: x f32 [..., H], w (f32|f16|bf16) [H], eps f32 -> out f32 [..., H] (may alias x)
 int rms_norm_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   if (nparam != 4) return E_NPARAM;
-  const DType act = c.dtype(0);
-  if (!is_float(act) || !is_float(c.dtype(1)) || c.dtype(3) != act) return E_DTYPE;
+  if (c.dtype(0) != DType::f32 || !checks::is_float_dtype(c.dtype(1)) || c.dtype(3) != DType::f32) return E_DTYPE;
   float eps;
   if (!c.scalar_f32(2, &eps)) return E_VALUE;
   if (c.rank(0) < 1) return E_SHAPE;
@@ -608,11 +581,8 @@ int rms_norm_entry(BNB_MS_AOT_ARGS) {
   if (c.numel(1) != H || c.numel(3) != R * H) return E_SHAPE;
   if (R * H == 0) return OK;
   if (!c.params[0] || !c.params[1] || !c.params[3]) return E_NULL;
-  static thread_local std::vector<float> xw, ww;
-  const float *x = f32_of(c, 0, xw);
-  float *y = act == DType::f32 ? c.ptr<float>(3) : xw.data();  // 16-bit: in the widened copy, then rounded
-  rms_norm(x, f32_of(c, 1, ww), eps, y, R, H);
-  if (act != DType::f32) narrow(y, c.params[3], act, R * H);
+  static thread_local std::vector<float> ww;
+  rms_norm(c.ptr<float>(0), f32_of(c, 1, ww), eps, c.ptr<float>(3), R, H);
   return OK;
 }
 

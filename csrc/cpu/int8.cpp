@@ -1063,20 +1063,6 @@ int int8_linear_entry(BNB_MS_AOT_ARGS) {
 }
 
 
-// fp32 activations of an fp16/bf16 layer (linear_kernels.h): A rounded to T, the layer's forward in T (its bytes),
-// the result widened back to fp32.
-template <class T>
-void int8_linear_narrowed(const Int8Weight &w, const float *A, const float *bias, float *out, uint8_t *flags,
-                          int64_t M, int64_t N, int64_t K) {
-  static thread_local std::vector<T> a, o;
-  T *at = grow(a, M * K), *ot = grow(o, M * N);
-  parallel_for(M * K, 65536, [&](int64_t i0, int64_t i1) { convert_span<float, T>(A + i0, at + i0, i1 - i0); });
-  int8_linear<T, float>(at, w.CB, w.SCB, bias, w.threshold, ot, flags, M, N, K);
-  parallel_for(M * N, 65536, [&](int64_t i0, int64_t i1) { convert_span<T, float>(ot + i0, out + i0, i1 - i0); });
-  if (a.size() * sizeof(T) > kScratchKeepBytes) std::vector<T>().swap(a);
-  if (o.size() * sizeof(T) > kScratchKeepBytes) std::vector<T>().swap(o);
-}
-
 }  // namespace
 
 // Internal wrapper of the fused LLM.int8() forward for other feature files (linear_kernels.h).
@@ -1089,10 +1075,7 @@ void int8_linear_f32(const Int8Weight &w, const float *A, const float *bias, flo
     return;
   }
   static thread_local std::vector<uint8_t> flags;  // the outlier columns (the caller does not need them)
-  uint8_t *f = grow(flags, K);
-  if (w.act == DType::f16) int8_linear_narrowed<fp16_t>(w, A, bias, out, f, M, N, K);
-  else if (w.act == DType::bf16) int8_linear_narrowed<bf16_t>(w, A, bias, out, f, M, N, K);
-  else int8_linear<float, float>(A, w.CB, w.SCB, bias, w.threshold, out, f, M, N, K);
+  int8_linear<float, float>(A, w.CB, w.SCB, bias, w.threshold, out, grow(flags, K), M, N, K);
 }
 
 }  // namespace bnb_ms

@@ -6,16 +6,13 @@
 // (absmax_q uint8 codes, code2 f32[256], absmax2 f32 per bs2 blocks, offset).  Same numerics as the
 // entry point (bit-identical per row).  Threads: the kernel's own (parallel over output rows).
 //
-// int8_linear_f32: the fused LLM.int8() forward of int8.cpp (cint8_linear_<T>'s kernel) on fp32 activations
-// A [M, K]: out [M, N] = A @ (CB * SCB / 127).T (+ bias), threshold > 0 with outlier columns.  `act` is the
-// activation dtype of the unfused Linear8bitLt this stands for: f32 gives cint8_linear_fp32's bytes (A rounded
-// to fp16 before the vector-wise quantization, as upstream); f16 / bf16 round A to that dtype first and give
-// cint8_linear_fp16 / _bf16's bytes on it, widened back to fp32.  K <= 131071 (exact int32 accumulation; the
-// caller checks).  Threads: the kernel's own.  Scratch: per calling thread, as the entry points'.
+// int8_linear_f32: the fused LLM.int8() forward of int8.cpp (cint8_linear_fp32's kernel, the same bytes) on fp32
+// activations A [M, K]: out [M, N] = A @ (CB * SCB / 127).T (+ bias): A rounded to fp16 before the vector-wise
+// quantization (as upstream), int8 GEMM, dequantization; threshold > 0 multiplies the outlier columns in fp32.
+// K <= 131071 (exact int32 accumulation; the caller checks).  Threads: the kernel's own.  Scratch: per calling
+// thread, as the entry point's.
 #pragma once
 #include <cstdint>
-
-#include "aot.h"
 
 namespace bnb_ms {
 
@@ -36,7 +33,6 @@ struct Int8Weight {
   const int8_t *CB = nullptr;  // int8 [N, K], row-wise absmax quantized
   const float *SCB = nullptr;  // [N] row absmax (the scale of row n is SCB[n] / 127)
   float threshold = 0.0f;      // >= 0; > 0: outlier columns (|a| >= threshold) multiplied in fp32
-  DType act = DType::f32;      // f32 | f16 | bf16 (see above)
 };
 
 void int8_linear_f32(const Int8Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
