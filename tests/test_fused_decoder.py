@@ -344,6 +344,28 @@ def test_int8_layers_replay_the_unfused_bytes(threshold, monkeypatch):
     assert n_int8 == 14 and len(with_outliers) == n_int8  # |a| >= 6 occurs at every layer (used at threshold 6)
 
 
+def test_int8_plan_kept_across_unfused_runs_and_rebuilt_for_a_new_threshold():
+    from bitsandbytes_ms.nn import Linear8bitLt
+
+    m = _int8_model("llama", 6.0)
+    assert fuse(m)
+    plan = m.__dict__[FU._PLAN]
+    FU.set_enabled(False)
+    try:
+        _generate(m, n=2)  # the unfused forward sets state.CB/SCB: not a change of the weights
+    finally:
+        FU.set_enabled(True)
+    _generate(m, n=2)
+    assert m.__dict__[FU._PLAN] is plan
+    for x in m.modules():
+        if isinstance(x, Linear8bitLt):
+            x.state.threshold = 0.0
+    fused = _outputs(m)  # a new generation: the plan is made again with the new threshold
+    assert m.__dict__[FU._PLAN] is not plan
+    unfuse(m)
+    _check_close(fused, _outputs(m), LOGIT_BOUND)
+
+
 KEEP_16 = ["o_proj", "down_proj", "lm_head"]
 
 

@@ -131,9 +131,9 @@ def _signature(model) -> list:
             for t in (qs.absmax, qs.code, qs.offset, getattr(s2, "absmax", None), getattr(s2, "code", None)):
                 add(t)
         st = getattr(m, "state", None)
-        if st is not None and hasattr(st, "SCB"):  # Linear8bitLt
-            add(getattr(m.weight, "SCB", None))
-            add(st.SCB)
+        if st is not None and hasattr(st, "SCB"):  # Linear8bitLt: the row scales its spec reads (as _linear_spec)
+            scb = getattr(m.weight, "SCB", None)
+            add(scb if scb is not None else st.SCB)
             sig.append((id(m), "threshold", float(st.threshold)))
     return sig
 
