@@ -21,6 +21,7 @@
 //             key_mask[b, j] != 0 and (window == 0 or past + t - j < window); softmax in fp32 (max-subtracted,
 //             sum in double); a row with no visible key gives 0.  GQA: head h reads kv head h / (Hq / KVH).
 //   SiLU      g / (1 + exp(-g))
+//   exp       simd_math.h's fp32 exp (same bits at every SIMD level, within 2 ulp of the rounded exp)
 // The KV cache is the caller's preallocated k_cache/v_cache [B, KVH, S_max, D] (fp32), written IN PLACE at
 // [past, past + T) before attending over [0, past + T).  `out` may be the same memory as `x`.
 // Threads: parallel_for (parallel.h) for this file's loops; the 4-bit GEMV threads itself.
@@ -33,8 +34,10 @@
 
 #include "aot.h"
 #include "cpu/cpu_features.h"
+#include "cpu/gemm_panel.h"
 #include "cpu/linear_kernels.h"
 #include "cpu/parallel.h"
+#include "cpu/simd_math.h"
 
 namespace bnb_ms {
 namespace {
@@ -159,98 +162,32 @@ void dense_gemv(const float *W, const float *bias, const float *x, float *out, i
   });
 }
 
-// ---- many rows (prefill): weight rows in chunks of kChunk (4-bit: dequantized to fp32 first), then a
-// register-tiled GEMM (4 x-rows x 2 weight rows per tile) over every x row.
-constexpr int64_t kChunk = 32;
-
-BNB_MS_TARGET_AVX2 BNB_MS_INLINE float hsum_avx2(__m256 v) {
-  const __m128 u = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));
-  return _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
-}
-
-// out[m * ldo + j] = x[m, :] . w[j, :] + (bias ? bias[j] : 0) for m < M, j < nr.
-BNB_MS_TARGET_AVX2 void gemm_tile_avx2(const float *x, int64_t M, const float *w, int64_t nr, int64_t K,
-                                       const float *bias, float *out, int64_t ldo) {
-  const int64_t K8 = K / 8 * 8;
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) {
-    const float *x0 = x + m * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
-    int64_t j = 0;
-    for (; j + 2 <= nr; j += 2) {
-      const float *w0 = w + j * K, *w1 = w0 + K;
-      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-      for (int64_t k = 0; k < K8; k += 8) {
-        const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
-        __m256 xv = _mm256_loadu_ps(x0 + k);
-        a00 = _mm256_fmadd_ps(xv, v0, a00);
-        a01 = _mm256_fmadd_ps(xv, v1, a01);
-        xv = _mm256_loadu_ps(x1 + k);
-        a10 = _mm256_fmadd_ps(xv, v0, a10);
-        a11 = _mm256_fmadd_ps(xv, v1, a11);
-        xv = _mm256_loadu_ps(x2 + k);
-        a20 = _mm256_fmadd_ps(xv, v0, a20);
-        a21 = _mm256_fmadd_ps(xv, v1, a21);
-        xv = _mm256_loadu_ps(x3 + k);
-        a30 = _mm256_fmadd_ps(xv, v0, a30);
-        a31 = _mm256_fmadd_ps(xv, v1, a31);
-      }
-      float r[8] = {hsum_avx2(a00), hsum_avx2(a01), hsum_avx2(a10), hsum_avx2(a11),
-                    hsum_avx2(a20), hsum_avx2(a21), hsum_avx2(a30), hsum_avx2(a31)};
-      for (int64_t k = K8; k < K; ++k) {
-        const float *xs[4] = {x0, x1, x2, x3};
-        for (int i = 0; i < 4; ++i) {
-          r[2 * i] = std::fma(xs[i][k], w0[k], r[2 * i]);
-          r[2 * i + 1] = std::fma(xs[i][k], w1[k], r[2 * i + 1]);
-        }
-      }
-      const float b0 = bias ? bias[j] : 0.0f, b1 = bias ? bias[j + 1] : 0.0f;
-      for (int i = 0; i < 4; ++i) {
-        out[(m + i) * ldo + j] = r[2 * i] + b0;
-        out[(m + i) * ldo + j + 1] = r[2 * i + 1] + b1;
-      }
-    }
-    for (; j < nr; ++j)
-      for (int i = 0; i < 4; ++i) out[(m + i) * ldo + j] = dot_avx2(x + (m + i) * K, w + j * K, K) + (bias ? bias[j] : 0.0f);
-  }
-  for (; m < M; ++m)
-    for (int64_t j = 0; j < nr; ++j) out[m * ldo + j] = dot_avx2(x + m * K, w + j * K, K) + (bias ? bias[j] : 0.0f);
-}
-
-void gemm_tile_scalar(const float *x, int64_t M, const float *w, int64_t nr, int64_t K, const float *bias, float *out,
-                      int64_t ldo) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < nr; ++j) out[m * ldo + j] = dot_scalar(x + m * K, w + j * K, K) + (bias ? bias[j] : 0.0f);
-}
-
-// rows [n0, n1) of a 4-bit weight in fp32: code[nibble] * absmax(block), absmax decoded as linear4_f32 does.
-void dequant4_rows(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K, float *dst) {
-  const int64_t bs = w.blocksize;
-  int64_t cur_blk = -1;
-  float sc = 0.0f;
-  for (int64_t i = n0 * K, e = n1 * K; i < e; ++i) {
-    const int64_t b = i / bs;
-    if (b != cur_blk) {
-      cur_blk = b;
-      sc = w.absmax_q ? w.code2[w.absmax_q[b]] * w.absmax2[b / w.blocksize2] + w.offset : w.absmax_f32[b];
-    }
-    const int nib = (w.packed[i >> 1] >> ((i & 1) ? 0 : 4)) & 15;
-    dst[i - n0 * K] = w.code[nib] * sc;
-  }
-}
+// ---- many rows (prefill): the packed-panel GEMM of gemm_panel.h.  Threads take chunks of output columns;
+// a chunk's weight rows are packed into panels (4-bit: dequantized first, the values of dequantize_4bit)
+// sized to stay in L2 while every row of x runs against them.
+constexpr int64_t kPanelChunkBytes = 128 << 10;
 
 void gemm_rows(const Lin &l, const float *x, float *out, int64_t M) {
-  const int64_t N = l.N, K = l.K, nchunks = (N + kChunk - 1) / kChunk;
-  const bool avx2 = has_avx2();
-  parallel_for(nchunks, 1, [&](int64_t c0, int64_t c1) {
-    std::vector<float> wbuf(l.dense ? 0 : (size_t)(kChunk * K));
-    for (int64_t ch = c0; ch < c1; ++ch) {
-      const int64_t n0 = ch * kChunk, n1 = std::min(N, n0 + kChunk);
-      const float *w = l.W ? l.W + n0 * K : wbuf.data();
-      if (!l.dense) dequant4_rows(l.q4, n0, n1, K, wbuf.data());
-      const float *b = l.bias ? l.bias + n0 : nullptr;
-      if (avx2) gemm_tile_avx2(x, M, w, n1 - n0, K, b, out + n0, N);
-      else gemm_tile_scalar(x, M, w, n1 - n0, K, b, out + n0, N);
+  const int64_t N = l.N, K = l.K;
+  const int64_t cols = std::max<int64_t>(1, kPanelChunkBytes / (int64_t)sizeof(float) / (K * kPanel)) * kPanel;
+  const int64_t ntasks = (N + cols - 1) / cols;
+  parallel_for_dynamic(ntasks, 1, [&](int64_t t0, int64_t t1) {
+    static thread_local std::vector<float> panels, rows;
+    panels.resize((size_t)(cols * K));
+    if (!l.dense) rows.resize((size_t)(kPanel * K));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * cols, nc = std::min(cols, N - n0);
+      for (int64_t p = 0; p < nc; p += kPanel) {
+        const int w = (int)std::min<int64_t>(kPanel, nc - p);
+        float *P = panels.data() + p * K;
+        if (l.dense) {
+          pack_panel_rows(l.W + (n0 + p) * K, K, K, w, P);
+        } else {
+          decode4_rows_f32(l.q4, n0 + p, n0 + p + w, K, rows.data());
+          pack_panel_rows(rows.data(), K, K, w, P);
+        }
+      }
+      gemm_panel_f32(x, K, M, panels.data(), K * kPanel, K, nc, l.bias ? l.bias + n0 : nullptr, out + n0, N);
     }
   });
 }
@@ -291,6 +228,14 @@ void rope_row(float *v, int64_t nh, int64_t D, const float *cs, const float *sn)
   }
 }
 
+// p[j] = exp(p[j] - mx) (masked scores are -inf and give 0); returns the sum in double, in order of j.
+double softmax_exp(float *p, int64_t n, float mx) {
+  simd_math::exp_shifted(p, mx, p, n);
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; ++j) sum += p[j];
+  return sum;
+}
+
 struct AttnShape {
   int64_t B, T, H, Hq, KVH, D, Smax, past, window;
   float scaling;
@@ -322,15 +267,73 @@ void attend(const AttnShape &s, const float *q, const float *kc, const float *vc
       }
       std::fill(o, o + s.D, 0.0f);
       if (mx == -INFINITY) continue;  // no visible key
-      double sum = 0.0;
-      for (int64_t j = j0; j <= qi; ++j) {
-        const float e = p[j] == -INFINITY ? 0.0f : std::exp(p[j] - mx);
-        p[j] = e;
-        sum += e;
-      }
+      const double sum = softmax_exp(p.data() + j0, qi + 1 - j0, mx);
       const float inv = (float)(1.0 / sum);
       for (int64_t j = j0; j <= qi; ++j)
         if (p[j] != 0.0f) axpy(o, p[j] * inv, vb + j * s.D, s.D);
+    }
+  });
+}
+
+// Many query rows (prefill): per sequence b and kv head g the visible keys and values are packed once into
+// panels (gemm_panel.h), then each task (b, head h, block of kQBlock query rows) computes its scores
+// S = Q K^T with the panel GEMM (one fma chain over d per score), applies scaling, the causal / key / window
+// mask and the softmax exactly as attend() does (max-subtracted, sum in double, p = e * (1 / sum)), and
+// O = P V with the panel GEMM (one fma chain over the keys in order).  A row with no visible key gives 0.
+constexpr int64_t kQBlock = 48;
+constexpr int64_t kPrefillAttnRows = 6;  // from this many query rows per sequence on (a full 6-row tile)
+
+void attend_prefill(const AttnShape &s, const float *q, const float *kc, const float *vc, const uint8_t *mask,
+                    int64_t mask_stride, float *attn) {
+  const int64_t L = s.past + s.T, rep = s.Hq / s.KVH, D = s.D;
+  const int64_t Lp = (L + kPanel - 1) / kPanel * kPanel, Dp = (D + kPanel - 1) / kPanel * kPanel;
+  const int64_t kv_floats = Lp * D + Dp * L;  // key panels (D rows each) + value panels (L rows each)
+  static thread_local std::vector<float> packed;
+  packed.resize((size_t)(s.B * s.KVH * kv_floats));
+  float *const pk = packed.data();  // (a thread_local named inside the lambdas would be each worker's own)
+  parallel_for(s.B * s.KVH, 0, [&](int64_t g0, int64_t g1) {
+    for (int64_t bg = g0; bg < g1; ++bg) {
+      const float *kb = kc + bg * s.Smax * D, *vb = vc + bg * s.Smax * D;
+      float *kp = pk + bg * kv_floats, *vp = kp + Lp * D;
+      for (int64_t j = 0; j < L; j += kPanel)
+        pack_panel_rows(kb + j * D, D, D, (int)std::min<int64_t>(kPanel, L - j), kp + j * D);
+      for (int64_t d = 0; d < D; d += kPanel)
+        pack_panel_cols(vb + d, D, L, (int)std::min<int64_t>(kPanel, D - d), vp + d / kPanel * (L * kPanel));
+    }
+  });
+  const int64_t nqb = (s.T + kQBlock - 1) / kQBlock, tasks = s.B * s.Hq * nqb, ldq = s.Hq * D;
+  parallel_for_dynamic(tasks, 1, [&](int64_t t0, int64_t t1) {
+    static thread_local std::vector<float> S;
+    S.resize((size_t)(kQBlock * Lp));
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t qb = task % nqb, h = (task / nqb) % s.Hq, b = task / (nqb * s.Hq), g = h / rep;
+      const int64_t r0 = qb * kQBlock, rows = std::min(kQBlock, s.T - r0);
+      const int64_t Lt = s.past + r0 + rows;  // keys visible to the block's last row
+      const float *kp = pk + (b * s.KVH + g) * kv_floats, *vp = kp + Lp * D;
+      const float *qrows = q + (b * s.T + r0) * ldq + h * D;
+      gemm_panel_f32(qrows, ldq, rows, kp, D * kPanel, D, Lt, nullptr, S.data(), Lp);
+      const uint8_t *mrow = mask ? mask + b * mask_stride : nullptr;
+      for (int64_t i = 0; i < rows; ++i) {
+        float *p = S.data() + i * Lp;
+        const int64_t qi = s.past + r0 + i, j0 = s.window > 0 ? std::max<int64_t>(0, qi - s.window + 1) : 0;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < Lt; ++j) {
+          if (j < j0 || j > qi || (mrow && !mrow[j])) {
+            p[j] = -INFINITY;
+            continue;
+          }
+          p[j] *= s.scaling;
+          mx = std::max(mx, p[j]);
+        }
+        if (mx == -INFINITY) {  // no visible key: the row's output is 0
+          std::fill(p, p + Lt, 0.0f);
+          continue;
+        }
+        const double sum = softmax_exp(p, Lt, mx);
+        const float inv = (float)(1.0 / sum);
+        for (int64_t j = 0; j < Lt; ++j) p[j] *= inv;
+      }
+      gemm_panel_f32(S.data(), Lp, rows, vp, L * kPanel, Lt, D, nullptr, attn + (b * s.T + r0) * ldq + h * D, ldq);
     }
   });
 }
@@ -419,7 +422,9 @@ int attention_entry(BNB_MS_AOT_ARGS) {
       std::memcpy(vc + dst, v.data() + r * KD + g * s.D, (size_t)s.D * sizeof(float));
     }
   }
-  attend(s, q.data(), kc, vc, mask, c.is_none(MASK) ? 0 : c.dim(MASK, 1), at.data());
+  const int64_t mstride = c.is_none(MASK) ? 0 : c.dim(MASK, 1);
+  if (s.T >= kPrefillAttnRows) attend_prefill(s, q.data(), kc, vc, mask, mstride, at.data());
+  else attend(s, q.data(), kc, vc, mask, mstride, at.data());
   apply_lin(lo, at.data(), o.data(), R);
   for (int64_t i = 0; i < R * s.H; ++i) out[i] = x[i] + o[i];
   return OK;
@@ -454,10 +459,11 @@ int mlp_entry(BNB_MS_AOT_ARGS) {
   rms_norm(x, c.ptr<float>(NORM), eps, xn.data(), R, H);
   apply_lin(lg, xn.data(), g.data(), R);
   apply_lin(lu, xn.data(), u.data(), R);
-  for (int64_t i = 0; i < R * I; ++i) {
-    const float a = g[i];
-    g[i] = a / (1.0f + std::exp(-a)) * u[i];
-  }
+  float *gp = g.data();
+  const float *up = u.data();
+  parallel_for(R, std::max<int64_t>(1, 16384 / I), [&](int64_t r0, int64_t r1) {
+    simd_math::silu_mul(gp + r0 * I, up + r0 * I, (r1 - r0) * I);
+  });
   apply_lin(ld, g.data(), d.data(), R);
   for (int64_t i = 0; i < R * H; ++i) out[i] = x[i] + d[i];
   return OK;
