@@ -93,7 +93,6 @@ def test_native_layer_simd_levels_agree():
     """BNB_MS_SIMD=scalar and this CPU's SIMD level give the same bytes for the decoder halves: decode (T = 1: the
     GEMV kernels, per-head attention) and prefill (T = 13: the panel GEMM of gemm_panel.h with its 6-row tail,
     the blocked attention, the vectorised exp in softmax and SiLU), fp32 / NF4 / double-quant weights."""
-    import sys as _sys
 
     from simd_levels import assert_levels_agree
 
