@@ -8,6 +8,9 @@
 //   * fp32 [N, K] (a layer left unquantized): AVX2/scalar GEMV of this file (fp32 accumulation), or
 //   * NF4/FP4 packed + absmax fp32 or double quant: the 4-bit GEMV of fourbit.cpp (linear_kernels.h), the
 //     same kernel (and bits) as the unfused Linear4bit forward at <= 8 rows.
+// Up to 8 rows (decode) a linear runs those GEMV kernels; more rows (prefill) run the packed-panel fp32 GEMM of
+// gemm_panel.h (4-bit weights dequantized into the panels first: the values of dequantize_4bit), and from 6
+// query rows per sequence on the attention runs blocked on packed K/V panels (attend_prefill).
 // Every linear is given as 9 consecutive params ("linear spec"):
 //   W (f32 [N, K] | u8 packed >= (N*K+1)/2), absmax (f32 [nb] | u8 [nb] | none for fp32 W), code (f32[16] | none),
 //   absmax2 (f32 | none), code2 (f32[256] | none), offset (f32 0-d | none), bias (f32 [N] | none),
@@ -24,7 +27,7 @@
 //   exp       simd_math.h's fp32 exp (same bits at every SIMD level, within 2 ulp of the rounded exp)
 // The KV cache is the caller's preallocated k_cache/v_cache [B, KVH, S_max, D] (fp32), written IN PLACE at
 // [past, past + T) before attending over [0, past + T).  `out` may be the same memory as `x`.
-// Threads: parallel_for (parallel.h) for this file's loops; the 4-bit GEMV threads itself.
+// Threads: parallel_for / parallel_for_dynamic (parallel.h) for this file's loops; the 4-bit GEMV threads itself.
 #include <immintrin.h>
 
 #include <algorithm>
