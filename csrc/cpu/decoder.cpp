@@ -319,22 +319,20 @@ void attend_prefill(const AttnShape &s, const float *q, const float *kc, const f
       for (int64_t i = 0; i < rows; ++i) {
         float *p = S.data() + i * Lp;
         const int64_t qi = s.past + r0 + i, j0 = s.window > 0 ? std::max<int64_t>(0, qi - s.window + 1) : 0;
+        std::fill(p, p + j0, 0.0f);  // keys outside [j0, qi] get probability 0
+        std::fill(p + qi + 1, p + Lt, 0.0f);
         float mx = -INFINITY;
-        for (int64_t j = 0; j < Lt; ++j) {
-          if (j < j0 || j > qi || (mrow && !mrow[j])) {
-            p[j] = -INFINITY;
-            continue;
-          }
-          p[j] *= s.scaling;
+        for (int64_t j = j0; j <= qi; ++j) {
+          p[j] = mrow && !mrow[j] ? -INFINITY : p[j] * s.scaling;
           mx = std::max(mx, p[j]);
         }
         if (mx == -INFINITY) {  // no visible key: the row's output is 0
-          std::fill(p, p + Lt, 0.0f);
+          std::fill(p + j0, p + qi + 1, 0.0f);
           continue;
         }
-        const double sum = softmax_exp(p, Lt, mx);
+        const double sum = softmax_exp(p + j0, qi + 1 - j0, mx);
         const float inv = (float)(1.0 / sum);
-        for (int64_t j = 0; j < Lt; ++j) p[j] *= inv;
+        for (int64_t j = j0; j <= qi; ++j) p[j] *= inv;
       }
       gemm_panel_f32(S.data(), Lp, rows, vp, L * kPanel, Lt, D, nullptr, attn + (b * s.T + r0) * ldq + h * D, ldq);
     }
