@@ -1111,6 +1111,39 @@ def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
 LINEAR_4BIT_MAX_ROWS = 32
 
 
+def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor], compute_dtype) -> Tensor:
+    """Linear4bit's inference forward for float32 activations with a 16-bit ``compute_dtype`` (bf16/fp16), in
+    one host call: exactly the unfused ``(A.to(compute_dtype) @ W.T + bias.to(compute_dtype)).to(A.dtype)``
+    (A rounded to the compute dtype to nearest-even, :func:`linear_4bit` in that dtype, the result widened
+    back; no MindSpore ops). Returns None where no host call can run (the caller keeps the unfused path)."""
+    fn = "linear_4bit"
+    if not _hostcall.active() or A.dtype != ms.float32 or compute_dtype not in (ms.bfloat16, ms.float16):
+        return None
+    plan = _plan_4bit(quant_state, fn)
+    shape = tuple(A.shape)
+    if not shape or shape[-1] != plan.K:
+        raise ValueError(f"{fn}: `A` must have last dimension {plan.K} (quant_state.shape[1]); got shape {shape}")
+    if bias is not None:
+        _check_dtype(bias, FLOAT_DTYPES, fn, "bias")
+        if _numel(bias) != plan.N:
+            raise ValueError(f"{fn}: `bias` must have {plan.N} elements; got shape {tuple(bias.shape)}")
+    if 0 in shape or plan.N == 0 or plan.K == 0:
+        return None
+    plan.check_weight(B, fn)
+    call, bound, _ = plan.host_call(compute_dtype)
+    npdt = _hostcall.np_dtype(compute_dtype)
+    xa = _hostcall.host(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
+    for i, arr in enumerate(plan.host_args(B, quant_state, bias, compute_dtype), 1):
+        if arr is not bound[i]:
+            call.set(i, arr)
+            bound[i] = arr
+    out = np.empty(shape[:-1] + (plan.N,), npdt)
+    call.set(0, xa)
+    call.set(11, out)
+    call()
+    return _hostcall.wrap(out.astype(np.float32))
+
+
 def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor] = None) -> Tensor:
     """The inference forward of a 4-bit linear layer in one native call: ``A @ W.T (+ bias)`` with W the
     [N, K] weight behind the packed ``B`` and ``quant_state`` (NF4/FP4, with or without double quant).

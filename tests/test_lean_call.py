@@ -115,3 +115,23 @@ def test_linear8bitlt_lean_call_is_taken_and_never_stale(lean_count, threshold):
         got = m(x).numpy().copy()
         assert not np.array_equal(got, before)
         np.testing.assert_array_equal(got, ref(x).numpy())
+
+
+@pytest.mark.parametrize("cd", ["bfloat16", "float16"])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_linear4bit_fp32_input_16bit_compute_is_the_unfused_layer(cd, rows):
+    """fp32 activations with compute_dtype bf16/fp16: one host call, the unfused layer's bytes
+    (x cast to the compute dtype, the 16-bit layer, the result cast back)."""
+    rng = np.random.default_rng(6)
+    W = (rng.standard_normal((40, 192)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(40).astype(np.float32)
+    m = _layer4(W, b, getattr(torch, cd))
+    x = torch.tensor(rng.standard_normal((rows, 192)).astype(np.float32))
+    got = m(x)
+    assert got.dtype == torch.float32
+    old = H.set_enabled(False)
+    try:
+        ref = m(x)
+    finally:
+        H.set_enabled(old)
+    np.testing.assert_array_equal(got.numpy().view(np.uint32), ref.numpy().view(np.uint32))

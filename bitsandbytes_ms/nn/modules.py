@@ -268,6 +268,13 @@ class Linear4bit(torch.nn.Linear):
                 and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
             # inference, compute dtype = input dtype: one native call (kernel, bias and double-quant absmax fused)
             return _F.linear_4bit(x, w, qs, self.bias)
+        if (qs is not None and self.compute_type_is_set and x.dtype == _ms.float32 and isinstance(w, Params4bit)
+                and self.compute_dtype in (_ms.bfloat16, _ms.float16) and x.ndim >= 1
+                and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
+            # inference, fp32 input with a 16-bit compute dtype: the cast, the layer and the cast back in one call
+            res = _F.linear_4bit_compute(x, w, qs, self.bias, self.compute_dtype)
+            if res is not None:
+                return res
         if not isinstance(self.weight, Params4bit) or getattr(self.weight, "quant_state", None) is None:
             if isinstance(self.weight, Params4bit) and not self.weight.bnb_quantized:
                 self.weight.quantize()
