@@ -278,3 +278,30 @@ def test_weights_changed_after_fuse_are_read_again():
         unfuse(m)
     assert not np.allclose(before, ref)
     np.testing.assert_allclose(fused, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("kw", [dict(num_beams=3), dict(prompt_lookup_num_tokens=2)], ids=["beam-search", "prompt-lookup"])
+def test_fused_beam_search_and_assisted_decoding_match_unfused(kw):
+    """Beam search reorders the cache (Cache.reorder_cache patch); prompt-lookup (assisted) decoding crops it after
+    rejected candidates (Cache.crop patch): both give the unfused model's sequences."""
+    m = _model(_cfg("llama"))
+    ids = np.array([[5, 77, 301, 9, 12, 5, 77, 301, 9, 40, 5, 77]], np.int64)  # repeats, so prompt lookup proposes
+
+    def gen():
+        with torch.no_grad():
+            return m.generate(torch.tensor(ids), attention_mask=torch.ones((1, ids.shape[1]), dtype=torch.int64),
+                              max_new_tokens=10, do_sample=False, pad_token_id=0, **kw).asnumpy()
+
+    ref = gen()
+    assert fuse(m)
+    n0, r0, c0 = FU.stats["fused_forwards"], FU.stats["cache_reorders"], FU.stats["cache_crops"]
+    try:
+        out = gen()
+        assert FU.stats["fused_forwards"] > n0  # the fused path ran
+        if "num_beams" in kw:
+            assert FU.stats["cache_reorders"] > r0
+        else:
+            assert FU.stats["cache_crops"] > c0
+    finally:
+        unfuse(m)
+    np.testing.assert_array_equal(out, ref)
