@@ -42,7 +42,7 @@ from mindspore import Tensor
 from mindspore import context as _ms_context
 from mindspore.common.api import _pynative_executor
 
-from . import _ops, cextension
+from . import _ms_threads, _ops, cextension
 
 _ARGTYPES = [ct.c_int, ct.POINTER(ct.c_void_p), ct.POINTER(ct.c_int), ct.POINTER(ct.POINTER(ct.c_int64)),
              ct.POINTER(ct.c_char_p), ct.c_void_p, ct.c_void_p]
@@ -113,6 +113,16 @@ class DeviceView:
         return self.array
 
 
+def host_ptr(t) -> tuple:
+    """``(array, address)``: :func:`host`'s array of the tensor (``asnumpy()``: waits for everything queued
+    before, so in-place updates made before the call have landed; shares a host tensor's memory, copies a
+    device-resident one) and the address of its data, for a call that re-points one argument."""
+    a = t.asnumpy()
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    return a, a.ctypes.data
+
+
 def host_view(view: "DeviceView", t: Tensor) -> np.ndarray:
     """``view.get(t)`` (the tensor's own memory), or :func:`host`'s copy where it cannot be viewed."""
     a = view.get(t)
@@ -139,6 +149,7 @@ class Bound:
     __slots__ = ("_fn", "_name", "_n", "_params", "_ndims", "_shapes", "_dims", "_dtypes", "_keep")
 
     def __init__(self, fn, name: str, args):
+        _ms_threads.ensure()  # MindSpore's idle workers stop yield-spinning over our calls (see _ms_threads)
         self._fn, self._name, self._n = fn, name, len(args)
         self._params = (ct.c_void_p * self._n)()
         self._ndims = (ct.c_int * self._n)()
@@ -172,6 +183,35 @@ class Bound:
 
     def __call__(self) -> None:
         rc = self._fn(self._n, self._params, self._ndims, self._shapes, self._dtypes, None, None)
+        if rc:
+            raise RuntimeError(f"bitsandbytes_ms: native entry point {self._name} returned status {rc}")
+
+    def run_rows(self, ia: int, a_ptr: int, rows: int, cols: int, io: int, out: np.ndarray, ix: int = -1,
+                 extra: Optional[np.ndarray] = None) -> None:
+        """The lean per-call form of ``set(ia, A); set(io, out); ()``: argument ``ia`` becomes the [rows, cols]
+        array at address ``a_ptr`` (of the dtype bound there before) and ``io`` the [rows, N] ``out`` (dtype as
+        bound, its last dimension unchanged). Neither is kept alive here: the caller holds both during the call,
+        and every call re-points them. ``ix``/``extra``: one more output re-pointed (same shape and dtype)."""
+        p, nd = self._params, self._ndims
+        p[ia] = a_ptr
+        nd[ia] = 2
+        d = self._dims[ia]
+        d[0] = rows
+        d[1] = cols
+        p[io] = out.ctypes.data
+        d = self._dims[io]
+        last = d[nd[io] - 1]
+        nd[io] = 2
+        d[0] = rows
+        d[1] = last
+        self._keep[ia] = self._keep[io] = None
+        if ix >= 0:  # one more output re-pointed (same shape and dtype as bound)
+            p[ix] = extra.ctypes.data
+            self._keep[ix] = None
+        rc = self._fn(self._n, p, nd, self._shapes, self._dtypes, None, None)
+        p[ia] = p[io] = None  # not left pointing at memory the caller frees (a stray call gets a status)
+        if ix >= 0:
+            p[ix] = None
         if rc:
             raise RuntimeError(f"bitsandbytes_ms: native entry point {self._name} returned status {rc}")
 
@@ -236,4 +276,4 @@ def empty(shape, dtype) -> np.ndarray:
     return np.empty(shape, dtype=_NP_DTYPES[dtype])
 
 
-__all__ = ["active", "set_enabled", "host", "host_view", "DeviceView", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype"]
+__all__ = ["active", "set_enabled", "host", "host_view", "host_ptr", "DeviceView", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype"]

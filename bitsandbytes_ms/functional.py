@@ -1046,8 +1046,54 @@ class _Linear4bitPlan:
                 np.empty((1, self.K), npdt), np.empty(1, np.uint8), np.empty(1, np.float32),
                 np.empty(16, np.float32), None, None, None, None, self.bs, self.bs2, self.N,
                 np.empty((1, self.N), npdt))
-            entry = self.calls[key] = (call, [None] * 8)
+            entry = self.calls[key] = (call, [None] * 8, [None])
         return entry
+
+    def watch_of(self, B: Tensor, state: QuantState, bias: Optional[Tensor], bound: list):
+        """What the lean call checks (see :meth:`fast`): the weight and bias objects, and (tensor, address)
+        of every tensor whose memory the bound call reads in place. None where an argument is a host copy
+        (a view, a converted bias): such calls keep the full path, which copies anew every time."""
+        s2 = state.state2
+        tensors = [B, state.absmax, state.code]
+        if self.nested:
+            tensors += [s2.absmax, s2.code, state.offset]
+        if bias is not None:
+            tensors.append(bias)
+        watch = []
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                continue  # a Python float offset (its identity is in the plan's key)
+            v = next((v for v in self.views if v.ref is not None and v.ref() is t), None)
+            if v is None or v.array is None or not any(isinstance(b, np.ndarray) and b.ctypes.data == v.ptr
+                                                       for b in bound):
+                return None
+            watch.append((t, v.ptr))
+        return (B, bias, tuple(watch))
+
+    def fast(self, A: Tensor, B: Tensor, bias: Optional[Tensor], max_rows: int = 1 << 62):
+        """The lean host call: when this thread already ran a full call with these very weight/bias objects
+        for A's dtype and none of the tensors it reads in place has moved (one address read each), only A
+        and the output are re-pointed. Returns the result, or None (the caller runs the full path)."""
+        entry = self.calls.get((A.dtype, _get_ident()))
+        if entry is None:
+            return None
+        f = entry[2][0]
+        if f is None or f[0] is not B or f[1] is not bias:
+            return None
+        shape = tuple(A.shape)
+        K = self.K
+        if not shape or shape[-1] != K:
+            return None
+        rows = math.prod(shape[:-1])
+        if rows == 0 or rows > max_rows or K == 0:
+            return None
+        xa, xp = _hostcall.host_ptr(A)  # first: waits for everything queued before (in-place updates too)
+        for t, ptr in f[2]:
+            if t._data_ptr() != ptr:
+                return None
+        out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(A.dtype))
+        entry[0].run_rows(0, xp, rows, K, 11, out)
+        return _hostcall.wrap(out)
 
 
 def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
@@ -1063,6 +1109,39 @@ def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
 #: dequantize the weight to fp32 once and use MindSpore's matmul, which is faster there (measured with
 #: tools/bench_cpu.py --sections linear).
 LINEAR_4BIT_MAX_ROWS = 32
+
+
+def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor], compute_dtype) -> Tensor:
+    """Linear4bit's inference forward for float32 activations with a 16-bit ``compute_dtype`` (bf16/fp16), in
+    one host call: exactly the unfused ``(A.to(compute_dtype) @ W.T + bias.to(compute_dtype)).to(A.dtype)``
+    (A rounded to the compute dtype to nearest-even, :func:`linear_4bit` in that dtype, the result widened
+    back; no MindSpore ops). Returns None where no host call can run (the caller keeps the unfused path)."""
+    fn = "linear_4bit"
+    if not _hostcall.active() or A.dtype != ms.float32 or compute_dtype not in (ms.bfloat16, ms.float16):
+        return None
+    plan = _plan_4bit(quant_state, fn)
+    shape = tuple(A.shape)
+    if not shape or shape[-1] != plan.K:
+        raise ValueError(f"{fn}: `A` must have last dimension {plan.K} (quant_state.shape[1]); got shape {shape}")
+    if bias is not None:
+        _check_dtype(bias, FLOAT_DTYPES, fn, "bias")
+        if _numel(bias) != plan.N:
+            raise ValueError(f"{fn}: `bias` must have {plan.N} elements; got shape {tuple(bias.shape)}")
+    if 0 in shape or plan.N == 0 or plan.K == 0:
+        return None
+    plan.check_weight(B, fn)
+    call, bound, _ = plan.host_call(compute_dtype)
+    npdt = _hostcall.np_dtype(compute_dtype)
+    xa = _hostcall.host(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
+    for i, arr in enumerate(plan.host_args(B, quant_state, bias, compute_dtype), 1):
+        if arr is not bound[i]:
+            call.set(i, arr)
+            bound[i] = arr
+    out = np.empty(shape[:-1] + (plan.N,), npdt)
+    call.set(0, xa)
+    call.set(11, out)
+    call()
+    return _hostcall.wrap(out.astype(np.float32))
 
 
 def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor] = None) -> Tensor:
@@ -1090,6 +1169,11 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
     fn = "linear_4bit"
     if quant_state is None:
         raise ValueError(f"{fn}: `quant_state` is required")
+    plan = quant_state.__dict__.get("_linear_plan")
+    if plan is not None and plan.matches(quant_state) and isinstance(A, Tensor) and _hostcall.active():
+        res = plan.fast(A, B, bias)  # the same call as below, with only A and the output re-pointed
+        if res is not None:
+            return res
     plan = _plan_4bit(quant_state, fn)
     if not isinstance(A, Tensor) or A.dtype not in _SUFFIX:
         _check_dtype(A, FLOAT_DTYPES, fn, "A")
@@ -1105,7 +1189,7 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
         return _empty_np(out_shape, A.dtype)
     plan.check_weight(B, fn)
     if _hostcall.active():
-        call, bound = plan.host_call(A.dtype)
+        call, bound, fast = plan.host_call(A.dtype)
         out = _hostcall.empty(out_shape, A.dtype)
         call.set(0, _hostcall.host(A))  # first: waits for everything queued before (in-place updates too)
         for i, arr in enumerate(plan.host_args(B, quant_state, bias, A.dtype), 1):
@@ -1114,6 +1198,7 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
                 bound[i] = arr
         call.set(11, out)
         call()
+        fast[0] = plan.watch_of(B, quant_state, bias, bound)
         return _hostcall.wrap(out)
     s2 = quant_state.state2
     raw = B if B.dtype == ms.uint8 else _as_uint8(_contiguous(B))  # the kernel reads the bytes, any shape
@@ -1426,7 +1511,7 @@ class Int8LinearPlan:
         if _numel(SCB) != self.N:
             raise ValueError(f"{_fn_name(fn, 'SCB')} must have CB.shape[0] = {self.N} values; got {_numel(SCB)}")
         self.CB, self.SCB = CB, SCB
-        self.views = (_hostcall.DeviceView(), _hostcall.DeviceView())
+        self.views = (_hostcall.DeviceView(), _hostcall.DeviceView(), _hostcall.DeviceView())  # CB, SCB, bias
         self._local = threading.local()  # bound host calls: per thread (a call runs without the GIL)
 
     def refresh(self) -> None:
@@ -1449,8 +1534,40 @@ class Int8LinearPlan:
             a, b = np.empty((1, self.K), npdt), np.empty(self.K, np.uint8)  # placeholders: set on every call
             call = _hostcall.entry(_INT8_LINEAR[dtype]).bind(a, np.empty((self.N, self.K), np.int8),
                                                              np.empty(self.N, np.float32), None, 0.0, a, b)
-            entry = calls[dtype] = [call, 0.0, None, None]  # the call, its threshold, CB and SCB arrays bound
+            # the call, its threshold, CB, SCB and bias arrays bound, the lean call's state (see fast)
+            entry = calls[dtype] = [call, 0.0, None, None, None, None]
         return entry
+
+    def fast(self, A: Tensor, bias: Optional[Tensor], threshold: float):
+        """The lean host call: when this thread already ran a full call for A's dtype with this bias object
+        and none of CB, SCB and bias has moved (one address read each), only A and the outputs are re-pointed.
+        Returns ``(out, col_flags)`` as :meth:`__call__`, or None (the caller runs the full path)."""
+        calls = getattr(self._local, "calls", None)
+        entry = calls.get(A.dtype) if calls is not None else None
+        if entry is None:
+            return None
+        f = entry[5]
+        if f is None or f[0] is not bias or threshold != entry[1]:
+            return None
+        shape = tuple(A.shape)
+        K = self.K
+        if not shape or shape[-1] != K:
+            return None
+        rows = math.prod(shape[:-1])
+        if rows == 0 or self.N == 0:
+            return None
+        xa, xp = _hostcall.host_ptr(A)  # first: waits for everything queued before (in-place updates too)
+        for t, ptr in f[1]:
+            if t._data_ptr() != ptr:
+                return None
+        out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(A.dtype))
+        if threshold > 0.0:
+            flags = np.empty(K, np.uint8)  # kept by the caller (state.idx): a new array every call
+            entry[0].run_rows(0, xp, rows, K, 5, out, 6, flags)
+        else:  # nobody reads the flags of threshold 0: this thread's entry keeps one scratch array bound
+            flags = f[2]
+            entry[0].run_rows(0, xp, rows, K, 5, out)
+        return _hostcall.wrap(out), flags
 
     def __call__(self, A: Tensor, bias: Optional[Tensor], threshold: float, fn: str = "int8_linear"):
         """``(out [..., N] in A.dtype, col_flags)`` for validated-here ``A``/``bias`` and a checked threshold;
@@ -1481,13 +1598,23 @@ class Int8LinearPlan:
             if scb is not entry[3]:
                 call.set(2, scb)
                 entry[3] = scb
-            call.set(3, None if bias is None else host(bias))
+            b = None if bias is None else _hostcall.host_view(self.views[2], bias).reshape(self.N)
+            if b is None or b is not entry[4]:
+                call.set(3, b)
+                entry[4] = b
             if threshold != entry[1]:
                 call.set(4, threshold)
                 entry[1] = threshold
             call.set(5, out)
             call.set(6, flags)
             call()
+            # the lean call (fast) may follow when every array read is the tensor's own memory
+            watch = [(t, v) for t, v in zip((self.CB, self.SCB, bias), self.views) if t is not None]
+            scratch = np.empty(self.K, np.uint8)
+            call.set(6, scratch)  # the lean call's flags for threshold 0 (nobody reads them), bound from now on
+            entry[5] = (bias, tuple((t, v.ptr) for t, v in watch), scratch) if all(
+                v.ref is not None and v.ref() is t and v.array is not None and a is not None
+                and a.ctypes.data == v.ptr for (t, v), a in zip(watch, (cb, scb, b))) else None
             return _hostcall.wrap(out), flags
         out, flags = getattr(lib, _INT8_LINEAR[A.dtype])(_contiguous(A), _contiguous(self.CB),
                                                          _contiguous(self.SCB).reshape(self.N),

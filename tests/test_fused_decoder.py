@@ -123,6 +123,37 @@ def test_native_layer_matches_reference(mode, window, T):
     np.testing.assert_allclose(out, R.rms_norm(x, nw, 1e-5), rtol=1e-6, atol=1e-6)
 
 
+def test_native_layer_simd_levels_agree():
+    """BNB_MS_SIMD=scalar and this CPU's SIMD level give the same bytes for the decoder halves: decode (T = 1: the
+    GEMV kernels, per-head attention) and prefill (T = 13: the panel GEMM of gemm_panel.h with its 6-row tail,
+    the blocked attention, the vectorised exp in softmax and SiLU), fp32 / NF4 / double-quant weights, fp16 / bf16
+    weights at T = 13 (widened into the panels), int8 at both (int8.cpp's kernel, outlier columns at threshold 6)."""
+
+    from simd_levels import assert_levels_agree
+
+    here = __import__("os").path.dirname(__file__)
+    code = (
+        f"import sys; sys.path.insert(0, {here!r}); import hashlib, numpy as np;"
+        "import test_fused_decoder as t; from bitsandbytes_ms import cextension as c, _hostcall as HC;"
+        "h = hashlib.sha256(); rng = np.random.RandomState(3)"
+        "\nfor mode, T in (('fp32', 13), ('nf4', 13), ('dq', 1), ('nf4', 40), ('fp16', 13), ('bf16', 13), ('int8', 1),"
+        " ('int8-t6', 1), ('int8-t6', 13)):"
+        "\n  B, H, Hq, KVH, D, I, past, Smax = 2, 64, 4, 2, 16, 96, 3, 48"
+        "\n  q, k, v, o = (t._spec(rng, n, kk, mode, True) for n, kk in ((Hq*D, H), (KVH*D, H), (KVH*D, H), (H, Hq*D)))"
+        "\n  x = (rng.randn(B, T, H) * 4).astype(np.float32); pos = (np.arange(T)[None] + past + np.array([[0], [-2]])).astype(np.int64)"
+        "\n  mask = np.ones((B, past + T), np.uint8); mask[1, :2] = 0"
+        "\n  kc, vc = rng.randn(B, KVH, Smax, D).astype(np.float32), rng.randn(B, KVH, Smax, D).astype(np.float32)"
+        "\n  nw = (1 + 0.1 * rng.randn(H)).astype(np.float32); invf = (1.0 / (10000 ** (np.arange(0, D, 2) / D))).astype(np.float32)"
+        "\n  out = np.empty_like(x)"
+        "\n  HC.entry('cdecoder_attention_fp32')(x, pos, mask, kc, vc, nw, invf, None, None, *q, *k, *v, *o, past, Hq, 1e-5, D ** -0.5, 1.0, 0, out)"
+        "\n  g, u, d = t._spec(rng, I, H, mode), t._spec(rng, I, H, mode), t._spec(rng, H, I, mode, True)"
+        "\n  mo = np.empty_like(x); HC.entry('cdecoder_mlp_fp32')(out, nw, *g, *u, *d, I, 1e-5, mo)"
+        "\n  for a in (out, kc, vc, mo): h.update(np.ascontiguousarray(a).tobytes())"
+        "\nprint(c.simd_level(), h.hexdigest())"
+    )
+    assert_levels_agree(code)
+
+
 def test_native_layer_rejects_bad_calls():
     rng = np.random.RandomState(1)
     g = _spec(rng, 32, 16, "nf4")
@@ -460,3 +491,30 @@ def test_weights_changed_after_fuse_are_read_again():
         unfuse(m)
     assert not np.allclose(before, ref)
     np.testing.assert_allclose(fused, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("kw", [dict(num_beams=3), dict(prompt_lookup_num_tokens=2)], ids=["beam-search", "prompt-lookup"])
+def test_fused_beam_search_and_assisted_decoding_match_unfused(kw):
+    """Beam search reorders the cache (Cache.reorder_cache patch); prompt-lookup (assisted) decoding crops it after
+    rejected candidates (Cache.crop patch): both give the unfused model's sequences."""
+    m = _model(_cfg("llama"))
+    ids = np.array([[5, 77, 301, 9, 12, 5, 77, 301, 9, 40, 5, 77]], np.int64)  # repeats, so prompt lookup proposes
+
+    def gen():
+        with torch.no_grad():
+            return m.generate(torch.tensor(ids), attention_mask=torch.ones((1, ids.shape[1]), dtype=torch.int64),
+                              max_new_tokens=10, do_sample=False, pad_token_id=0, **kw).asnumpy()
+
+    ref = gen()
+    assert fuse(m)
+    n0, r0, c0 = FU.stats["fused_forwards"], FU.stats["cache_reorders"], FU.stats["cache_crops"]
+    try:
+        out = gen()
+        assert FU.stats["fused_forwards"] > n0  # the fused path ran
+        if "num_beams" in kw:
+            assert FU.stats["cache_reorders"] > r0
+        else:
+            assert FU.stats["cache_crops"] > c0
+    finally:
+        unfuse(m)
+    np.testing.assert_array_equal(out, ref)

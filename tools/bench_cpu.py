@@ -391,7 +391,8 @@ def bench_linear(ctx):
         x[:, 7] = 20.0
         inputs[f"x{bsz}"] = x
     configs = [("8bit_t0", "Linear8bitLt threshold=0"), ("8bit_t6", "Linear8bitLt threshold=6"),
-               ("4bit_fp32", "Linear4bit nf4 compute fp32"), ("4bit_fp16", "Linear4bit nf4 compute fp16")]
+               ("4bit_fp32", "Linear4bit nf4 compute fp32"), ("4bit_bf16", "Linear4bit nf4 compute bf16"),
+               ("4bit_fp16", "Linear4bit nf4 compute fp16")]
     # The same construction text runs in both envs (torch / bnb are mindtorch / bitsandbytes_ms here,
     # torch 2.13 / bitsandbytes 0.50.2 there).
     build = """
@@ -402,7 +403,7 @@ def bench_linear(ctx):
                 l.weight = bnb.nn.Int8Params(W.clone(), requires_grad=False, has_fp16_weights=False)
                 l.bias = torch.nn.Parameter(b.clone(), requires_grad=False)
                 layers[f"8bit_t{int(t)}"] = l.to("cpu").eval()
-            for name, cd in (("4bit_fp32", torch.float32), ("4bit_fp16", torch.float16)):
+            for name, cd in (("4bit_fp32", torch.float32), ("4bit_bf16", torch.bfloat16), ("4bit_fp16", torch.float16)):
                 l = bnb.nn.Linear4bit(W.shape[1], W.shape[0], compute_dtype=cd, quant_type="nf4")
                 l.weight = bnb.nn.Params4bit(W.clone(), requires_grad=False, quant_type="nf4")
                 l.bias = torch.nn.Parameter(b.clone(), requires_grad=False)
@@ -452,7 +453,72 @@ def bench_linear(ctx):
                    "Same fp32 weight, bias and inputs in both libraries; each library quantizes the weight itself "
                    "(`.to('cpu')`). fp32 Linear (ours env): the faster of mindtorch's torch.nn.Linear and MindSpore "
                    "matmul on the pre-transposed weight + bias. Upstream: the same layer classes from bitsandbytes "
-                   "0.50.2 under torch.no_grad(). Ours at batch 1 runs the native gemv (4-bit) / int8 kernels.")
+                   "0.50.2 under torch.no_grad(). Ours at batch 1 runs the native gemv (4-bit) / int8 kernels. "
+                   "Upstream's CPU path for the 4-bit rows depends on the ISA (machine line): with AVX512-BF16 its "
+                   "gemv_4bit computes bf16 inputs in bf16, otherwise in fp32; int8 uses torch._int_mm only with "
+                   "AVX-512. Ours computes compute_dtype bf16 as the unfused bf16 layer (x rounded to bf16, the "
+                   "exact fp32-accumulating kernel, result rounded to bf16 and widened back).")
+    overhead(ctx, torch, bnb, scope["build_layers"], configs)
+
+
+def overhead(ctx, torch, bnb, build_layers, configs, K: int = 576, N: int = 576, repeat: int = 300):
+    """Per-layer overhead at batch 1: the forward of a small layer (SmolLM2's hidden size, where the kernel is
+    short) minus its native entry point called alone on the same arrays, both timed in alternating rounds."""
+    rng = np.random.RandomState(1)
+    W = (rng.standard_normal((N, K)) * 0.02).astype(np.float32)
+    b = (rng.standard_normal(N) * 0.1).astype(np.float32)
+    x1 = rng.standard_normal((1, K)).astype(np.float32)
+    x1[:, 7] = 20.0
+    layers = build_layers(torch, bnb, torch.tensor(W), torch.tensor(b))
+    x = torch.tensor(x1)
+    for name, _ in configs:  # one forward each, so that the host calls are bound
+        layers[name](x)
+        layers[name](x)
+    kernels = kernel_calls(layers, x1)
+    samples: Dict[str, List[float]] = {}
+    for _ in range(3):
+        for name, _ in configs:
+            if name in kernels:
+                samples.setdefault(name, []).extend(time_samples(lambda: layers[name](x), repeat))
+                samples.setdefault(name + "_k", []).extend(time_samples(kernels[name], repeat))
+    rows = []
+    for name, label in configs:
+        if name in kernels:
+            f, k = median(samples[name]), median(samples[name + "_k"])
+            rows.append([label, f"{1e6 * f:.1f}", f"{1e6 * k:.1f}", f"{1e6 * (f - k):.1f}"])
+    ctx.report.add(f"Per-layer overhead at batch 1 ({K} -> {N})",
+                   ["layer", "forward us", "kernel alone us", "forward - kernel us"], rows,
+                   "forward: `layer(x)` under no gradient (mindtorch's Module call included); kernel alone: the "
+                   "layer's bound native entry point called directly on the same shapes (what the forward's one "
+                   "host call runs); medians of 3 alternating rounds of "
+                   f"{repeat} calls. The difference is what the Python path costs per layer (goal <= 30 us).")
+
+
+def kernel_calls(layers, x1: np.ndarray) -> Dict[str, Callable]:
+    """For each quantized layer that ran a host call at batch 1: its bound native call re-pointed at
+    fresh arrays of that call's shapes (the kernel alone, for the forward-minus-kernel column)."""
+    import mindspore as ms
+    from bitsandbytes_ms import _hostcall as H
+
+    res = {}
+    for name, layer in layers.items():
+        if name.startswith("4bit"):
+            plan = layer.weight.quant_state.__dict__.get("_linear_plan")
+            if plan is None or not plan.calls:
+                continue
+            (dtype, _), (call, _, _) = next(iter(plan.calls.items()))
+            npdt = H.np_dtype(dtype)
+            xa, out = x1.astype(npdt), np.empty((1, plan.N), npdt)
+            res[name] = (lambda c, a, o: lambda: (c.set(0, a), c.set(11, o), c()))(call, xa, out)
+        elif name.startswith("8bit"):
+            plan = layer.state.__dict__.get("_int8_linear_plan")
+            calls = getattr(getattr(plan, "_local", None), "calls", None)
+            if not calls or ms.float32 not in calls:
+                continue
+            call = calls[ms.float32][0]
+            xa, out, fl = x1.copy(), np.empty((1, plan.N), np.float32), np.empty(plan.K, np.uint8)
+            res[name] = (lambda c, a, o, f: lambda: (c.set(0, a), c.set(5, o), c.set(6, f), c()))(call, xa, out, fl)
+    return res
 
 # ---- optim ----
 @section("optim")

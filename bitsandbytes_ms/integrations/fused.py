@@ -73,7 +73,7 @@ _SPEC_NONE = (None, None, None, None, None, None, None, 64, 256)
 _FLOAT = (ms.float32, ms.float16, ms.bfloat16)
 _warned: set = set()
 #: how many forwards took the fused path (tests and benchmarks read it)
-stats = {"fused_forwards": 0}
+stats = {"fused_forwards": 0, "cache_reorders": 0, "cache_crops": 0}
 
 #: architectures (config.model_type) -> the modeling module whose ``*ForCausalLM.forward`` is patched
 FAMILIES = {
@@ -590,6 +590,7 @@ def _reorder_cache(wrapped, instance, args, kwargs):
     if st is None:
         return wrapped(*args, **kwargs)
     beam_idx = args[0] if args else kwargs["beam_idx"]
+    stats["cache_reorders"] += 1
     st.reorder(_host_int(beam_idx).astype(np.int64).reshape(-1))
     return None
 
@@ -602,5 +603,6 @@ def _crop(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     n = args[0] if args else next(iter(kwargs.values()))
     n = int(n)
+    stats["cache_crops"] += 1
     st.length = max(0, st.length + n) if n < 0 else min(st.length, n)
     return None

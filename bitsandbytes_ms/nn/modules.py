@@ -256,11 +256,25 @@ class Linear4bit(torch.nn.Linear):
     def forward(self, x):
         w = self.weight
         qs = getattr(w, "quant_state", None)
+        if qs is not None and self.compute_type_is_set and x.dtype == (self.compute_dtype or x.dtype):
+            plan = qs.__dict__.get("_linear_plan")
+            if plan is not None and plan.matches(qs) and _hostcall.active() and isinstance(w, Params4bit):
+                # the lean form of the fused call below (its weight and bias seen before, nothing moved)
+                res = plan.fast(x, w, self.bias, _F.LINEAR_4BIT_MAX_ROWS)
+                if res is not None:
+                    return res
         if (qs is not None and self.compute_type_is_set and _hostcall.active() and isinstance(w, Params4bit)
                 and x.dtype == (self.compute_dtype or x.dtype) and x.ndim >= 1
                 and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
             # inference, compute dtype = input dtype: one native call (kernel, bias and double-quant absmax fused)
             return _F.linear_4bit(x, w, qs, self.bias)
+        if (qs is not None and self.compute_type_is_set and x.dtype == _ms.float32 and isinstance(w, Params4bit)
+                and self.compute_dtype in (_ms.bfloat16, _ms.float16) and x.ndim >= 1
+                and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
+            # inference, fp32 input with a 16-bit compute dtype: the cast, the layer and the cast back in one call
+            res = _F.linear_4bit_compute(x, w, qs, self.bias, self.compute_dtype)
+            if res is not None:
+                return res
         if not isinstance(self.weight, Params4bit) or getattr(self.weight, "quant_state", None) is None:
             if isinstance(self.weight, Params4bit) and not self.weight.bnb_quantized:
                 self.weight.quantize()
@@ -311,6 +325,7 @@ import mindspore as _ms  # noqa: E402
 
 from .. import functional as _F  # noqa: E402
 from ..autograd._functions import MatmulLtState, matmul  # noqa: E402
+from ..autograd import _functions as _autograd_fns  # noqa: E402
 from ..cextension import tag_device as _tag_device  # noqa: E402
 
 _PARAM_INTERNAL_KWARGS = ("_device", "meta", "_requires_grad", "param_info")
@@ -522,6 +537,22 @@ class Linear8bitLt(torch.nn.Linear):
                 unexpected_keys.remove(key)
 
     def forward(self, x):
+        st = self.state
+        plan = st.__dict__.get("_int8_linear_plan")
+        if plan is not None and not self.training:
+            # the lean form of the fused inference call (matmul's _int8_forward_fused) once it has run for this
+            # weight, bias and input dtype: what the code below would do is already done (weight quantized,
+            # state.CB is the weight, bias in x's dtype), nothing has moved, and no gradient is being recorded
+            w = self.weight
+            bias = self.bias
+            if (st.CB is w and plan.matches(w, st.SCB) and not st.has_fp16_weights and not st.is_training
+                    and (bias is None or bias.dtype == x.dtype) and _autograd_fns._use_fused() and _hostcall.active()):
+                thr = float(st.threshold) if st.threshold > 0.0 else 0.0
+                res = plan.fast(x, bias, thr)
+                if res is not None:
+                    if thr > 0.0:
+                        st._set_outlier_flags(res[1], x)
+                    return res[0]
         self.state.is_training = self.training
         w = self.weight
         if not self.state.has_fp16_weights and isinstance(w, Int8Params) and not w.is_quantized:

@@ -6,17 +6,20 @@
 // plus two helpers for the model's ends: cdecoder_linear_fp32 (one linear, e.g. lm_head) and
 // crms_norm_fp32 (the final norm).  Activations (the hidden states x / out, the residual stream) are fp32 for
 // every model, an fp16 / bf16 one included (integrations/fused.py says why: measured); norm weights and dense
-// weights may be fp16 / bf16 (widened exactly).
-// A linear layer's weight is one of
+// weights may be fp16 / bf16 (widened exactly).  A linear layer's weight is one of
 //   * fp32 [N, K] (a layer left unquantized): the GEMV of this file (fp32 accumulation);
 //   * fp16 / bf16 [N, K] (a layer left unquantized in a 16-bit model): the same GEMV, the weight widened to fp32
-//     in registers (exact), fp32 accumulation; many rows widen weight chunks for gemm_rows;
+//     in registers (exact); many rows widen the weight rows into the GEMM's panels;
 //   * NF4/FP4 packed + absmax fp32 or double quant: the 4-bit GEMV of fourbit.cpp (linear_kernels.h), the
 //     same kernel (and bits) as the unfused Linear4bit forward at <= 8 rows;
 //   * int8 (LLM.int8(), Linear8bitLt's inference state): CB int8 [N, K] + SCB f32 [N] + threshold: the fused
-//     int8 kernel of int8.cpp (int8_linear_f32, linear_kernels.h) for every row count, i.e. the bytes of the
+//     int8 kernel of int8.cpp (int8_linear_f32, linear_kernels.h) at every row count, i.e. the bytes of the
 //     unfused Linear8bitLt forward on the same fp32 input (cint8_linear_fp32: the input rounded to fp16 before
 //     the vector-wise quantization, as upstream; threshold > 0 multiplies the outlier columns in fp32).
+// Up to 8 rows (decode) the fp32/16-bit/4-bit linears run those GEMV kernels; more rows (prefill) run the
+// packed-panel fp32 GEMM of gemm_panel.h (4-bit weights dequantized into the panels first: the values of
+// dequantize_4bit; 16-bit ones widened), and from 6 query rows per sequence on the attention runs blocked on
+// packed K/V panels (attend_prefill).
 // Every linear is given as 9 consecutive params ("linear spec"), by weight kind:
 //   slot        fp32 / fp16 / bf16       4-bit                         int8
 //   W           f|h|bf [N, K]            u8 packed >= (N*K+1)/2        i8 CB [N, K] (K <= 131071)
@@ -37,9 +40,11 @@
 //             key_mask[b, j] != 0 and (window == 0 or past + t - j < window); softmax in fp32 (max-subtracted,
 //             sum in double); a row with no visible key gives 0.  GQA: head h reads kv head h / (Hq / KVH).
 //   SiLU      g / (1 + exp(-g))
+//   exp       simd_math.h's fp32 exp (same bits at every SIMD level, within 2 ulp of the rounded exp)
 // The KV cache is the caller's preallocated k_cache/v_cache [B, KVH, S_max, D] (fp32), written IN PLACE at
 // [past, past + T) before attending over [0, past + T).  `out` may be the same memory as `x`.
-// Threads: parallel_for (parallel.h) for this file's loops; the 4-bit GEMV and the int8 kernel thread themselves.
+// Threads: parallel_for / parallel_for_dynamic (parallel.h) for this file's loops; the 4-bit GEMV and the int8
+// kernel thread themselves.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -50,9 +55,11 @@
 #include "aot.h"
 #include "checks/int8.h"
 #include "cpu/cpu_features.h"
+#include "cpu/gemm_panel.h"
 #include "cpu/linear_kernels.h"
 #include "cpu/parallel.h"
 #include "cpu/simd_convert.h"
+#include "cpu/simd_math.h"
 
 namespace bnb_ms {
 namespace {
@@ -232,104 +239,38 @@ void dense_gemv(const T *W, const float *bias, const float *x, float *out, int64
   });
 }
 
-// ---- many rows (prefill): weight rows in chunks of kChunk (4-bit: dequantized to fp32 first), then a
-// register-tiled GEMM (4 x-rows x 2 weight rows per tile) over every x row.
-constexpr int64_t kChunk = 32;
+// ---- many rows (prefill): the packed-panel GEMM of gemm_panel.h.  Threads take chunks of output columns;
+// a chunk's weight rows are packed into panels (4-bit: dequantized first, the values of dequantize_4bit)
+// sized to stay in L2 while every row of x runs against them.
+constexpr int64_t kPanelChunkBytes = 128 << 10;
 
-BNB_MS_TARGET_AVX2 BNB_MS_INLINE float hsum_avx2(__m256 v) {
-  const __m128 u = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));
-  return _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
-}
-
-// out[m * ldo + j] = x[m, :] . w[j, :] + (bias ? bias[j] : 0) for m < M, j < nr.
-BNB_MS_TARGET_AVX2 void gemm_tile_avx2(const float *x, int64_t M, const float *w, int64_t nr, int64_t K,
-                                       const float *bias, float *out, int64_t ldo) {
-  const int64_t K8 = K / 8 * 8;
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) {
-    const float *x0 = x + m * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
-    int64_t j = 0;
-    for (; j + 2 <= nr; j += 2) {
-      const float *w0 = w + j * K, *w1 = w0 + K;
-      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-      for (int64_t k = 0; k < K8; k += 8) {
-        const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
-        __m256 xv = _mm256_loadu_ps(x0 + k);
-        a00 = _mm256_fmadd_ps(xv, v0, a00);
-        a01 = _mm256_fmadd_ps(xv, v1, a01);
-        xv = _mm256_loadu_ps(x1 + k);
-        a10 = _mm256_fmadd_ps(xv, v0, a10);
-        a11 = _mm256_fmadd_ps(xv, v1, a11);
-        xv = _mm256_loadu_ps(x2 + k);
-        a20 = _mm256_fmadd_ps(xv, v0, a20);
-        a21 = _mm256_fmadd_ps(xv, v1, a21);
-        xv = _mm256_loadu_ps(x3 + k);
-        a30 = _mm256_fmadd_ps(xv, v0, a30);
-        a31 = _mm256_fmadd_ps(xv, v1, a31);
-      }
-      float r[8] = {hsum_avx2(a00), hsum_avx2(a01), hsum_avx2(a10), hsum_avx2(a11),
-                    hsum_avx2(a20), hsum_avx2(a21), hsum_avx2(a30), hsum_avx2(a31)};
-      for (int64_t k = K8; k < K; ++k) {
-        const float *xs[4] = {x0, x1, x2, x3};
-        for (int i = 0; i < 4; ++i) {
-          r[2 * i] = std::fma(xs[i][k], w0[k], r[2 * i]);
-          r[2 * i + 1] = std::fma(xs[i][k], w1[k], r[2 * i + 1]);
-        }
-      }
-      const float b0 = bias ? bias[j] : 0.0f, b1 = bias ? bias[j + 1] : 0.0f;
-      for (int i = 0; i < 4; ++i) {
-        out[(m + i) * ldo + j] = r[2 * i] + b0;
-        out[(m + i) * ldo + j + 1] = r[2 * i + 1] + b1;
-      }
-    }
-    for (; j < nr; ++j)
-      for (int i = 0; i < 4; ++i) out[(m + i) * ldo + j] = dot_avx2(x + (m + i) * K, w + j * K, K) + (bias ? bias[j] : 0.0f);
-  }
-  for (; m < M; ++m)
-    for (int64_t j = 0; j < nr; ++j) out[m * ldo + j] = dot_avx2(x + m * K, w + j * K, K) + (bias ? bias[j] : 0.0f);
-}
-
-void gemm_tile_scalar(const float *x, int64_t M, const float *w, int64_t nr, int64_t K, const float *bias, float *out,
-                      int64_t ldo) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < nr; ++j) out[m * ldo + j] = dot_scalar(x + m * K, w + j * K, K) + (bias ? bias[j] : 0.0f);
-}
-
-// rows [n0, n1) of a 4-bit weight in fp32: code[nibble] * absmax(block), absmax decoded as linear4_f32 does.
-void dequant4_rows(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K, float *dst) {
-  const int64_t bs = w.blocksize;
-  int64_t cur_blk = -1;
-  float sc = 0.0f;
-  for (int64_t i = n0 * K, e = n1 * K; i < e; ++i) {
-    const int64_t b = i / bs;
-    if (b != cur_blk) {
-      cur_blk = b;
-      sc = w.absmax_q ? w.code2[w.absmax_q[b]] * w.absmax2[b / w.blocksize2] + w.offset : w.absmax_f32[b];
-    }
-    const int nib = (w.packed[i >> 1] >> ((i & 1) ? 0 : 4)) & 15;
-    dst[i - n0 * K] = w.code[nib] * sc;
-  }
-}
-
-// rows [n0, n1) of a weight that is not fp32 (4-bit or fp16 / bf16) in fp32, for gemm_rows.
+// rows [n0, n1) of a weight that is not fp32 (4-bit or fp16 / bf16) in fp32 ((n1 - n0) x K), for gemm_rows.
 void weight_rows_f32(const Lin &l, int64_t n0, int64_t n1, float *dst) {
   if (l.W16) widen(static_cast<const uint16_t *>(l.W16) + n0 * l.K, l.wdt, dst, (n1 - n0) * l.K);
-  else dequant4_rows(l.q4, n0, n1, l.K, dst);
+  else decode4_rows_f32(l.q4, n0, n1, l.K, dst);
 }
 
 void gemm_rows(const Lin &l, const float *x, float *out, int64_t M) {
-  const int64_t N = l.N, K = l.K, nchunks = (N + kChunk - 1) / kChunk;
-  const bool avx2 = has_avx2();
-  parallel_for(nchunks, 1, [&](int64_t c0, int64_t c1) {
-    std::vector<float> wbuf(l.dense ? 0 : (size_t)(kChunk * K));
-    for (int64_t ch = c0; ch < c1; ++ch) {
-      const int64_t n0 = ch * kChunk, n1 = std::min(N, n0 + kChunk);
-      const float *w = l.W ? l.W + n0 * K : wbuf.data();
-      if (!l.dense) weight_rows_f32(l, n0, n1, wbuf.data());
-      const float *b = l.bias ? l.bias + n0 : nullptr;
-      if (avx2) gemm_tile_avx2(x, M, w, n1 - n0, K, b, out + n0, N);
-      else gemm_tile_scalar(x, M, w, n1 - n0, K, b, out + n0, N);
+  const int64_t N = l.N, K = l.K;
+  const int64_t cols = std::max<int64_t>(1, kPanelChunkBytes / (int64_t)sizeof(float) / (K * kPanel)) * kPanel;
+  const int64_t ntasks = (N + cols - 1) / cols;
+  parallel_for_dynamic(ntasks, 1, [&](int64_t t0, int64_t t1) {
+    static thread_local std::vector<float> panels, rows;
+    panels.resize((size_t)(cols * K));
+    if (!l.dense) rows.resize((size_t)(kPanel * K));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * cols, nc = std::min(cols, N - n0);
+      for (int64_t p = 0; p < nc; p += kPanel) {
+        const int w = (int)std::min<int64_t>(kPanel, nc - p);
+        float *P = panels.data() + p * K;
+        if (l.dense) {
+          pack_panel_rows(l.W + (n0 + p) * K, K, K, w, P);
+        } else {
+          weight_rows_f32(l, n0 + p, n0 + p + w, rows.data());
+          pack_panel_rows(rows.data(), K, K, w, P);
+        }
+      }
+      gemm_panel_f32(x, K, M, panels.data(), K * kPanel, K, nc, l.bias ? l.bias + n0 : nullptr, out + n0, N);
     }
   });
 }
@@ -374,6 +315,41 @@ void rope_row(float *v, int64_t nh, int64_t D, const float *cs, const float *sn)
   }
 }
 
+// p[j] = exp(p[j] - mx) (masked scores are -inf and give 0); returns the sum in double, in order of j.
+double softmax_exp(float *p, int64_t n, float mx) {
+  simd_math::exp_shifted(p, mx, p, n);
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; ++j) sum += p[j];
+  return sum;
+}
+
+// cos / sin of RoPE for every row: [R][cos h2 | sin h2] with c = cos(float(pos) * inv_freq[i]) * rs.  Every
+// layer of one forward gets the same positions, so the table of the last call on this thread is reused when
+// positions, inv_freq and rs are the same (the values are those a fresh computation gives).
+const float *rope_table(const int64_t *pos, int64_t R, const float *invf, int64_t h2, float rs) {
+  static thread_local std::vector<int64_t> key_pos;
+  static thread_local std::vector<float> key_invf, tab;
+  static thread_local float key_rs = 0.0f;
+  if ((int64_t)key_pos.size() == R && (int64_t)key_invf.size() == h2 && key_rs == rs &&
+      std::memcmp(key_pos.data(), pos, sizeof(int64_t) * (size_t)R) == 0 &&
+      std::memcmp(key_invf.data(), invf, sizeof(float) * (size_t)h2) == 0)
+    return tab.data();
+  key_pos.assign(pos, pos + R);
+  key_invf.assign(invf, invf + h2);
+  key_rs = rs;
+  tab.resize((size_t)(R * 2 * h2));
+  for (int64_t r = 0; r < R; ++r) {
+    const float fp = (float)pos[r];
+    float *c = tab.data() + r * 2 * h2, *s = c + h2;
+    for (int64_t i = 0; i < h2; ++i) {
+      const float f = fp * invf[i];
+      c[i] = std::cos(f) * rs;
+      s[i] = std::sin(f) * rs;
+    }
+  }
+  return tab.data();
+}
+
 struct AttnShape {
   int64_t B, T, H, Hq, KVH, D, Smax, past, window;
   float scaling;
@@ -405,15 +381,71 @@ void attend(const AttnShape &s, const float *q, const float *kc, const float *vc
       }
       std::fill(o, o + s.D, 0.0f);
       if (mx == -INFINITY) continue;  // no visible key
-      double sum = 0.0;
-      for (int64_t j = j0; j <= qi; ++j) {
-        const float e = p[j] == -INFINITY ? 0.0f : std::exp(p[j] - mx);
-        p[j] = e;
-        sum += e;
-      }
+      const double sum = softmax_exp(p.data() + j0, qi + 1 - j0, mx);
       const float inv = (float)(1.0 / sum);
       for (int64_t j = j0; j <= qi; ++j)
         if (p[j] != 0.0f) axpy(o, p[j] * inv, vb + j * s.D, s.D);
+    }
+  });
+}
+
+// Many query rows (prefill): per sequence b and kv head g the visible keys and values are packed once into
+// panels (gemm_panel.h), then each task (b, head h, block of kQBlock query rows) computes its scores
+// S = Q K^T with the panel GEMM (one fma chain over d per score), applies scaling, the causal / key / window
+// mask and the softmax exactly as attend() does (max-subtracted, sum in double, p = e * (1 / sum)), and
+// O = P V with the panel GEMM (one fma chain over the keys in order).  A row with no visible key gives 0.
+constexpr int64_t kQBlock = 48;
+constexpr int64_t kPrefillAttnRows = 6;  // from this many query rows per sequence on (a full 6-row tile)
+
+void attend_prefill(const AttnShape &s, const float *q, const float *kc, const float *vc, const uint8_t *mask,
+                    int64_t mask_stride, float *attn) {
+  const int64_t L = s.past + s.T, rep = s.Hq / s.KVH, D = s.D;
+  const int64_t Lp = (L + kPanel - 1) / kPanel * kPanel, Dp = (D + kPanel - 1) / kPanel * kPanel;
+  const int64_t kv_floats = Lp * D + Dp * L;  // key panels (D rows each) + value panels (L rows each)
+  static thread_local std::vector<float> packed;
+  packed.resize((size_t)(s.B * s.KVH * kv_floats));
+  float *const pk = packed.data();  // (a thread_local named inside the lambdas would be each worker's own)
+  parallel_for(s.B * s.KVH, 0, [&](int64_t g0, int64_t g1) {
+    for (int64_t bg = g0; bg < g1; ++bg) {
+      const float *kb = kc + bg * s.Smax * D, *vb = vc + bg * s.Smax * D;
+      float *kp = pk + bg * kv_floats, *vp = kp + Lp * D;
+      for (int64_t j = 0; j < L; j += kPanel)
+        pack_panel_rows(kb + j * D, D, D, (int)std::min<int64_t>(kPanel, L - j), kp + j * D);
+      for (int64_t d = 0; d < D; d += kPanel)
+        pack_panel_cols(vb + d, D, L, (int)std::min<int64_t>(kPanel, D - d), vp + d / kPanel * (L * kPanel));
+    }
+  });
+  const int64_t nqb = (s.T + kQBlock - 1) / kQBlock, tasks = s.B * s.Hq * nqb, ldq = s.Hq * D;
+  parallel_for_dynamic(tasks, 1, [&](int64_t t0, int64_t t1) {
+    static thread_local std::vector<float> S;
+    S.resize((size_t)(kQBlock * Lp));
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t qb = task % nqb, h = (task / nqb) % s.Hq, b = task / (nqb * s.Hq), g = h / rep;
+      const int64_t r0 = qb * kQBlock, rows = std::min(kQBlock, s.T - r0);
+      const int64_t Lt = s.past + r0 + rows;  // keys visible to the block's last row
+      const float *kp = pk + (b * s.KVH + g) * kv_floats, *vp = kp + Lp * D;
+      const float *qrows = q + (b * s.T + r0) * ldq + h * D;
+      gemm_panel_f32(qrows, ldq, rows, kp, D * kPanel, D, Lt, nullptr, S.data(), Lp);
+      const uint8_t *mrow = mask ? mask + b * mask_stride : nullptr;
+      for (int64_t i = 0; i < rows; ++i) {
+        float *p = S.data() + i * Lp;
+        const int64_t qi = s.past + r0 + i, j0 = s.window > 0 ? std::max<int64_t>(0, qi - s.window + 1) : 0;
+        std::fill(p, p + j0, 0.0f);  // keys outside [j0, qi] get probability 0
+        std::fill(p + qi + 1, p + Lt, 0.0f);
+        float mx = -INFINITY;
+        for (int64_t j = j0; j <= qi; ++j) {
+          p[j] = mrow && !mrow[j] ? -INFINITY : p[j] * s.scaling;
+          mx = std::max(mx, p[j]);
+        }
+        if (mx == -INFINITY) {  // no visible key: the row's output is 0
+          std::fill(p + j0, p + qi + 1, 0.0f);
+          continue;
+        }
+        const double sum = softmax_exp(p + j0, qi + 1 - j0, mx);
+        const float inv = (float)(1.0 / sum);
+        for (int64_t j = j0; j <= qi; ++j) p[j] *= inv;
+      }
+      gemm_panel_f32(S.data(), Lp, rows, vp, L * kPanel, Lt, D, nullptr, attn + (b * s.T + r0) * ldq + h * D, ldq);
     }
   });
 }
@@ -434,7 +466,8 @@ int attention_entry(BNB_MS_AOT_ARGS) {
       c.dtype(OUT) != DType::f32)
     return E_DTYPE;
   if (!c.is_none(MASK) && c.dtype(MASK) != DType::u8 && c.dtype(MASK) != DType::boolean) return E_DTYPE;
-  if ((!c.is_none(QNORM) && !checks::is_float_dtype(c.dtype(QNORM))) || (!c.is_none(KNORM) && !checks::is_float_dtype(c.dtype(KNORM))))
+  if ((!c.is_none(QNORM) && !checks::is_float_dtype(c.dtype(QNORM))) ||
+      (!c.is_none(KNORM) && !checks::is_float_dtype(c.dtype(KNORM))))
     return E_DTYPE;
   AttnShape s;
   float eps, rscale;
@@ -466,39 +499,33 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   if (!c.params[X] || !c.params[POS] || !c.params[KC] || !c.params[VC] || !c.params[NORM] || !c.params[INVF] ||
       !c.params[OUT])
     return E_NULL;
-  static thread_local std::vector<float> nw, qnw, knw, xn, q, k, v, at, o, cs, sn;
   const float *x = c.ptr<float>(X);
   const int64_t *pos = c.ptr<int64_t>(POS);
   const uint8_t *mask = c.is_none(MASK) ? nullptr : c.ptr<uint8_t>(MASK);
   float *kc = c.ptr<float>(KC), *vc = c.ptr<float>(VC), *out = c.ptr<float>(OUT);
   const float *invf = c.ptr<float>(INVF);
+
+  static thread_local std::vector<float> nw, qnw, knw, xn, q, k, v, at, o;  // (16-bit norm weights widened)
   const float *norm_w = f32_of(c, NORM, nw);
   const float *qn_w = c.is_none(QNORM) ? nullptr : f32_of(c, QNORM, qnw);
   const float *kn_w = c.is_none(KNORM) ? nullptr : f32_of(c, KNORM, knw);
-
   xn.resize((size_t)(R * s.H));
   q.resize((size_t)(R * QD));
   k.resize((size_t)(R * KD));
   v.resize((size_t)(R * KD));
   at.resize((size_t)(R * QD));
   o.resize((size_t)(R * s.H));
-  cs.resize((size_t)(s.D / 2));
-  sn.resize((size_t)(s.D / 2));
   rms_norm(x, norm_w, eps, xn.data(), R, s.H);
   apply_lin(lq, xn.data(), q.data(), R);
   apply_lin(lk, xn.data(), k.data(), R);
   apply_lin(lv, xn.data(), v.data(), R);
   if (qn_w) rms_norm(q.data(), qn_w, eps, q.data(), R * s.Hq, s.D);  // QK-norm (Qwen3)
   if (kn_w) rms_norm(k.data(), kn_w, eps, k.data(), R * s.KVH, s.D);
+  const float *rope = rope_table(pos, R, invf, s.D / 2, rscale);
   for (int64_t r = 0; r < R; ++r) {
-    const float fp = (float)pos[r];
-    for (int64_t i = 0; i < s.D / 2; ++i) {
-      const float f = fp * invf[i];
-      cs[i] = std::cos(f) * rscale;
-      sn[i] = std::sin(f) * rscale;
-    }
-    rope_row(q.data() + r * QD, s.Hq, s.D, cs.data(), sn.data());
-    rope_row(k.data() + r * KD, s.KVH, s.D, cs.data(), sn.data());
+    const float *cr = rope + r * s.D, *sr = cr + s.D / 2;
+    rope_row(q.data() + r * QD, s.Hq, s.D, cr, sr);
+    rope_row(k.data() + r * KD, s.KVH, s.D, cr, sr);
     const int64_t b = r / s.T, t = r % s.T;
     for (int64_t g = 0; g < s.KVH; ++g) {
       const size_t dst = (size_t)(((b * s.KVH + g) * s.Smax + s.past + t) * s.D);
@@ -506,14 +533,16 @@ int attention_entry(BNB_MS_AOT_ARGS) {
       std::memcpy(vc + dst, v.data() + r * KD + g * s.D, (size_t)s.D * sizeof(float));
     }
   }
-  attend(s, q.data(), kc, vc, mask, c.is_none(MASK) ? 0 : c.dim(MASK, 1), at.data());
+  const int64_t mstride = c.is_none(MASK) ? 0 : c.dim(MASK, 1);
+  if (s.T >= kPrefillAttnRows) attend_prefill(s, q.data(), kc, vc, mask, mstride, at.data());
+  else attend(s, q.data(), kc, vc, mask, mstride, at.data());
   apply_lin(lo, at.data(), o.data(), R);
   for (int64_t i = 0; i < R * s.H; ++i) out[i] = x[i] + o[i];
   return OK;
 }
 
-// params: x f32 [..., H], norm_w (f32|f16|bf16) [H], gate spec (9), up spec (9), down spec (9),
-//   intermediate i64, eps f32 -> out f32 [..., H] (may alias x)
+// params: x f32 [..., H], norm_w (f32|f16|bf16) [H], gate spec (9), up spec (9), down spec (9), intermediate i64,
+//   eps f32 -> out f32 [..., H] (may alias x)
 int mlp_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   enum { X, NORM, GS, US = GS + kSpec, DS = US + kSpec, INTER = DS + kSpec, EPS, OUT, NPARAM };
@@ -531,9 +560,9 @@ int mlp_entry(BNB_MS_AOT_ARGS) {
     return st;
   if (R == 0 || H == 0) return OK;
   if (!c.params[X] || !c.params[NORM] || !c.params[OUT]) return E_NULL;
-  static thread_local std::vector<float> nw, xn, g, u, d;
   const float *x = c.ptr<float>(X);
   float *out = c.ptr<float>(OUT);
+  static thread_local std::vector<float> nw, xn, g, u, d;
   xn.resize((size_t)(R * H));
   g.resize((size_t)(R * I));
   u.resize((size_t)(R * I));
@@ -541,10 +570,11 @@ int mlp_entry(BNB_MS_AOT_ARGS) {
   rms_norm(x, f32_of(c, NORM, nw), eps, xn.data(), R, H);
   apply_lin(lg, xn.data(), g.data(), R);
   apply_lin(lu, xn.data(), u.data(), R);
-  for (int64_t i = 0; i < R * I; ++i) {
-    const float a = g[i];
-    g[i] = a / (1.0f + std::exp(-a)) * u[i];
-  }
+  float *gp = g.data();
+  const float *up = u.data();
+  parallel_for(R, std::max<int64_t>(1, 16384 / I), [&](int64_t r0, int64_t r1) {
+    simd_math::silu_mul(gp + r0 * I, up + r0 * I, (r1 - r0) * I);
+  });
   apply_lin(ld, g.data(), d.data(), R);
   for (int64_t i = 0; i < R * H; ++i) out[i] = x[i] + d[i];
   return OK;

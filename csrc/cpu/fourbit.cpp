@@ -778,15 +778,7 @@ int linear4_entry(BNB_MS_AOT_ARGS) {
 
 }  // namespace
 
-// Internal wrapper of gemv4 for other feature files (linear_kernels.h).
-void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
-                 int64_t K) {
-  if (M * N == 0) return;
-  if (K == 0) {
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) out[m * N + n] = bias ? bias[n] : 0.0f;
-    return;
-  }
+static Absmax4 absmax_of(const Linear4Weight &w) {
   Absmax4 amx;
   if (w.absmax_q) {
     amx.q = w.absmax_q;
@@ -797,7 +789,34 @@ void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, floa
   } else {
     amx.f32 = w.absmax_f32;
   }
-  gemv4<float>(w.code, w.packed, amx, A, bias, out, M, N, K, w.blocksize);
+  return amx;
+}
+
+// Internal wrappers for other feature files (linear_kernels.h).
+void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
+                 int64_t K) {
+  if (M * N == 0) return;
+  if (K == 0) {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) out[m * N + n] = bias ? bias[n] : 0.0f;
+    return;
+  }
+  gemv4<float>(w.code, w.packed, absmax_of(w), A, bias, out, M, N, K, w.blocksize);
+}
+
+// Weight rows [n0, n1) dequantized to fp32 (row-major, K values each): code[nibble] * absmax of the block,
+// the bytes of dequantize_4bit.
+void decode4_rows_f32(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K, float *dst) {
+  if (n1 <= n0 || K == 0) return;
+  const SimdLevel lvl = simd_level();
+  int64_t off;
+  const float *am = absmax_of(w).rows(n0, n1, K, w.blocksize, &off);
+  for (int64_t n = n0; n < n1; ++n) {
+    float *row = dst + (n - n0) * K;
+    if (lvl >= SimdLevel::avx512) decode_row_avx512(w.code, w.packed, am, off, n, K, K, w.blocksize, row);
+    else if (lvl >= SimdLevel::avx2) decode_row_avx2(w.code, w.packed, am, off, n, K, K, w.blocksize, row);
+    else decode_row_scalar(w.code, w.packed, am, off, n, K, K, w.blocksize, row);
+  }
 }
 
 }  // namespace bnb_ms

@@ -29,6 +29,10 @@ struct Linear4Weight {
 void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
                  int64_t K);
 
+// Weight rows [n0, n1) of the 4-bit weight dequantized to fp32 into dst ((n1 - n0) x K, row-major): the
+// values dequantize_4bit gives (code[nibble] * the block's absmax, double quant decoded first).
+void decode4_rows_f32(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K, float *dst);
+
 struct Int8Weight {
   const int8_t *CB = nullptr;  // int8 [N, K], row-wise absmax quantized
   const float *SCB = nullptr;  // [N] row absmax (the scale of row n is SCB[n] / 127)

@@ -1,0 +1,137 @@
+"""The lean host call of Linear4bit / Linear8bitLt at inference (the plan's ``fast``: only the activation and
+the output re-pointed once a full call has run with the same weight and bias objects): it is taken, it gives
+the full call's bytes, and it never serves a weight, quant-state tensor or bias that was rewritten in place
+or replaced after the first call."""
+
+import numpy as np
+import pytest
+
+import mindnlp  # noqa: F401
+import torch
+
+import bitsandbytes_ms as bnb
+from bitsandbytes_ms import _hostcall as H
+
+
+@pytest.fixture
+def lean_count(monkeypatch):
+    counts = {"lean": 0}
+    real = H.Bound.run_rows
+
+    def counted(self, *a, **k):
+        counts["lean"] += 1
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(H.Bound, "run_rows", counted)
+    return counts
+
+
+def _layer4(W, b, cd=torch.float32):
+    m = bnb.nn.Linear4bit(W.shape[1], W.shape[0], compute_dtype=cd, quant_type="nf4")
+    m.weight = bnb.nn.Params4bit(torch.tensor(W), requires_grad=False, quant_type="nf4")
+    m.bias = torch.nn.Parameter(torch.tensor(b), requires_grad=False)
+    return m.to("cpu").eval()
+
+
+def _layer8(W, b, threshold):
+    m = bnb.nn.Linear8bitLt(W.shape[1], W.shape[0], has_fp16_weights=False, threshold=threshold)
+    m.weight = bnb.nn.Int8Params(torch.tensor(W), requires_grad=False, has_fp16_weights=False)
+    m.bias = torch.nn.Parameter(torch.tensor(b), requires_grad=False)
+    return m.to("cpu").eval()
+
+
+def _fresh4(m, x):
+    """The full path's result for the layer's current tensors (lean call state dropped first)."""
+    m.weight.quant_state.__dict__.pop("_linear_plan", None)
+    return m(x).numpy().copy()
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_linear4bit_lean_call_is_taken_and_never_stale(lean_count, rows):
+    rng = np.random.default_rng(3)
+    W = (rng.standard_normal((48, 128)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(48).astype(np.float32)
+    m = _layer4(W, b)
+    x = torch.tensor(rng.standard_normal((rows, 128)).astype(np.float32))
+    first = m(x).numpy().copy()
+    assert lean_count["lean"] == 0
+    second = m(x).numpy().copy()
+    assert lean_count["lean"] == 1
+    np.testing.assert_array_equal(first, second)
+    qs = m.weight.quant_state
+    assert qs.nested  # double quant: absmax codes, state2.absmax, offset all read in place
+    # rewrite each tensor the call reads in place, then compare the lean/full layer with a fresh full call
+    for rewrite in (lambda: qs.state2.absmax.copy_(qs.state2.absmax * 2),
+                    lambda: m.bias.data.copy_(m.bias.data + 1),
+                    lambda: qs.absmax.copy_(torch.tensor(np.roll(qs.absmax.numpy(), 1))),
+                    lambda: m.weight.data.copy_(torch.tensor(np.roll(m.weight.data.numpy(), 1)))):
+        before = m(x).numpy().copy()
+        rewrite()
+        got = m(x).numpy().copy()
+        assert not np.array_equal(got, before)
+        np.testing.assert_array_equal(got, _fresh4(m, x))
+    # a replaced bias object: the lean call does not apply
+    m.bias = torch.nn.Parameter(torch.tensor(b * 0), requires_grad=False)
+    got = m(x).numpy().copy()
+    np.testing.assert_array_equal(got, _fresh4(m, x))
+
+
+def test_linear4bit_lean_call_view_input():
+    rng = np.random.default_rng(4)
+    W = (rng.standard_normal((32, 64)) * 0.05).astype(np.float32)
+    m = _layer4(W, np.zeros(32, np.float32))
+    xb = torch.tensor(rng.standard_normal((4, 64)).astype(np.float32))
+    m(xb[0:1])
+    for i in range(4):  # views at an offset / non-contiguous: copied, never read from the wrong address
+        np.testing.assert_array_equal(m(xb[i:i + 1]).numpy(), m(torch.tensor(xb.numpy()[i:i + 1])).numpy())
+    xt = torch.tensor(rng.standard_normal((64, 2)).astype(np.float32)).t()
+    np.testing.assert_array_equal(m(xt).numpy(), m(torch.tensor(np.ascontiguousarray(xt.numpy()))).numpy())
+
+
+@pytest.mark.parametrize("threshold", [0.0, 6.0])
+def test_linear8bitlt_lean_call_is_taken_and_never_stale(lean_count, threshold):
+    rng = np.random.default_rng(5)
+    W = (rng.standard_normal((40, 96)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(40).astype(np.float32)
+    m = _layer8(W, b, threshold)
+    x = rng.standard_normal((2, 96)).astype(np.float32)
+    x[:, 5] = 9.0
+    x = torch.tensor(x)
+    ref = _layer8(W, b, threshold)
+    first = m(x).numpy().copy()
+    second = m(x).numpy().copy()
+    assert lean_count["lean"] >= 1
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_array_equal(second, ref(x).numpy())
+    if threshold:
+        np.testing.assert_array_equal(m.state.idx.numpy(), [5])
+    for rewrite in (lambda t: t.bias.data.copy_(t.bias.data * 3),
+                    lambda t: t.state.SCB.copy_(t.state.SCB * 0.5),
+                    lambda t: t.weight.data.copy_(torch.tensor(-t.weight.data.numpy()))):
+        before = m(x).numpy().copy()
+        rewrite(m)
+        rewrite(ref)
+        ref.state.__dict__.pop("_int8_linear_plan", None)
+        got = m(x).numpy().copy()
+        assert not np.array_equal(got, before)
+        np.testing.assert_array_equal(got, ref(x).numpy())
+
+
+@pytest.mark.parametrize("cd", ["bfloat16", "float16"])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_linear4bit_fp32_input_16bit_compute_is_the_unfused_layer(cd, rows):
+    """fp32 activations with compute_dtype bf16/fp16: one host call, the unfused layer's bytes
+    (x cast to the compute dtype, the 16-bit layer, the result cast back)."""
+    rng = np.random.default_rng(6)
+    W = (rng.standard_normal((40, 192)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(40).astype(np.float32)
+    m = _layer4(W, b, getattr(torch, cd))
+    x = torch.tensor(rng.standard_normal((rows, 192)).astype(np.float32))
+    got = m(x)
+    assert got.dtype == torch.float32
+    old = H.set_enabled(False)
+    try:
+        ref = m(x)
+    finally:
+        H.set_enabled(old)
+    np.testing.assert_array_equal(got.numpy().view(np.uint32), ref.numpy().view(np.uint32))
