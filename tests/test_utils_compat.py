@@ -134,3 +134,62 @@ def test_version_is_upstreams_and_own_release_is_ms_version():
     finally:
         if not was_registered:
             hf.unregister()
+
+
+# ---- functional: paging, contexts, deprecated int8 matmul helpers ------------------------------------------------
+from bitsandbytes_ms import functional as F  # noqa: E402
+
+
+@pytest.mark.parametrize("tA, tB", [(False, False), (True, False), (False, True), (True, True)])
+def test_igemm_and_batched_igemm_exact(tA, tB):
+    r = np.random.RandomState(4)
+    a = r.randint(-128, 128, size=(5, 7)).astype(np.int8)
+    b = r.randint(-128, 128, size=(7, 3)).astype(np.int8)
+    A = a.T.copy() if tA else a
+    B = b.T.copy() if tB else b
+    ref = a.astype(np.int64) @ b.astype(np.int64)
+    out = F.igemm(ms.Tensor(A), ms.Tensor(B), transposed_A=tA, transposed_B=tB)
+    assert out.dtype == ms.int32
+    np.testing.assert_array_equal(out.asnumpy(), ref)
+    a3 = r.randint(-128, 128, size=(2, 5, 7)).astype(np.int8)
+    b3 = r.randint(-128, 128, size=(2, 7, 3)).astype(np.int8)
+    A3 = np.swapaxes(a3, 1, 2).copy() if tA else a3
+    B3 = np.swapaxes(b3, 1, 2).copy() if tB else b3
+    np.testing.assert_array_equal(F.batched_igemm(ms.Tensor(A3), ms.Tensor(B3), transposed_A=tA, transposed_B=tB).asnumpy(),
+                                  np.einsum("bij,bjk->bik", a3.astype(np.int64), b3.astype(np.int64)))
+
+
+def test_check_matmul_shapes_and_errors():
+    i8 = lambda *s: ms.Tensor(np.zeros(s, np.int8))  # noqa: E731
+    assert F.check_matmul(i8(4, 5), i8(5, 6), None, False, False) == (4, 6)
+    assert F.check_matmul(i8(5, 4), i8(6, 5), None, True, True) == (4, 6)
+    assert F.check_matmul(i8(2, 4, 5), i8(5, 6), None, False, False) == (2, 4, 6)
+    assert F.check_matmul(i8(2, 4, 5), i8(2, 6, 5), None, False, True) == (2, 4, 6)
+    with pytest.raises(ValueError, match="incorrect"):
+        F.check_matmul(i8(4, 5), i8(4, 6), None, False, False)
+    with pytest.raises(TypeError, match="int8"):
+        F.check_matmul(ms.Tensor(np.zeros((4, 5), np.float32)), i8(5, 6), None, False, False)
+
+
+def test_paged_tensors_fill_mul_and_device_checks():
+    p = F.get_paged(3, 4, dtype=ms.float32)
+    assert p.is_paged and tuple(p.shape) == (3, 4) and not p.asnumpy().any()
+    F.fill(p, 2.5)
+    np.testing.assert_array_equal(p.asnumpy(), np.full((3, 4), 2.5, np.float32))
+    F._mul(p, ms.Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)))
+    np.testing.assert_array_equal(p.asnumpy(), 2.5 * np.arange(12, dtype=np.float32).reshape(3, 4))
+    u = ms.Tensor(np.zeros(5, np.uint8))
+    F.fill(u, 7)
+    np.testing.assert_array_equal(u.asnumpy(), np.full(5, 7, np.uint8))
+    with pytest.raises(NotImplementedError):
+        F.fill(ms.Tensor(np.zeros(2, np.float16)), 1.0)
+    m = F.GlobalPageManager.get_instance()
+    m.paged_tensors.append(p)
+    m.prefetch_all()
+    F.prefetch_tensor(p)
+    with pytest.raises(ValueError, match="paged"):
+        F.prefetch_tensor(ms.Tensor(np.zeros(2, np.float32)))
+    assert F.is_on_gpu([p, None, ms.Tensor(np.zeros(2, np.float32))])
+    assert F.has_avx512bf16() == ("avx512_bf16" in bnb.cextension.cpu_features())
+    with pytest.raises(RuntimeError, match="cuBLAS"):
+        F.CUBLAS_Context.get_instance().get_context()
