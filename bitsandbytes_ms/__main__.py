@@ -26,7 +26,40 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+RELATED_PACKAGES = ("mindspore", "mindnlp", "numpy", "transformers", "peft", "accelerate", "safetensors",
+                    "tokenizers", "gguf", "pip")
+
+
+def sanity_check() -> None:
+    """A blockwise 8-bit round trip, an NF4 Linear4bit forward and an 8-bit Adam step, checked against numpy;
+    raises AssertionError with what differed."""
+    import numpy as np
+    from mindspore import Parameter, Tensor
+
+    from bitsandbytes_ms import functional as F
+    from bitsandbytes_ms import optim
+
+    rng = np.random.RandomState(0)
+    x = rng.randn(4096).astype(np.float32)
+    q, st = F.quantize_blockwise(Tensor(x), blocksize=256)
+    back = F.dequantize_blockwise(q, st).asnumpy()
+    err = float(np.abs(back - x).max() / np.abs(x).max())
+    assert err < 0.02, f"blockwise 8-bit round trip: max error {err:.4f} of absmax (expected < 0.02)"
+    w = (rng.randn(64, 128) * 0.05).astype(np.float32)
+    packed, qs = F.quantize_4bit(Tensor(w), quant_type="nf4")
+    a = rng.randn(3, 128).astype(np.float32)
+    ref = a @ F.dequantize_4bit(packed, qs).asnumpy().T
+    out = F.linear_4bit(Tensor(a), packed, qs).asnumpy()
+    assert np.allclose(out, ref, rtol=1e-4, atol=1e-4), "NF4 linear forward differs from the dequantized matmul"
+    p = Parameter(Tensor(rng.rand(64, 80).astype(np.float32)), name="p")
+    before = p.asnumpy().copy()
+    opt = optim.Adam8bit([p], lr=1e-2, min_8bit_size=1)
+    opt.step(grads=[Tensor(rng.randn(64, 80).astype(np.float32))])
+    assert np.abs(p.asnumpy() - before).max() > 1e-4, "Adam8bit.step() did not update the parameter"
+
+
 def diagnostics() -> int:
+    """Versions, platform, backend, library, CPU kernel path, then a sanity check: 0 on SUCCESS, 1 otherwise."""
     import mindspore as ms
 
     import bitsandbytes_ms as bnb
@@ -34,9 +67,10 @@ def diagnostics() -> int:
 
     print("bitsandbytes_ms diagnostics")
     print(f"  bitsandbytes_ms   {bnb.__ms_version__} (follows bitsandbytes {bnb.__upstream_version__})")
+    print(f"  platform          {platform.platform()}"
+          + (f" (libc {'-'.join(platform.libc_ver())})" if platform.system() == "Linux" else ""))
     print(f"  python            {platform.python_version()} ({sys.executable})")
-    for dist in ("mindspore", "mindnlp", "numpy"):
-        print(f"  {dist:<17} {_version(dist)}")
+    print("  related packages  " + ", ".join(f"{d} {_version(d)}" for d in RELATED_PACKAGES))
     print(f"  device target     {ms.get_context('device_target')}")
     print(f"  backend           {cextension.BNB_BACKEND}")
     print(f"  native library    {cextension.LIBRARY_PATH}")
@@ -50,6 +84,13 @@ def diagnostics() -> int:
         print(f"  int8 GEMM path    {big}" + (f" ({small} below 8 rows)" if small != big else "")
               + "  (BNB_MS_INT8_GEMM=scalar|avx2|avx512|avxvnni|avx512vnni|amx forces one)")
     print(f"  native ops        {len(cextension._ops.OPS)} entry points in the op table")
+    print("sanity check: blockwise 8-bit round trip, NF4 linear forward, Adam8bit step ...")
+    try:
+        sanity_check()
+    except Exception as e:  # noqa: BLE001  (any failure is reported in one line, exit 1)
+        print(f"FAILED: {type(e).__name__}: {_first_line(e)}")
+        return 1
+    print("SUCCESS!")
     return 0
 
 

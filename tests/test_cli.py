@@ -102,3 +102,22 @@ def test_save_into_an_existing_file_is_refused(tmp_path):
     f.write_text("x")
     line = _one_line_error(run("quantize", "--save", str(f)))
     assert "not a directory" in line
+
+
+def test_diagnostics_report_and_sanity_check():
+    r = run()
+    assert r.returncode == 0, r.stderr
+    for field in ("bitsandbytes_ms   ", "platform          ", "libc ", "related packages  ", "transformers ",
+                  "peft ", "accelerate ", "safetensors ", "native library    ", "CPU kernel path   "):
+        assert field in r.stdout, field
+    assert r.stdout.rstrip().endswith("SUCCESS!")
+
+
+def test_diagnostics_sanity_failure_exits_1(monkeypatch):
+    from bitsandbytes_ms import __main__ as cli
+
+    def broken():
+        raise AssertionError("blockwise 8-bit round trip: max error 0.5")
+
+    monkeypatch.setattr(cli, "sanity_check", broken)
+    assert cli.diagnostics() == 1
