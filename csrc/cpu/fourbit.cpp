@@ -775,6 +775,7 @@ BNB_MS_INLINE uint16_t to_bf16_flushed(float f) { return bf16_flush(f32_to_bf16(
 BNB_MS_INLINE float ftz32(float r) { return std::fabs(r) < 1.17549435e-38f ? std::copysign(0.0f, r) : r; }
 
 constexpr int kChunk = 32;  // bf16 elements per vdpbf16ps (16 lanes x 2)
+constexpr int kRowGroup = 8;  // weight rows decoded together (their chains interleave)
 
 bool bf16dot_native() {
   return (cpu_features() & CPU_AVX512BF16) && simd_level() >= SimdLevel::avx512;
@@ -812,7 +813,7 @@ void dot_rows_bf16_portable(const uint16_t *const *w, int R, const uint16_t *x, 
           a[l] = ftz32(std::fma(bf16f(w[j][k + 1]), bf16f(xm[k + 1]), a[l]));
           a[l] = ftz32(std::fma(bf16f(w[j][k]), bf16f(xm[k]), a[l]));
         }
-      r[m * 4 + j] = lanes_reduce(a);
+      r[m * kRowGroup + j] = lanes_reduce(a);
     }
   }
 }
@@ -820,8 +821,9 @@ void dot_rows_bf16_portable(const uint16_t *const *w, int R, const uint16_t *x, 
 #define BNB_MS_TARGET_AVX512BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
 
-// 16 fp32 -> 16 flushed bf16 (the integer form of to_bf16_flushed).
-BNB_MS_TARGET_AVX512BF16 BNB_MS_INLINE __m256i bf16_flushed16(__m512 v) {
+// 16 fp32 -> 16 flushed bf16 (the integer form of to_bf16_flushed), dword i = t[i] | t[i] << 16: the table
+// of vpermw with index 2 * nibble (+ 1: either word), so building the index needs no mask.
+BNB_MS_TARGET_AVX512BF16 BNB_MS_INLINE __m512i bf16_flushed16(__m512 v) {
   const __m512i b = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
@@ -829,7 +831,7 @@ BNB_MS_TARGET_AVX512BF16 BNB_MS_INLINE __m256i bf16_flushed16(__m512 v) {
   r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
   const __mmask16 den = _mm512_testn_epi32_mask(r, _mm512_set1_epi32(0x7f80));
   r = _mm512_mask_and_epi32(r, den, r, _mm512_set1_epi32(0x8000));
-  return _mm512_cvtepi32_epi16(r);
+  return _mm512_or_si512(r, _mm512_slli_epi32(r, 16));
 }
 
 BNB_MS_TARGET_AVX512BF16 void decode_row_bf16_avx512(const float *code, const uint8_t *q, const float *am,
@@ -837,26 +839,26 @@ BNB_MS_TARGET_AVX512BF16 void decode_row_bf16_avx512(const float *code, const ui
                                                       uint16_t *w) {
   const int64_t r0 = n * K;
   const __m512 c = _mm512_loadu_ps(code);
-  alignas(32) uint16_t t[kCode4];
+  alignas(64) uint16_t t[2 * kCode4];
   for (int64_t b = r0 / bs, s = r0; s < r0 + K; ++b) {
     const int64_t e = std::min((b + 1) * bs, r0 + K);
-    const __m256i t16 = bf16_flushed16(_mm512_mul_ps(c, _mm512_set1_ps(am[b - blk_off])));
-    const __m512i tab = _mm512_castsi256_si512(t16);
+    const __m512i tab = bf16_flushed16(_mm512_mul_ps(c, _mm512_set1_ps(am[b - blk_off])));
     int64_t i = s;
     if (i & 1) {
-      _mm256_store_si256((__m256i *)t, t16);
-      w[i - r0] = t[nib_at(q, i)];
+      _mm512_store_si512(t, tab);
+      w[i - r0] = t[2 * nib_at(q, i)];
       ++i;
     }
-    for (; i + kChunk <= e; i += kChunk) {  // 16 bytes -> 32 indices in element order (2j: high nibble)
+    for (; i + kChunk <= e; i += kChunk) {
+      // 16 bytes -> 32 word indices in element order: word 2j = byte j >> 3 (2 * high nibble, + bit 3),
+      // word 2j+1 = byte j << 1 (2 * low nibble, + higher bits); vpermw reads the low 5 bits
       const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + (i >> 1))));
-      const __m512i idx = _mm512_or_si512(_mm512_srli_epi32(d, 4),
-                                          _mm512_slli_epi32(_mm512_and_si512(d, _mm512_set1_epi32(15)), 16));
+      const __m512i idx = _mm512_or_si512(_mm512_srli_epi32(d, 3), _mm512_slli_epi32(d, 17));
       _mm512_storeu_si512(w + (i - r0), _mm512_permutexvar_epi16(idx, tab));
     }
     if (i < e) {
-      _mm256_store_si256((__m256i *)t, t16);
-      for (; i < e; ++i) w[i - r0] = t[nib_at(q, i)];
+      _mm512_store_si512(t, tab);
+      for (; i < e; ++i) w[i - r0] = t[2 * nib_at(q, i)];
     }
     s = e;
   }
@@ -867,29 +869,40 @@ BNB_MS_TARGET_AVX512BF16 BNB_MS_INLINE __m512bh bh(const uint16_t *p) {
   return (__m512bh)_mm512_loadu_si512(p);
 }
 
-BNB_MS_TARGET_AVX512BF16 void dot_rows_bf16_avx512(const uint16_t *const *w, int R, const uint16_t *x, int64_t M,
-                                                    int64_t K32, float *r) {
-  for (int64_t m = 0; m < M; ++m) {
-    const uint16_t *xm = x + m * K32;
-    if (R == 4) {  // four weight rows, four independent chains
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (int64_t c = 0; c < K32; c += kChunk) {
-        const __m512bh xv = bh(xm + c);
-        a0 = _mm512_dpbf16_ps(a0, bh(w[0] + c), xv);
-        a1 = _mm512_dpbf16_ps(a1, bh(w[1] + c), xv);
-        a2 = _mm512_dpbf16_ps(a2, bh(w[2] + c), xv);
-        a3 = _mm512_dpbf16_ps(a3, bh(w[3] + c), xv);
-      }
-      r[m * 4] = reduce16_avx512(a0), r[m * 4 + 1] = reduce16_avx512(a1);
-      r[m * 4 + 2] = reduce16_avx512(a2), r[m * 4 + 3] = reduce16_avx512(a3);
-      continue;
-    }
-    for (int j = 0; j < R; ++j) {
-      __m512 a0 = _mm512_setzero_ps();
-      for (int64_t c = 0; c < K32; c += kChunk) a0 = _mm512_dpbf16_ps(a0, bh(w[j] + c), bh(xm + c));
-      r[m * 4 + j] = reduce16_avx512(a0);
+// R (<= kRowGroup) decoded weight rows against every x row: r[m * kRowGroup + j].  Each (row, m) is one
+// vdpbf16ps chain over the chunks in order; the blocking only interleaves independent chains.
+
+template <int RR, int MM>
+BNB_MS_TARGET_AVX512BF16 BNB_MS_INLINE void dot_tile_bf16(const uint16_t *const *w, const uint16_t *x, int64_t m,
+                                                          int64_t K32, int j0, float *r) {
+  __m512 a[RR][MM];
+  for (int j = 0; j < RR; ++j)
+    for (int i = 0; i < MM; ++i) a[j][i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < K32; c += kChunk) {
+    __m512bh xv[MM];
+    for (int i = 0; i < MM; ++i) xv[i] = bh(x + (m + i) * K32 + c);
+    for (int j = 0; j < RR; ++j) {
+      const __m512bh wv = bh(w[j0 + j] + c);
+      for (int i = 0; i < MM; ++i) a[j][i] = _mm512_dpbf16_ps(a[j][i], wv, xv[i]);
     }
   }
+  for (int j = 0; j < RR; ++j)
+    for (int i = 0; i < MM; ++i) r[(m + i) * kRowGroup + j0 + j] = reduce16_avx512(a[j][i]);
+}
+
+BNB_MS_TARGET_AVX512BF16 void dot_rows_bf16_avx512(const uint16_t *const *w, int R, const uint16_t *x, int64_t M,
+                                                    int64_t K32, float *r) {
+  int64_t m = 0;
+  if (R == kRowGroup) {
+    for (; m + 4 <= M; m += 4) {
+      dot_tile_bf16<4, 4>(w, x, m, K32, 0, r);
+      dot_tile_bf16<4, 4>(w, x, m, K32, 4, r);
+    }
+    for (; m < M; ++m) dot_tile_bf16<8, 1>(w, x, m, K32, 0, r);
+    return;
+  }
+  for (; m < M; ++m)
+    for (int j = 0; j < R; ++j) dot_tile_bf16<1, 1>(w, x, m, K32, j, r);
 }
 
 template <class T>
@@ -903,15 +916,15 @@ void linear4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, co
     for (int64_t k = 0; k < K; ++k) xb[m * K32 + k] = to_bf16_flushed(to_f32(A[m * K + k]));
   const uint16_t *xp = xb.data();
   gemv4_parallel_rows(N, K * std::max<int64_t>(1, M / 4), [&](int64_t n0, int64_t n1) {
-    static thread_local std::vector<uint16_t> wrows;  // 4 decoded weight rows
+    static thread_local std::vector<uint16_t> wrows;  // kRowGroup decoded weight rows
     static thread_local std::vector<float> res;
     int64_t off;
     const float *am = amx.rows(n0, n1, K, bs, &off);
-    wrows.resize((size_t)(4 * K32 + kChunk));
-    res.resize((size_t)(M * 4));
-    for (int64_t n = n0; n < n1; n += 4) {
-      const int R = (int)std::min<int64_t>(4, n1 - n);
-      const uint16_t *wp[4];
+    wrows.resize((size_t)(kRowGroup * K32 + kChunk));
+    res.resize((size_t)(M * kRowGroup));
+    for (int64_t n = n0; n < n1; n += kRowGroup) {
+      const int R = (int)std::min<int64_t>(kRowGroup, n1 - n);
+      const uint16_t *wp[kRowGroup];
       for (int j = 0; j < R; ++j) {
         uint16_t *wj = wrows.data() + j * K32;
         if (native) decode_row_bf16_avx512(code, q, am, off, n + j, K, K32, bs, wj);
@@ -921,7 +934,7 @@ void linear4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, co
       if (native) dot_rows_bf16_avx512(wp, R, xp, M, K32, res.data());
       else dot_rows_bf16_portable(wp, R, xp, M, K32, res.data());
       for (int64_t m = 0; m < M; ++m)
-        for (int j = 0; j < R; ++j) out[m * N + n + j] = with_bias(from_f32<T>(res[m * 4 + j]), bias, n + j);
+        for (int j = 0; j < R; ++j) out[m * N + n + j] = with_bias(from_f32<T>(res[m * kRowGroup + j]), bias, n + j);
     }
   });
 }
