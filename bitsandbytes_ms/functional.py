@@ -1078,18 +1078,18 @@ class _Linear4bitPlan:
         reads in place has moved (one address read each), only A and the output are re-pointed. Returns the
         result, or None (the caller runs the full path)."""
         dt = A.dtype
-        entry = self.calls.get((dt, _get_ident(), dt == ms.bfloat16 and _use_bf16_dot(bf16_dot)))
-        if entry is None:
-            return None
-        f = entry[2][0]
-        if f is None or f[0] is not B or f[1] is not bias:
-            return None
         shape = tuple(A.shape)
         K = self.K
         if not shape or shape[-1] != K:
             return None
         rows = math.prod(shape[:-1])
         if rows == 0 or rows > max_rows or K == 0:
+            return None
+        entry = self.calls.get((dt, _get_ident(), dt == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows)))
+        if entry is None:
+            return None
+        f = entry[2][0]
+        if f is None or f[0] is not B or f[1] is not bias:
             return None
         xa, xp = _hostcall.host_ptr(A)  # first: waits for everything queued before (in-place updates too)
         for t, ptr in f[2]:
@@ -1109,63 +1109,76 @@ def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
 
 
 # ---- bf16 compute for 4-bit linear layers --------------------------------------------------------
-# bf16 activations (Linear4bit with compute_dtype bf16, bf16 or fp32 input) run, by default where the CPU has
-# AVX512-BF16 (as upstream bitsandbytes does there), a bf16 dot-product kernel: clinear_4bit_bf16dot_bf16,
-# csrc/cpu/fourbit.cpp "bf16 compute". Elsewhere the exact fp32-accumulation kernel stays the default: the
-# portable kernel that gives the dot product's bits without the instruction is slower than it. The choice is
-# made on the CPU feature, never on BNB_MS_SIMD, so a call's result does not depend on the SIMD level.
-# BNB_MS_4BIT_BF16_DOT=auto|1|0 (also on/off; 0 = "exact") or set_bf16_dot() sets it for the process; the
+# bf16 activations (Linear4bit with compute_dtype bf16, bf16 or fp32 input) can run a bf16 dot-product
+# kernel, clinear_4bit_bf16dot_bf16 (csrc/cpu/fourbit.cpp "bf16 compute": vdpbf16ps where the CPU has
+# AVX512-BF16, a portable kernel with the same bits elsewhere), instead of the exact fp32-accumulation one.
+# Default ("auto"), decided on measurements (benchmarks/cpu_avx512_host.md, Sapphire Rapids, 4096 -> 11008):
+#   * CPU with AVX512-BF16: the dot kernel for 2+ rows (batch 16: 2.41 ms vs 3.59 ms exact), the exact gemv for
+#     one row (0.27 ms vs the dot kernel's 0.53 ms: the exact gemv decodes in registers at memory speed);
+#   * any other CPU: the exact kernels (the portable dot kernel is ~35x slower than the AVX2 exact path).
+# The choice is made on the CPU feature, never on BNB_MS_SIMD, so a call's result does not depend on the SIMD
+# level. BNB_MS_4BIT_BF16_DOT=auto|1|0 (also on/off, 0 = "exact") or set_bf16_dot() sets it for the process
+# (1: the dot kernel for every row count, the portable kernel without the instruction; 0: never); the
 # ``bf16_dot`` argument of linear_4bit / linear_4bit_compute for one call.
 _BF16_DOT_ENV = "BNB_MS_4BIT_BF16_DOT"
 _BF16_DOT_WORDS = {"auto": None, "1": True, "on": True, "true": True, "bf16": True,
                    "0": False, "off": False, "false": False, "exact": False}
-_bf16_dot_default: Optional[bool] = None  # resolved lazily; None = not resolved yet
+#: auto on an AVX512-BF16 CPU: the dot kernel from this many rows of activations on
+BF16_DOT_AUTO_MIN_ROWS = 2
+_NEVER = 1 << 62
+_bf16_dot_min_rows: Optional[int] = None  # resolved lazily: rows from which the dot kernel runs by default
 
 
-def _resolve_bf16_dot(mode) -> bool:
+def _resolve_bf16_dot(mode) -> int:
+    if BNB_BACKEND != "CPU":  # the kernel is CPU-only; the CUDA library has no twin
+        return _NEVER
     if mode is None:
         from . import cextension
-        return BNB_BACKEND == "CPU" and "avx512_bf16" in cextension.cpu_features()
-    return bool(mode) and BNB_BACKEND == "CPU"  # the kernel is CPU-only; the CUDA library has no twin
+        return BF16_DOT_AUTO_MIN_ROWS if "avx512_bf16" in cextension.cpu_features() else _NEVER
+    return 1 if mode else _NEVER
 
 
-def set_bf16_dot(mode="auto") -> bool:
-    """Sets the process-wide default of the 4-bit bf16-compute kernel: ``"auto"`` (on where the CPU has
-    AVX512-BF16), ``True``/``"on"`` (the bf16 dot-product kernel; the portable one without the instruction),
-    ``False``/``"off"``/``"exact"`` (the exact fp32-accumulation kernel), or ``None`` (read
-    ``BNB_MS_4BIT_BF16_DOT`` again). Returns the resulting default."""
-    global _bf16_dot_default
+def set_bf16_dot(mode="auto") -> None:
+    """Sets the process-wide default of the 4-bit bf16-compute kernel: ``"auto"`` (the dot kernel for 2+ rows
+    where the CPU has AVX512-BF16, else the exact kernels), ``True``/``"on"`` (the bf16 dot-product kernel for
+    every call; the portable one without the instruction), ``False``/``"off"``/``"exact"`` (always the exact
+    fp32-accumulation kernels), or ``None`` (read ``BNB_MS_4BIT_BF16_DOT`` again)."""
+    global _bf16_dot_min_rows
     if mode is None:
-        _bf16_dot_default = None
-        return bf16_dot_enabled()
-    if isinstance(mode, bool):
-        _bf16_dot_default = _resolve_bf16_dot(mode)
-        return _bf16_dot_default
+        _bf16_dot_min_rows = None
+        return
+    if isinstance(mode, (bool, np.bool_)):
+        _bf16_dot_min_rows = _resolve_bf16_dot(bool(mode))
+        return
     word = str(mode).strip().lower()
     if word not in _BF16_DOT_WORDS:
         raise ValueError(f"set_bf16_dot: `mode` must be one of 'auto', 'on', 'off', True, False or None; got {mode!r}")
-    _bf16_dot_default = _resolve_bf16_dot(_BF16_DOT_WORDS[word])
-    return _bf16_dot_default
+    _bf16_dot_min_rows = _resolve_bf16_dot(_BF16_DOT_WORDS[word])
 
 
-def bf16_dot_enabled() -> bool:
-    """Whether bf16 4-bit linear forwards run the bf16 dot-product kernel by default (see set_bf16_dot)."""
-    global _bf16_dot_default
-    if _bf16_dot_default is None:
+def _bf16_dot_rows() -> int:
+    global _bf16_dot_min_rows
+    if _bf16_dot_min_rows is None:
         raw = os.environ.get(_BF16_DOT_ENV, "auto")
         word = raw.strip().lower()
         if word not in _BF16_DOT_WORDS:
             raise ValueError(f"{_BF16_DOT_ENV} must be one of auto, 1, 0, on, off, exact; got {raw!r}")
-        _bf16_dot_default = _resolve_bf16_dot(_BF16_DOT_WORDS[word])
-    return _bf16_dot_default
+        _bf16_dot_min_rows = _resolve_bf16_dot(_BF16_DOT_WORDS[word])
+    return _bf16_dot_min_rows
 
 
-def _use_bf16_dot(bf16_dot, fn: str = "linear_4bit") -> bool:
+def bf16_dot_enabled(rows: int = BF16_DOT_AUTO_MIN_ROWS) -> bool:
+    """Whether a bf16 4-bit linear forward of ``rows`` activation rows runs the bf16 dot-product kernel by
+    default (see :func:`set_bf16_dot`)."""
+    return rows >= _bf16_dot_rows()
+
+
+def _use_bf16_dot(bf16_dot, rows: int, fn: str = "linear_4bit") -> bool:
     if bf16_dot is None:
-        return _bf16_dot_default if _bf16_dot_default is not None else bf16_dot_enabled()
+        return rows >= (_bf16_dot_min_rows if _bf16_dot_min_rows is not None else _bf16_dot_rows())
     if not isinstance(bf16_dot, (bool, np.bool_)):
         raise TypeError(f"{fn}: `bf16_dot` must be True, False or None; got {type(bf16_dot).__name__}")
-    return _resolve_bf16_dot(bool(bf16_dot))
+    return bool(bf16_dot) and BNB_BACKEND == "CPU"
 
 
 def _linear4_entry_name(dtype, dot: bool) -> str:
@@ -1200,7 +1213,8 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     if 0 in shape or plan.N == 0 or plan.K == 0:
         return None
     plan.check_weight(B, fn)
-    call, bound, _ = plan.host_call(compute_dtype, compute_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, fn))
+    dot = compute_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
+    call, bound, _ = plan.host_call(compute_dtype, dot)
     npdt = _hostcall.np_dtype(compute_dtype)
     xa = _hostcall.host(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
     for i, arr in enumerate(plan.host_args(B, quant_state, bias, compute_dtype), 1):
@@ -1223,8 +1237,8 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
     fixed order); 2+ rows run the fused dequantize-GEMM: the fp32 dequantized weight (``code * absmax``,
     decoded once per call and row, never stored as a matrix) times A in 16 fma lanes, in the fixed order
     csrc/cpu/fourbit.cpp documents (same bits at every SIMD level). bf16 ``A`` with ``bf16_dot`` (default: on
-    where the CPU has AVX512-BF16, see :func:`bf16_dot_enabled`) runs the bf16 dot-product kernel instead
-    (``clinear_4bit_bf16dot_bf16``: x and ``bf16(code * absmax)`` multiplied in pairs, accumulated in fp32 as
+    where the CPU has AVX512-BF16, see :func:`set_bf16_dot`) runs the bf16 dot-product kernel instead
+    (``clinear_4bit_bf16dot_bf16``; by default for 2+ rows; x and ``bf16(code * absmax)`` multiplied in pairs, accumulated in fp32 as
     vdpbf16ps does; within ``2^-6 (S + |bias|) + K 2^-22 S`` of the exact path, S = sum |x w|; the same bits
     with or without the instruction, at every SIMD level). The double-quant absmax is decoded in
     the kernel as ``dequantize_blockwise`` + offset computes it; ``bias`` is added to the result rounded to A's dtype, in fp32, and rounded again
@@ -1265,7 +1279,7 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
     if 0 in shape or plan.N == 0:
         return _empty_np(out_shape, A.dtype)
     plan.check_weight(B, fn)
-    dot = A.dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, fn)
+    dot = A.dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
     if _hostcall.active():
         call, bound, fast = plan.host_call(A.dtype, dot)
         out = _hostcall.empty(out_shape, A.dtype)
