@@ -33,7 +33,7 @@ def diagnostics() -> int:
     from bitsandbytes_ms import cextension
 
     print("bitsandbytes_ms diagnostics")
-    print(f"  bitsandbytes_ms   {bnb.__version__} (follows bitsandbytes {bnb.__upstream_version__})")
+    print(f"  bitsandbytes_ms   {bnb.__ms_version__} (follows bitsandbytes {bnb.__upstream_version__})")
     print(f"  python            {platform.python_version()} ({sys.executable})")
     for dist in ("mindspore", "mindnlp", "numpy"):
         print(f"  {dist:<17} {_version(dist)}")

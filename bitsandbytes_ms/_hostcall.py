@@ -42,7 +42,7 @@ from mindspore import Tensor
 from mindspore import context as _ms_context
 from mindspore.common.api import _pynative_executor
 
-from . import _ops, cextension
+from . import _ms_threads, _ops, cextension
 
 _ARGTYPES = [ct.c_int, ct.POINTER(ct.c_void_p), ct.POINTER(ct.c_int), ct.POINTER(ct.POINTER(ct.c_int64)),
              ct.POINTER(ct.c_char_p), ct.c_void_p, ct.c_void_p]
@@ -149,6 +149,7 @@ class Bound:
     __slots__ = ("_fn", "_name", "_n", "_params", "_ndims", "_shapes", "_dims", "_dtypes", "_keep")
 
     def __init__(self, fn, name: str, args):
+        _ms_threads.ensure()  # MindSpore's idle workers stop yield-spinning over our calls (see _ms_threads)
         self._fn, self._name, self._n = fn, name, len(args)
         self._params = (ct.c_void_p * self._n)()
         self._ndims = (ct.c_int * self._n)()

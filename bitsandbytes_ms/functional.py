@@ -25,6 +25,7 @@ from mindspore import Tensor
 from . import _hostcall, _reference
 from .cextension import BNB_BACKEND, get_ptr, lib, tag_device  # noqa: F401  (get_ptr re-exported as upstream)
 from .utils import dtype_from_name, dtype_name, pack_dict_to_tensor, unpack_tensor_to_dict
+from .utils import to_numpy as _to_numpy
 
 FLOAT_DTYPES = (ms.float32, ms.float16, ms.bfloat16)
 _SUFFIX = {ms.float32: "fp32", ms.float16: "fp16", ms.bfloat16: "bf16"}
@@ -1992,3 +1993,159 @@ def gemm_fp(A: Tensor, W: Tensor, bias: Optional[Tensor] = None, out: Optional[T
         res = ms.ops.reshape(res, out_shape)
     tag_device(res, like=(A,))
     return _write(out, res)
+
+
+# ---- upstream's remaining public names (issue 15) -------------------------------------------------------------
+# Paging, cuBLAS contexts and the deprecated int8 matmul helpers exist upstream for CUDA; here they keep their
+# names and contracts on MindSpore's CPU (no unified memory: a "paged" tensor is an ordinary host tensor marked
+# ``is_paged``, and prefetching it does nothing).
+class GlobalPageManager:
+    """Upstream's registry of paged tensors (``get_instance()``, ``paged_tensors``, ``prefetch_all``)."""
+
+    _instance = None
+
+    def __init__(self):
+        raise RuntimeError("Call get_instance() instead")
+
+    def initialize(self):
+        self.paged_tensors = []
+
+    @classmethod
+    def get_instance(cls):
+        if cls._instance is None:
+            cls._instance = cls.__new__(cls)
+            cls._instance.initialize()
+        return cls._instance
+
+    def prefetch_all(self, to_cpu: bool = False) -> None:
+        for t in self.paged_tensors[::-1]:
+            prefetch_tensor(t, to_cpu)
+
+
+class CUBLAS_Context:
+    """Upstream's per-device cuBLAS handle cache; there is no cuBLAS handle to hold on the CPU library."""
+
+    _instance = None
+
+    def __init__(self):
+        raise RuntimeError("Call get_instance() instead")
+
+    def initialize(self):
+        self.context = {}
+
+    @classmethod
+    def get_instance(cls):
+        if cls._instance is None:
+            cls._instance = cls.__new__(cls)
+            cls._instance.initialize()
+        return cls._instance
+
+    def get_context(self, device=None):
+        if BNB_BACKEND != "CUDA":
+            raise RuntimeError("CUBLAS_Context: the CPU library has no cuBLAS context (the CUDA library creates "
+                               "its handles itself)")
+        return self.context.setdefault(getattr(device, "index", 0), None)
+
+
+def get_paged(*shape, dtype=ms.float32, device=None) -> Tensor:
+    """A zero-filled tensor marked ``is_paged`` (upstream: CUDA managed memory; here host memory)."""
+    shape = tuple(int(s) for s in (shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape))
+    out = Tensor(np.zeros(shape, dtype=_hostcall.np_dtype(dtype)))
+    out.is_paged = True
+    out.page_deviceid = getattr(device, "index", 0) or 0
+    return out
+
+
+def prefetch_tensor(A: Tensor, to_cpu: bool = False) -> None:
+    """Upstream moves a paged tensor's pages to the GPU (or host); host memory needs nothing."""
+    if not getattr(A, "is_paged", False):
+        raise ValueError("prefetch_tensor: only paged tensors can be prefetched (A.is_paged is not set)")
+
+
+def elementwise_func(func_name: str, A: Tensor, B: Optional[Tensor], value, prefetch: bool = True) -> None:
+    """In-place ``fill`` (A[:] = value) and ``_mul`` (A *= B) on float32 / uint8 tensors, as upstream's
+    ``cfill_*`` / ``c_mul_*``; any other name or dtype raises NotImplementedError as upstream does."""
+    if A.dtype not in (ms.float32, ms.uint8) or func_name not in ("fill", "_mul"):
+        raise NotImplementedError(f"Function not implemented: {func_name}")
+    if func_name == "fill":
+        A[...] = Tensor(np.asarray(value, dtype=_hostcall.np_dtype(A.dtype)))
+        return
+    if B is None or tuple(B.shape) != tuple(A.shape):
+        raise ValueError(f"elementwise_func('_mul'): B must have A's shape {tuple(A.shape)}, got "
+                         f"{None if B is None else tuple(B.shape)}")
+    a = _to_numpy(A)
+    A[...] = Tensor((a * _to_numpy(B).astype(a.dtype)).astype(a.dtype))
+
+
+def fill(A: Tensor, value, device=None, prefetch: bool = True) -> None:
+    elementwise_func("fill", A, None, value)
+
+
+def _mul(A: Tensor, B: Tensor, device=None) -> None:
+    elementwise_func("_mul", A, B, 0)
+
+
+def is_on_gpu(tensors) -> bool:
+    """Upstream's same-device check: True when the (non-None, non-paged) tensors are all on one device; mixing
+    devices raises RuntimeError. MindSpore places tensors by context, so on this CPU library they always agree."""
+    devices = set()
+    for t in tensors:
+        if t is not None and not getattr(t, "is_paged", False):
+            dev = getattr(t, "device", "cpu")
+            devices.add(str(getattr(dev, "type", dev)).split(":")[0].lower())
+    if len(devices) > 1:
+        raise RuntimeError(f"Input tensors need to be on the same device, but found {sorted(devices)}")
+    return True
+
+
+def has_avx512bf16() -> bool:
+    """True when the CPU has AVX512-BF16 (upstream's CPU bf16 gemv_4bit runs there)."""
+    from .cextension import cpu_features
+
+    try:
+        return "avx512_bf16" in cpu_features()
+    except (AttributeError, RuntimeError, OSError):
+        return False
+
+
+def check_matmul(A, B, out, transposed_A, transposed_B, expected_type=ms.int8):
+    """Upstream's deprecated shape check of an int8 matmul: the output shape of ``A @ B`` (with the given
+    transposes) for 2-D x 2-D, 3-D x 2-D and 3-D x 3-D operands; TypeError on other dtypes, ValueError on
+    shapes that do not multiply."""
+    if A.dtype != expected_type or B.dtype != expected_type:
+        raise TypeError(f"Expected {expected_type} input tensors A and B, but got {A.dtype} and {B.dtype}")
+    sA, sB = tuple(A.shape), tuple(B.shape)
+    kA = (sA[-2] if transposed_A else sA[-1]) if len(sA) >= 2 else None
+    kB = (sB[-1] if transposed_B else sB[-2]) if len(sB) >= 2 else None
+    if len(sA) not in (2, 3) or len(sB) not in (2, 3) or (len(sA) == 2 and len(sB) == 3) or kA != kB:
+        raise ValueError(f"Tensor dimensions incorrect for matrix multiplication: A x B: {sA} x {sB} with "
+                         f"transpose for A x B: {transposed_A} x {transposed_B}.")
+    rows = sA[-1] if transposed_A else sA[-2]
+    cols = sB[-2] if transposed_B else sB[-1]
+    return (sA[0], rows, cols) if len(sA) == 3 else (rows, cols)
+
+
+def igemm(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: bool = False,
+          transposed_B: bool = False) -> Tensor:
+    """Upstream's deprecated int8 matmul ``A @ B`` (int32, exact) with optional transposes; A may be 3-D
+    (its leading dimensions are rows). Runs :func:`int8_linear_matmul`."""
+    shape = check_matmul(A, B, out, transposed_A, transposed_B)
+    if B.ndim == 3:
+        return batched_igemm(A, B, out, transposed_A, transposed_B)
+    a, b = _to_numpy(A), _to_numpy(B)  # (a deprecated helper: transposes on the host)
+    a = np.swapaxes(a, -1, -2) if transposed_A else a
+    bt = b if transposed_B else b.T  # int8_linear_matmul takes B as [N, K]
+    res = int8_linear_matmul(Tensor(np.ascontiguousarray(a)), Tensor(np.ascontiguousarray(bt)))
+    return _write(out, ms.ops.reshape(res, shape))
+
+
+def batched_igemm(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: bool = False,
+                  transposed_B: bool = False) -> Tensor:
+    """Upstream's deprecated batched int8 matmul: ``A[i] @ B[i]`` for 3-D A and B (int32, exact)."""
+    if A.ndim != 3 or B.ndim != 3 or A.shape[0] != B.shape[0]:
+        raise ValueError(f"batched_igemm: expected 3-D A and B with the same batch size, got {tuple(A.shape)} "
+                         f"and {tuple(B.shape)}")
+    shape = check_matmul(A, B, out, transposed_A, transposed_B)
+    a, b = _to_numpy(A), _to_numpy(B)
+    parts = [igemm(Tensor(a[i]), Tensor(b[i]), None, transposed_A, transposed_B).asnumpy() for i in range(a.shape[0])]
+    return _write(out, Tensor(np.stack(parts).reshape(shape)))

@@ -891,3 +891,34 @@ class LinearWeightOnly(torch.nn.Linear):
         bias = self.bias
         return _F.gemm_weight_only(x, self.weight.data, self.weight_scale, bits=self.bits,
                                    bias=None if bias is None else bias.data)
+
+
+class OutlierAwareLinear(torch.nn.Linear):
+    """Upstream's base class for linear layers that quantize their weight knowing the outlier dimensions:
+    subclasses implement ``quantize_weight(w, outlier_idx)`` and ``forward_with_outliers(x, outlier_idx)``; the
+    outlier indices come from :class:`bitsandbytes_ms.utils.OutlierTracer` (initialize it on the model first)."""
+
+    def __init__(self, input_features, output_features, bias=True, device=None):
+        super().__init__(input_features, output_features, bias, device)
+        self.outlier_dim = None
+        self.is_quantized = False
+
+    def forward_with_outliers(self, x, outlier_idx):
+        raise NotImplementedError("Please override the `forward_with_outliers(self, x, outlier_idx)` function")
+
+    def quantize_weight(self, w, outlier_idx):
+        raise NotImplementedError("Please override the `quantize_weights(self, w, outlier_idx)` function")
+
+    def forward(self, x):
+        from ..utils import OutlierTracer
+
+        if self.outlier_dim is None:
+            tracer = OutlierTracer.get_instance()
+            if not tracer.is_initialized():
+                _logger.warning("Please use OutlierTracer.initialize(model) before using the OutlierAwareLinear layer")
+            self.outlier_dim = tracer.get_outliers(self.weight)
+        if not self.is_quantized:
+            w = self.quantize_weight(self.weight, self.outlier_dim)
+            self.weight.data.copy_(w)
+            self.is_quantized = True
+        return self.forward_with_outliers(x, self.outlier_dim)

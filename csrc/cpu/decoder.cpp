@@ -239,6 +239,33 @@ double softmax_exp(float *p, int64_t n, float mx) {
   return sum;
 }
 
+// cos / sin of RoPE for every row: [R][cos h2 | sin h2] with c = cos(float(pos) * inv_freq[i]) * rs.  Every
+// layer of one forward gets the same positions, so the table of the last call on this thread is reused when
+// positions, inv_freq and rs are the same (the values are those a fresh computation gives).
+const float *rope_table(const int64_t *pos, int64_t R, const float *invf, int64_t h2, float rs) {
+  static thread_local std::vector<int64_t> key_pos;
+  static thread_local std::vector<float> key_invf, tab;
+  static thread_local float key_rs = 0.0f;
+  if ((int64_t)key_pos.size() == R && (int64_t)key_invf.size() == h2 && key_rs == rs &&
+      std::memcmp(key_pos.data(), pos, sizeof(int64_t) * (size_t)R) == 0 &&
+      std::memcmp(key_invf.data(), invf, sizeof(float) * (size_t)h2) == 0)
+    return tab.data();
+  key_pos.assign(pos, pos + R);
+  key_invf.assign(invf, invf + h2);
+  key_rs = rs;
+  tab.resize((size_t)(R * 2 * h2));
+  for (int64_t r = 0; r < R; ++r) {
+    const float fp = (float)pos[r];
+    float *c = tab.data() + r * 2 * h2, *s = c + h2;
+    for (int64_t i = 0; i < h2; ++i) {
+      const float f = fp * invf[i];
+      c[i] = std::cos(f) * rs;
+      s[i] = std::sin(f) * rs;
+    }
+  }
+  return tab.data();
+}
+
 struct AttnShape {
   int64_t B, T, H, Hq, KVH, D, Smax, past, window;
   float scaling;
@@ -392,30 +419,24 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   float *kc = c.ptr<float>(KC), *vc = c.ptr<float>(VC), *out = c.ptr<float>(OUT);
   const float *invf = c.ptr<float>(INVF);
 
-  static thread_local std::vector<float> xn, q, k, v, at, o, cs, sn;
+  static thread_local std::vector<float> xn, q, k, v, at, o;
   xn.resize((size_t)(R * s.H));
   q.resize((size_t)(R * QD));
   k.resize((size_t)(R * KD));
   v.resize((size_t)(R * KD));
   at.resize((size_t)(R * QD));
   o.resize((size_t)(R * s.H));
-  cs.resize((size_t)(s.D / 2));
-  sn.resize((size_t)(s.D / 2));
   rms_norm(x, c.ptr<float>(NORM), eps, xn.data(), R, s.H);
   apply_lin(lq, xn.data(), q.data(), R);
   apply_lin(lk, xn.data(), k.data(), R);
   apply_lin(lv, xn.data(), v.data(), R);
   if (!c.is_none(QNORM)) rms_norm(q.data(), c.ptr<float>(QNORM), eps, q.data(), R * s.Hq, s.D);  // QK-norm (Qwen3)
   if (!c.is_none(KNORM)) rms_norm(k.data(), c.ptr<float>(KNORM), eps, k.data(), R * s.KVH, s.D);
+  const float *rope = rope_table(pos, R, invf, s.D / 2, rscale);
   for (int64_t r = 0; r < R; ++r) {
-    const float fp = (float)pos[r];
-    for (int64_t i = 0; i < s.D / 2; ++i) {
-      const float f = fp * invf[i];
-      cs[i] = std::cos(f) * rscale;
-      sn[i] = std::sin(f) * rscale;
-    }
-    rope_row(q.data() + r * QD, s.Hq, s.D, cs.data(), sn.data());
-    rope_row(k.data() + r * KD, s.KVH, s.D, cs.data(), sn.data());
+    const float *cr = rope + r * s.D, *sr = cr + s.D / 2;
+    rope_row(q.data() + r * QD, s.Hq, s.D, cr, sr);
+    rope_row(k.data() + r * KD, s.KVH, s.D, cr, sr);
     const int64_t b = r / s.T, t = r % s.T;
     for (int64_t g = 0; g < s.KVH; ++g) {
       const size_t dst = (size_t)(((b * s.KVH + g) * s.Smax + s.past + t) * s.D);
