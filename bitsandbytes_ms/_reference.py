@@ -303,6 +303,67 @@ def linear_4bit(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.
 
 
 # ---- int8 (LLM.int8()) ----
+def bf16_round_bits(x, flush: bool = False) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even, NaN kept quiet; ``flush``: a bf16
+    denormal (exponent field 0) becomes a zero of its sign (the bf16 dot-product kernel's inputs)."""
+    b = np.ascontiguousarray(np.asarray(x, np.float32)).view(np.uint32)
+    nan = (b & 0x7FFFFFFF) > 0x7F800000
+    with np.errstate(over="ignore"):
+        r = ((b + np.uint32(0x7FFF) + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    r = np.where(nan, ((b >> 16) | 0x40).astype(np.uint16), r)
+    if flush:
+        r = np.where((r & 0x7F80) == 0, r & 0x8000, r).astype(np.uint16)
+    return r
+
+
+def bf16_bits_f32(h) -> np.ndarray:
+    """bfloat16 bit patterns -> float32 values."""
+    return (np.asarray(h, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+_FLT_MIN = np.float32(1.17549435e-38)
+
+
+def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int,
+                        N: int, absmax2=None, code2=None, offset=None, bias=None, blocksize2: int = 256) -> np.ndarray:
+    """Twin, bit for bit, of ``clinear_4bit_bf16dot_bf16`` (csrc/cpu/fourbit.cpp, "bf16 compute"): the bf16
+    dot product as vdpbf16ps computes it. ``A`` [..., K] float32 (bf16 values; rounded to bf16 here anyway),
+    ``bias`` [N] or None; returns the bf16 result's values as float32. x and w = bf16(code[q] * absmax)
+    are rounded to nearest even with bf16 denormals flushed; per 32-element chunk, lane l takes the pair
+    (2l, 2l+1): acc = ftz(fma(w_odd, x_odd, acc)), then acc = ftz(fma(w_even, x_even, acc)); the 16 lanes
+    are reduced as v = a[l] + a[l+8], u = v[l] + v[l+4], (u0 + u2) + (u1 + u3); the result is rounded to
+    bf16 (not flushed) and the bias added in float32 and rounded again."""
+    if absmax2 is not None:
+        qa = np.asarray(absmax).reshape(-1)
+        absmax = (np.asarray(code2, np.float32)[qa] * np.asarray(absmax2, np.float32).reshape(-1)[
+            np.arange(qa.size) // blocksize2] + np.float32(offset)).astype(np.float32)
+    A = np.asarray(A, np.float32)
+    K = A.shape[-1]
+    lead = A.shape[:-1]
+    x = bf16_bits_f32(bf16_round_bits(A.reshape(-1, K), flush=True))
+    w = bf16_bits_f32(bf16_round_bits(dequantize_4bit(packed, absmax, code, blocksize, N * K), flush=True))
+    M, K32 = x.shape[0], -(-K // 32) * 32
+    xp = np.zeros((M, K32), np.float32)
+    xp[:, :K] = x
+    wp = np.zeros((N, K32), np.float32)
+    wp[:, :K] = w.reshape(N, K)
+    xp = xp.reshape(M, K32 // 32, 16, 2)
+    wp = wp.reshape(N, K32 // 32, 16, 2)
+    acc = np.zeros((M, N, 16), np.float32)
+    for c in range(K32 // 32):
+        for e in (1, 0):
+            acc = fma_f32(wp[None, :, c, :, e], xp[:, None, c, :, e], acc)
+            acc = np.where(np.abs(acc) < _FLT_MIN, np.copysign(np.float32(0), acc), acc).astype(np.float32)
+    v = acc[..., :8] + acc[..., 8:]
+    u = v[..., :4] + v[..., 4:]
+    r = (u[..., 0] + u[..., 2]) + (u[..., 1] + u[..., 3])
+    out = bf16_bits_f32(bf16_round_bits(r))
+    if bias is not None:
+        b = bf16_bits_f32(bf16_round_bits(np.asarray(bias, np.float32).reshape(-1)))
+        out = bf16_bits_f32(bf16_round_bits(out + b))
+    return out.reshape(lead + (N,))
+
+
 def int8_vector_quant(A: np.ndarray, threshold: float = 0.0, dtype: str = "float32"):
     """Twin of ``cint8_vector_quant``: returns (int8 CA shaped like A, float32 row_stats[rows],
     uint8 col_flags[K]). ``A`` holds the values (float32 widening of the input); ``dtype`` is the

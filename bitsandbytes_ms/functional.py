@@ -12,6 +12,7 @@ these functions serve plain MindSpore code and mindnlp models alike.
 from __future__ import annotations
 
 import itertools
+import os
 import math
 import threading
 from threading import get_ident as _get_ident
@@ -1035,15 +1036,15 @@ class _Linear4bitPlan:
             args.append(b if b.dtype == _hostcall.np_dtype(dtype) else b.astype(_hostcall.np_dtype(dtype)))
         return args
 
-    def host_call(self, dtype):
+    def host_call(self, dtype, dot: bool = False):
         """The bound host call for ``dtype`` on this thread, and the arrays it is bound to now (one per
-        activation dtype and thread: a bound call's arguments are re-pointed on every call, and ctypes
-        releases the GIL while the kernel runs)."""
-        key = (dtype, _get_ident())
+        activation dtype, kernel (``dot``: the bf16 dot-product entry point) and thread: a bound call's arguments
+        are re-pointed on every call, and ctypes releases the GIL while the kernel runs)."""
+        key = (dtype, _get_ident(), dot)
         entry = self.calls.get(key)
         if entry is None:
             npdt = _hostcall.np_dtype(dtype)
-            call = _hostcall.entry(f"clinear_4bit_{_SUFFIX[dtype]}").bind(
+            call = _hostcall.entry(_linear4_entry_name(dtype, dot)).bind(
                 np.empty((1, self.K), npdt), np.empty(1, np.uint8), np.empty(1, np.float32),
                 np.empty(16, np.float32), None, None, None, None, self.bs, self.bs2, self.N,
                 np.empty((1, self.N), npdt))
@@ -1071,22 +1072,25 @@ class _Linear4bitPlan:
             watch.append((t, v.ptr))
         return (B, bias, tuple(watch))
 
-    def fast(self, A: Tensor, B: Tensor, bias: Optional[Tensor], max_rows: int = 1 << 62):
+    def fast(self, A: Tensor, B: Tensor, bias: Optional[Tensor], max_rows: int = 1 << 62,
+             bf16_dot: Optional[bool] = None):
         """The lean host call: when this thread already ran a full call with these very weight/bias objects
-        for A's dtype and none of the tensors it reads in place has moved (one address read each), only A
-        and the output are re-pointed. Returns the result, or None (the caller runs the full path)."""
-        entry = self.calls.get((A.dtype, _get_ident()))
-        if entry is None:
-            return None
-        f = entry[2][0]
-        if f is None or f[0] is not B or f[1] is not bias:
-            return None
+        for A's dtype and kernel (``bf16_dot`` as :func:`linear_4bit` takes it) and none of the tensors it
+        reads in place has moved (one address read each), only A and the output are re-pointed. Returns the
+        result, or None (the caller runs the full path)."""
+        dt = A.dtype
         shape = tuple(A.shape)
         K = self.K
         if not shape or shape[-1] != K:
             return None
         rows = math.prod(shape[:-1])
         if rows == 0 or rows > max_rows or K == 0:
+            return None
+        entry = self.calls.get((dt, _get_ident(), dt == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows)))
+        if entry is None:
+            return None
+        f = entry[2][0]
+        if f is None or f[0] is not B or f[1] is not bias:
             return None
         xa, xp = _hostcall.host_ptr(A)  # first: waits for everything queued before (in-place updates too)
         for t, ptr in f[2]:
@@ -1105,6 +1109,83 @@ def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
     return plan
 
 
+# ---- bf16 compute for 4-bit linear layers --------------------------------------------------------
+# bf16 activations (Linear4bit with compute_dtype bf16, bf16 or fp32 input) can run a bf16 dot-product
+# kernel, clinear_4bit_bf16dot_bf16 (csrc/cpu/fourbit.cpp "bf16 compute": vdpbf16ps where the CPU has
+# AVX512-BF16, a portable kernel with the same bits elsewhere), instead of the exact fp32-accumulation one.
+# Default ("auto"), decided on measurements (benchmarks/cpu_avx512_host.md, Sapphire Rapids, 4096 -> 11008):
+#   * CPU with AVX512-BF16: the dot kernel for 2+ rows (batch 16: 2.41 ms vs 3.59 ms exact), the exact gemv for
+#     one row (0.27 ms vs the dot kernel's 0.53 ms: the exact gemv decodes in registers at memory speed);
+#   * any other CPU: the exact kernels (the portable dot kernel is ~35x slower than the AVX2 exact path).
+# The choice is made on the CPU feature, never on BNB_MS_SIMD, so a call's result does not depend on the SIMD
+# level. BNB_MS_4BIT_BF16_DOT=auto|1|0 (also on/off, 0 = "exact") or set_bf16_dot() sets it for the process
+# (1: the dot kernel for every row count, the portable kernel without the instruction; 0: never); the
+# ``bf16_dot`` argument of linear_4bit / linear_4bit_compute for one call.
+_BF16_DOT_ENV = "BNB_MS_4BIT_BF16_DOT"
+_BF16_DOT_WORDS = {"auto": None, "1": True, "on": True, "true": True, "bf16": True,
+                   "0": False, "off": False, "false": False, "exact": False}
+#: auto on an AVX512-BF16 CPU: the dot kernel from this many rows of activations on
+BF16_DOT_AUTO_MIN_ROWS = 2
+_NEVER = 1 << 62
+_bf16_dot_min_rows: Optional[int] = None  # resolved lazily: rows from which the dot kernel runs by default
+
+
+def _resolve_bf16_dot(mode) -> int:
+    if BNB_BACKEND != "CPU":  # the kernel is CPU-only; the CUDA library has no twin
+        return _NEVER
+    if mode is None:
+        from . import cextension
+        return BF16_DOT_AUTO_MIN_ROWS if "avx512_bf16" in cextension.cpu_features() else _NEVER
+    return 1 if mode else _NEVER
+
+
+def set_bf16_dot(mode="auto") -> None:
+    """Sets the process-wide default of the 4-bit bf16-compute kernel: ``"auto"`` (the dot kernel for 2+ rows
+    where the CPU has AVX512-BF16, else the exact kernels), ``True``/``"on"`` (the bf16 dot-product kernel for
+    every call; the portable one without the instruction), ``False``/``"off"``/``"exact"`` (always the exact
+    fp32-accumulation kernels), or ``None`` (read ``BNB_MS_4BIT_BF16_DOT`` again)."""
+    global _bf16_dot_min_rows
+    if mode is None:
+        _bf16_dot_min_rows = None
+        return
+    if isinstance(mode, (bool, np.bool_)):
+        _bf16_dot_min_rows = _resolve_bf16_dot(bool(mode))
+        return
+    word = str(mode).strip().lower()
+    if word not in _BF16_DOT_WORDS:
+        raise ValueError(f"set_bf16_dot: `mode` must be one of 'auto', 'on', 'off', True, False or None; got {mode!r}")
+    _bf16_dot_min_rows = _resolve_bf16_dot(_BF16_DOT_WORDS[word])
+
+
+def _bf16_dot_rows() -> int:
+    global _bf16_dot_min_rows
+    if _bf16_dot_min_rows is None:
+        raw = os.environ.get(_BF16_DOT_ENV, "auto")
+        word = raw.strip().lower()
+        if word not in _BF16_DOT_WORDS:
+            raise ValueError(f"{_BF16_DOT_ENV} must be one of auto, 1, 0, on, off, exact; got {raw!r}")
+        _bf16_dot_min_rows = _resolve_bf16_dot(_BF16_DOT_WORDS[word])
+    return _bf16_dot_min_rows
+
+
+def bf16_dot_enabled(rows: int = BF16_DOT_AUTO_MIN_ROWS) -> bool:
+    """Whether a bf16 4-bit linear forward of ``rows`` activation rows runs the bf16 dot-product kernel by
+    default (see :func:`set_bf16_dot`)."""
+    return rows >= _bf16_dot_rows()
+
+
+def _use_bf16_dot(bf16_dot, rows: int, fn: str = "linear_4bit") -> bool:
+    if bf16_dot is None:
+        return rows >= (_bf16_dot_min_rows if _bf16_dot_min_rows is not None else _bf16_dot_rows())
+    if not isinstance(bf16_dot, (bool, np.bool_)):
+        raise TypeError(f"{fn}: `bf16_dot` must be True, False or None; got {type(bf16_dot).__name__}")
+    return bool(bf16_dot) and BNB_BACKEND == "CPU"
+
+
+def _linear4_entry_name(dtype, dot: bool) -> str:
+    return "clinear_4bit_bf16dot_bf16" if dot else f"clinear_4bit_{_SUFFIX[dtype]}"
+
+
 #: Up to this many rows of activations a 4-bit linear forward is one fused native call (linear_4bit: the
 #: gemv kernel for one row, the fused dequantize-GEMM for more); more rows (prefill of long prompts)
 #: dequantize the weight to fp32 once and use MindSpore's matmul, which is faster there (measured with
@@ -1112,11 +1193,13 @@ def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
 LINEAR_4BIT_MAX_ROWS = 32
 
 
-def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor], compute_dtype) -> Tensor:
+def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor], compute_dtype,
+                        bf16_dot: Optional[bool] = None) -> Tensor:
     """Linear4bit's inference forward for float32 activations with a 16-bit ``compute_dtype`` (bf16/fp16), in
     one host call: exactly the unfused ``(A.to(compute_dtype) @ W.T + bias.to(compute_dtype)).to(A.dtype)``
-    (A rounded to the compute dtype to nearest-even, :func:`linear_4bit` in that dtype, the result widened
-    back; no MindSpore ops). Returns None where no host call can run (the caller keeps the unfused path)."""
+    (A rounded to the compute dtype to nearest-even, :func:`linear_4bit` in that dtype with the same
+    ``bf16_dot`` choice, the result widened back; no MindSpore ops). Returns None where no host call can run
+    (the caller keeps the unfused path)."""
     fn = "linear_4bit"
     if not _hostcall.active() or A.dtype != ms.float32 or compute_dtype not in (ms.bfloat16, ms.float16):
         return None
@@ -1131,7 +1214,8 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     if 0 in shape or plan.N == 0 or plan.K == 0:
         return None
     plan.check_weight(B, fn)
-    call, bound, _ = plan.host_call(compute_dtype)
+    dot = compute_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
+    call, bound, _ = plan.host_call(compute_dtype, dot)
     npdt = _hostcall.np_dtype(compute_dtype)
     xa = _hostcall.host(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
     for i, arr in enumerate(plan.host_args(B, quant_state, bias, compute_dtype), 1):
@@ -1145,14 +1229,19 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     return _hostcall.wrap(out.astype(np.float32))
 
 
-def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor] = None) -> Tensor:
+def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor] = None,
+                bf16_dot: Optional[bool] = None) -> Tensor:
     """The inference forward of a 4-bit linear layer in one native call: ``A @ W.T (+ bias)`` with W the
     [N, K] weight behind the packed ``B`` and ``quant_state`` (NF4/FP4, with or without double quant).
 
     Numerics: one row of A gives exactly :func:`gemv_4bit`'s result (fp32 accumulation in the kernel's
     fixed order); 2+ rows run the fused dequantize-GEMM: the fp32 dequantized weight (``code * absmax``,
     decoded once per call and row, never stored as a matrix) times A in 16 fma lanes, in the fixed order
-    csrc/cpu/fourbit.cpp documents (same bits at every SIMD level). The double-quant absmax is decoded in
+    csrc/cpu/fourbit.cpp documents (same bits at every SIMD level). bf16 ``A`` with ``bf16_dot`` (default: on
+    where the CPU has AVX512-BF16, see :func:`set_bf16_dot`) runs the bf16 dot-product kernel instead
+    (``clinear_4bit_bf16dot_bf16``; by default for 2+ rows; x and ``bf16(code * absmax)`` multiplied in pairs, accumulated in fp32 as
+    vdpbf16ps does; within ``2^-6 (S + |bias|) + K 2^-22 S`` of the exact path, S = sum |x w|; the same bits
+    with or without the instruction, at every SIMD level). The double-quant absmax is decoded in
     the kernel as ``dequantize_blockwise`` + offset computes it; ``bias`` is added to the result rounded to A's dtype, in fp32, and rounded again
     (as the unfused ``gemv_4bit(...) + bias`` does). In PyNative mode with no gradient being recorded the
     entry point runs as a host call (:mod:`bitsandbytes_ms._hostcall`), otherwise through ops.Custom. The
@@ -1163,6 +1252,8 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
         B: packed weight (any quant_storage; ``B.t()`` accepted).
         quant_state: its QuantState (2-D shape [N, K]).
         bias: optional [N] (cast to A's dtype).
+        bf16_dot: bf16 ``A`` only: True runs the bf16 dot-product kernel, False the exact fp32-accumulation
+            kernel, None (default) the process-wide choice (:func:`bf16_dot_enabled`).
 
     Returns:
         [..., N] in A's dtype.
@@ -1172,7 +1263,7 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
         raise ValueError(f"{fn}: `quant_state` is required")
     plan = quant_state.__dict__.get("_linear_plan")
     if plan is not None and plan.matches(quant_state) and isinstance(A, Tensor) and _hostcall.active():
-        res = plan.fast(A, B, bias)  # the same call as below, with only A and the output re-pointed
+        res = plan.fast(A, B, bias, bf16_dot=bf16_dot)  # the same call as below, only A and the output re-pointed
         if res is not None:
             return res
     plan = _plan_4bit(quant_state, fn)
@@ -1189,8 +1280,9 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
     if 0 in shape or plan.N == 0:
         return _empty_np(out_shape, A.dtype)
     plan.check_weight(B, fn)
+    dot = A.dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
     if _hostcall.active():
-        call, bound, fast = plan.host_call(A.dtype)
+        call, bound, fast = plan.host_call(A.dtype, dot)
         out = _hostcall.empty(out_shape, A.dtype)
         call.set(0, _hostcall.host(A))  # first: waits for everything queued before (in-place updates too)
         for i, arr in enumerate(plan.host_args(B, quant_state, bias, A.dtype), 1):
@@ -1211,8 +1303,8 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
     absmax, code = _contiguous(quant_state.absmax), quant_state.code
     if bias is not None and bias.dtype != A.dtype:
         bias = _tag(bias.astype(A.dtype), (A,))
-    return getattr(lib, f"clinear_4bit_{_SUFFIX[A.dtype]}")(_contiguous(A), raw, absmax, code, absmax2, code2, offset,
-                                                             bias, plan.bs, plan.bs2, plan.N)
+    return getattr(lib, _linear4_entry_name(A.dtype, dot))(_contiguous(A), raw, absmax, code, absmax2, code2, offset,
+                                                            bias, plan.bs, plan.bs2, plan.N)
 
 
 # ---- int8 (LLM.int8()) ----
