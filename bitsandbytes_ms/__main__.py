@@ -170,15 +170,19 @@ def quantize_job(args) -> int:
         raise CliError(f"--eval-windows must be at least 1; got {args.eval_windows}")
     if args.eval_file is not None and not Path(args.eval_file).is_file():
         raise CliError(f"--eval-file {args.eval_file}: no such file")
+    if args.eval_file is not None:
+        try:
+            Path(args.eval_file).read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise CliError(f"--eval-file {args.eval_file}: not UTF-8 text (byte {e.start}: {e.reason}); pass a "
+                           f"UTF-8 text file") from e
     if args.save:
         save_dir = Path(args.save)
         if save_dir.exists() and not save_dir.is_dir():
             raise CliError(f"--save {save_dir}: exists and is not a directory")
         if save_dir.resolve() == model_dir.resolve() and gguf_file is None:
             raise CliError(f"--save {save_dir}: is the --model directory; pick another directory")
-        parent = save_dir if save_dir.exists() else save_dir.parent
-        if not parent.exists() or not os.access(parent, os.W_OK):
-            raise CliError(f"--save {save_dir}: cannot write there (no such parent directory or no permission)")
+        _check_writable(save_dir)
 
     os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")  # mindnlp imports diffusers, which logs a banner
     gguf_note = ""
@@ -227,9 +231,10 @@ def quantize_job(args) -> int:
         except Exception as e:  # noqa: BLE001
             raise CliError(f"--model {model_dir}: cannot load its tokenizer ({_first_line(e)})") from e
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+            model, info = AutoModelForCausalLM.from_pretrained(str(model_dir), output_loading_info=True)
         except Exception as e:  # noqa: BLE001
-            raise CliError(f"--model {model_dir}: cannot load the model weights ({_first_line(e)})") from e
+            raise CliError(f"--model {model_dir}: cannot load the model weights ({_error_summary(e)})") from e
+        _check_loaded(model, info, model_dir)
         model.eval()
         bar.update(1)
 
@@ -237,7 +242,7 @@ def quantize_job(args) -> int:
     from bitsandbytes_ms.integrations import quant_4bit, quant_8bit
 
     eval_text = (Path(__file__).resolve().parent / "default_model" / "heldout.txt").read_text() \
-        if args.eval_file is None else Path(args.eval_file).read_text()
+        if args.eval_file is None else Path(args.eval_file).read_text(encoding="utf-8")
     max_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
     if max_pos and args.eval_window > max_pos:
         raise CliError(f"--eval-window {args.eval_window}: longer than the model's context ({max_pos} tokens)")
@@ -315,7 +320,6 @@ def quantize_job(args) -> int:
         from transformers import BitsAndBytesConfig
 
         save_dir = Path(args.save)
-        save_dir.mkdir(parents=True, exist_ok=True)
         if args.mode == "int8":
             model.config.quantization_config = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=args.threshold,
                                                                   llm_int8_skip_modules=skip)
@@ -324,14 +328,85 @@ def quantize_job(args) -> int:
                 load_in_4bit=True, bnb_4bit_quant_type=args.mode, bnb_4bit_use_double_quant=args.double_quant,
                 bnb_4bit_compute_dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.compute_dtype],
                 llm_int8_skip_modules=skip)
-        model.save_pretrained(str(save_dir), safe_serialization=True)
-        tokenizer.save_pretrained(str(save_dir))
+        try:
+            _save_atomically(save_dir, lambda d: (model.save_pretrained(str(d), safe_serialization=True),
+                                                  tokenizer.save_pretrained(str(d))))
+        except OSError as e:
+            raise CliError(f"--save {save_dir}: saving failed ({_first_line(e)}); nothing was written there") from e
         print(f"saved             {save_dir}")
     return 0
 
 
 def _rate(v) -> str:
     return "-" if v is None else f"{v:.1f}"
+
+
+def _check_writable(save_dir) -> None:
+    """--save must name a place a directory can be written to: tried now (a temporary directory beside it),
+    before any work, so a save that cannot happen fails in one line at the start (permissions are checked by
+    writing: root ignores mode bits, a read-only file system does not)."""
+    import tempfile
+    from pathlib import Path
+
+    save_dir = Path(save_dir)
+    parent = save_dir.parent
+    if not parent.is_dir():
+        raise CliError(f"--save {save_dir}: no such parent directory {parent}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{save_dir.name}.check-", dir=str(parent)))
+    except OSError as e:
+        raise CliError(f"--save {save_dir}: cannot write in {parent} ({e.strerror or _first_line(e)})") from e
+
+
+def _save_atomically(save_dir, write) -> None:
+    """``write(tmp)`` into a temporary directory beside ``save_dir``, then swap it into place: a failure leaves
+    ``save_dir`` as it was (no new config.json beside stale weights) and no temporary directory behind."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    save_dir = Path(save_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{save_dir.name}.saving-", dir=str(save_dir.parent)))
+    old = None
+    try:
+        write(tmp)
+        if save_dir.exists():
+            old = save_dir.with_name(f".{save_dir.name}.old-{os.getpid()}")
+            save_dir.rename(old)
+        tmp.rename(save_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not save_dir.exists():
+            old.rename(save_dir)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_loaded(model, info, model_dir) -> None:
+    """The loaded model must hold the checkpoint's weights: nothing left randomly initialised (a missing tensor,
+    a config declaring more layers), nothing resized, every weight floating point."""
+    missing = list(info.get("missing_keys") or [])
+    if missing:
+        raise CliError(f"--model {model_dir}: the checkpoint lacks {len(missing)} tensor(s) the config needs "
+                       f"({_abbrev(sorted(missing), 3)}); it would run on randomly initialised weights")
+    mismatched = list(info.get("mismatched_keys") or [])
+    if mismatched:
+        raise CliError(f"--model {model_dir}: tensors of the wrong shape: {_abbrev([str(m) for m in mismatched], 3)}")
+    bad = sorted({str(p.dtype).replace("mindspore.", "") for _, p in model.named_parameters()
+                  if not p.dtype.is_floating_point})
+    if bad:
+        raise CliError(f"--model {model_dir}: weights of dtype {', '.join(bad)}; a full-precision (float32/float16/"
+                       f"bfloat16) checkpoint is expected")
+
+
+def _error_summary(e: Exception) -> str:
+    """The first line of an error and the lines that say what mismatched (size mismatch ..., up to 3)."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    detail = [ln for ln in lines[1:] if "size mismatch" in ln or "shape" in ln][:3]
+    return "; ".join([lines[0].rstrip(":")] + detail)[:600]
 
 
 def _first_line(e: Exception) -> str:
