@@ -195,7 +195,10 @@ def optimizer_update_8bit_blockwise(name, g, p, state1, state2, beta1, beta2, be
                                     qmap1, qmap2, absmax1, absmax2, weight_decay=0.0, gnorm_scale=1.0,
                                     p_dtype="float32"):
     """Returns (p, state1 u8, state2 u8 | None, absmax1, absmax2 | None) after one 8-bit blockwise update:
-    dequantize (blocksize 256), update in float32, requantize with :func:`quantize_blockwise`."""
+    dequantize (blocksize 256), update in float32, requantize with :func:`quantize_blockwise`.
+
+    An element whose gradient is inf or NaN is skipped, as upstream's CUDA blockwise kernels do: its
+    parameter keeps its value and its states become 0 (they do not enter the block's absmax)."""
     bs = OPTIM_BLOCKSIZE
     shape = np.shape(p)
     n = int(np.prod(shape))
@@ -207,8 +210,16 @@ def optimizer_update_8bit_blockwise(name, g, p, state1, state2, beta1, beta2, be
     s2 = None
     if state2 is not None:
         s2 = dequantize_blockwise(np.asarray(state2).reshape(-1), absmax2, qmap2, bs)
-    newp, s1, s2, _ = _optim_core(name, np.asarray(g, dtype=_f32).reshape(-1), np.asarray(p, dtype=_f32).reshape(-1),
-                                  s1, s2, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr, gnorm_scale, True)
+    g32, p32 = np.asarray(g, dtype=_f32).reshape(-1), np.asarray(p, dtype=_f32).reshape(-1)
+    bad = ~np.isfinite(g32)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        newp, s1, s2, _ = _optim_core(name, g32, p32, s1, s2, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr,
+                                      gnorm_scale, True)
+    if bad.any():
+        newp[bad] = p32[bad]
+        s1[..., bad] = 0.0
+        if s2 is not None:
+            s2[bad] = 0.0
     if name == "ademamix":
         qs = [quantize_blockwise(s1[i], qmap1, bs) for i in range(2)]
         q1 = np.stack([q for q, _ in qs]).reshape(np.shape(state1))

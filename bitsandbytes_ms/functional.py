@@ -11,6 +11,7 @@ these functions serve plain MindSpore code and mindnlp models alike.
 
 from __future__ import annotations
 
+import ctypes as ct
 import itertools
 import os
 import math
@@ -566,8 +567,65 @@ def _check_numel(t: Tensor, n: int, fn: str, arg: str) -> None:
         raise ValueError(f"{_fn_name(fn, arg)} must have {n} elements; got shape {tuple(t.shape)}")
 
 
+def _own_memory(t: Tensor, fn: str, arg: str) -> Optional[np.ndarray]:
+    """A numpy array over ``t``'s own CPU memory (its storage offset and strides), or None where the
+    address is not available. Writing it changes ``t`` and every tensor sharing that memory (the base
+    of a view), which an ops.Custom call cannot do: MindSpore hands an AOT kernel a contiguous copy of
+    a view (non-contiguous or not), and mindtorch's ``contiguous()`` returns a non-contiguous tensor
+    itself, so an in-place update of a view used to be lost."""
+    ptr = int(t.data_ptr())  # mindtorch: the storage's start (the offset is separate)
+    if not ptr:
+        return None
+    dtype = _hostcall.np_dtype(t.dtype)
+    shape = tuple(int(d) for d in t.shape)
+    strides = tuple(int(d) for d in t.stride())
+    if any(st == 0 and d > 1 for st, d in zip(strides, shape)) or any(st < 0 for st in strides):
+        raise ValueError(f"{_fn_name(fn, arg)} is updated in place and must not repeat memory (stride 0, as an "
+                         f"expanded tensor); got shape {shape}, stride {strides}")
+    extent = 1 + sum((d - 1) * st for d, st in zip(shape, strides)) if all(shape) else 0
+    base = ptr + int(t.storage_offset()) * dtype.itemsize
+    buf = (ct.c_char * max(extent * dtype.itemsize, 1)).from_address(base)
+    flat = np.frombuffer(buf, dtype=dtype, count=extent)
+    return np.lib.stride_tricks.as_strided(flat, shape=shape, strides=tuple(st * dtype.itemsize for st in strides))
+
+
+def _optim_host_call(entry_name: str, fn: str, args, inplace) -> bool:
+    """Runs an optimizer entry point on host memory (:mod:`_hostcall`): ``args`` in the op table's
+    order (tensors, None, numpy scalars; the int32[1] status is appended), ``inplace`` the names of the
+    in-place arguments by position. A C-contiguous argument (a plain tensor, a row, a ``.view()``, a
+    slice of leading rows) is updated where it lives (no copy); a strided one (transposed, column
+    slice) is copied to a contiguous buffer and written back into its own memory afterwards.
+    Returns False (nothing done) where host calls are not available."""
+    if not _hostcall.active():
+        return False
+    host_args, back = [], []
+    for i, a in enumerate(args):  # g comes first: its asnumpy() waits for every op queued before
+        if isinstance(a, Tensor):
+            if i in inplace:
+                a.wait_pipeline()
+                mem = _own_memory(a, fn, inplace[i])
+                if mem is None:
+                    return False
+                if not mem.flags.c_contiguous:
+                    c = np.ascontiguousarray(mem)
+                    back.append((mem, c))
+                    mem = c
+                host_args.append(mem)
+            else:
+                host_args.append(_hostcall.host(a))
+        else:
+            host_args.append(a)
+    host_args.append(np.zeros(1, np.int32))
+    _hostcall.entry(entry_name)(*host_args)
+    for mem, c in back:
+        mem[...] = c
+    return True
+
+
 class _InPlace:
-    """Contiguous views of in-place arguments; non-contiguous ones are copied back afterwards."""
+    """In-place arguments for the ops.Custom path (used where host calls are off, e.g. while a
+    gradient is being recorded): a non-contiguous argument is run on a real contiguous copy
+    (``clone()``: mindtorch's ``contiguous()`` returns the tensor itself) and copied back."""
 
     def __init__(self):
         self._back = []
@@ -575,13 +633,18 @@ class _InPlace:
     def __call__(self, t: Optional[Tensor]) -> Optional[Tensor]:
         if t is None or t.is_contiguous():
             return t
-        c = t.contiguous()
+        c = t.clone()
         self._back.append((t, c))
         return c
 
     def finish(self) -> None:
         for t, c in self._back:
             t.copy_(c)
+
+
+def _h64(x) -> np.ndarray:
+    """A float64 0-d array for a host call (the kernels read hyper-parameters as double)."""
+    return np.array(x, dtype=np.float64)
 
 
 def optimizer_update_32bit(optimizer_name: str, g: Tensor, p: Tensor, state1: Tensor, beta1: float, eps: float,
@@ -624,6 +687,12 @@ def optimizer_update_32bit(optimizer_name: str, g: Tensor, p: Tensor, state1: Te
     if int(step) < 1:
         raise ValueError(f"{_fn_name(fn, 'step')} must be >= 1; got {step}")
     if n == 0:
+        return None
+    scal = (float(max_unorm), 0.0, float(beta1), float(beta2), float(beta3), float(alpha), float(eps),
+            float(weight_decay), int(step), float(lr), float(gnorm_scale))
+    if _optim_host_call(_ops_table.OPTIM_32BIT_NAMES[name][(ms.float32, ms.float16, ms.bfloat16).index(p.dtype)], fn,
+                        (g, p, state1, state2, unorm_vec, *map(_h64, scal), np.array(bool(skip_zeros))),
+                        {1: "p", 2: "state1", 3: "state2", 4: "unorm_vec"}):
         return None
     ip = _InPlace()
     gc = _contiguous(g)
@@ -681,6 +750,13 @@ def optimizer_update_8bit_blockwise(optimizer_name: str, g: Tensor, p: Tensor, s
     if int(step) < 1:
         raise ValueError(f"{_fn_name(fn, 'step')} must be >= 1; got {step}")
     if n == 0:
+        return None
+    scal = (float(beta1), float(beta2), float(beta3), float(alpha), float(eps), int(step), float(lr),
+            float(weight_decay), float(gnorm_scale))
+    entry = _ops_table.OPTIM_8BIT_BLOCKWISE_NAMES[name][(ms.float32, ms.float16, ms.bfloat16).index(p.dtype)]
+    if _optim_host_call(entry, fn, (g, p, state1, state2, qmap1, qmap2, absmax1, absmax2, *map(_h64, scal),
+                                    np.array(bool(skip_zeros))),
+                        {1: "p", 2: "state1", 3: "state2", 6: "absmax1", 7: "absmax2"}):
         return None
     ip = _InPlace()
     gc, q1, q2 = _contiguous(g), _contiguous(qmap1), _contiguous(qmap2) if qmap2 is not None else None
