@@ -428,14 +428,39 @@ def int8_mm_dequant(A: np.ndarray, row_stats: np.ndarray, col_stats: np.ndarray,
 INT8_DEQUANT_SCALE = np.float32(7.874015718698502e-3)  # float32(1 / 127)
 
 
+MIXED_BLOCK = 192  # outlier columns per block of the outlier sum (torch's fp32 addmm on x86, see below)
+
+
+def mixed_block_size(n_cols: int) -> int:
+    """Outlier columns per block of :func:`int8_mixed_mm_dequant`'s sum: 192, or half of them (rounded up)
+    when there are between 192 and 384 (exclusive) -- the k blocking of torch 2.13's fp32 GEMM measured on
+    an AVX2 host (odd counts between 193 and 383 split differently there; not reproduced)."""
+    return (n_cols + 1) // 2 if MIXED_BLOCK < n_cols < 2 * MIXED_BLOCK else MIXED_BLOCK
+
+
+def fma_x86_f32(a, b, c) -> np.ndarray:
+    """:func:`fma_f32` (one rounding) where the result is a number; where it is NaN, the NaN of ``c + a * b``
+    computed in two float32 steps (x86 SSE operand order), as the int8 kernels' ``fma_x86``."""
+    a, b, c = (np.asarray(v, np.float32) for v in (a, b, c))
+    r = fma_f32(a, b, c)
+    bad = np.isnan(r)
+    if np.any(bad):
+        with np.errstate(all="ignore"):
+            r = np.where(bad, (c + (a * b).astype(np.float32)).astype(np.float32), r)
+    return r
+
+
 def int8_mixed_mm_dequant(C: np.ndarray, row_stats: np.ndarray, col_stats: np.ndarray, bias, A: np.ndarray,
                           CB: np.ndarray, col_flags: np.ndarray, dtype: str = "float32") -> np.ndarray:
     """Twin of ``cint8_mixed_mm_dequant_<dtype>``: the int8 product ``C`` dequantized plus the outlier columns
     (``col_flags`` nonzero) of ``A`` times the dequantized weight columns. No flagged column: exactly
-    :func:`int8_mm_dequant` in ``dtype``. Otherwise, every step rounded in float32: ``d`` = the float32
-    mm dequant (+ bias), ``w[n, j] = (float(CB[n, j]) * col_stats[n]) * float32(1/127)``, ``acc`` summed over
-    the flagged columns in ascending order starting from 0 (``acc = acc + A[:, j] * w[:, j]``), and
-    ``out = dtype(d + acc)``. ``A`` holds the activation values (float32 widening of the input)."""
+    :func:`int8_mm_dequant` in ``dtype``. Otherwise, in float32: ``d`` = the float32 mm dequant (+ bias),
+    ``w[n, j] = (float(CB[n, j]) * col_stats[n]) * float32(1/127)`` (int8_vectorwise_dequant), and the
+    flagged columns, ascending, in blocks of :func:`mixed_block_size` columns: per block ``acc`` starts at 0 and
+    takes ``acc = fma(A[:, j], w[:, j], acc)`` column by column, then ``d = d + acc``; ``out = dtype(d)``.
+    For float32 this is upstream's ``output.addmm(subA, subB)`` bit for bit (torch 2.13's fp32 GEMM on an
+    AVX2 host from 5 rows; fewer rows take another kernel there, which differs in the last bit).
+    ``A`` holds the activation values (float32 widening of the input)."""
     C = np.asarray(C, np.int32)
     N = C.shape[-1]
     flags = np.asarray(col_flags).reshape(-1)
@@ -446,11 +471,15 @@ def int8_mixed_mm_dequant(C: np.ndarray, row_stats: np.ndarray, col_stats: np.nd
     d = int8_mm_dequant(C, row_stats, col_stats, bias, "float32").reshape(-1, N)
     a = np.asarray(A, f32).reshape(d.shape[0], -1)
     cs = np.asarray(col_stats, f32).reshape(-1)
-    w = ((np.asarray(CB, np.int8)[:, cols].astype(f32) * cs[:, None]).astype(f32) * INT8_DEQUANT_SCALE).astype(f32)
-    acc = np.zeros_like(d)
-    for t in range(cols.size):
-        acc = (acc + (a[:, cols[t]][:, None] * w[:, t][None, :]).astype(f32)).astype(f32)
-    return cast_out((d + acc).astype(f32), dtype).reshape(C.shape)
+    with np.errstate(all="ignore"):
+        w = ((np.asarray(CB, np.int8)[:, cols].astype(f32) * cs[:, None]).astype(f32) * INT8_DEQUANT_SCALE).astype(f32)
+        bs = mixed_block_size(int(cols.size))
+        for b0 in range(0, cols.size, bs):
+            acc = np.zeros_like(d)
+            for t in range(b0, min(cols.size, b0 + bs)):
+                acc = fma_x86_f32(a[:, cols[t]][:, None], w[:, t][None, :], acc)
+            d = (d + acc).astype(f32)
+    return cast_out(d, dtype).reshape(C.shape)
 
 
 def int8_linear(A: np.ndarray, CB: np.ndarray, SCB: np.ndarray, bias=None, threshold: float = 0.0,

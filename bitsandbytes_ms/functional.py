@@ -1618,9 +1618,10 @@ def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Te
     ``int8_scaled_mm(CA, CB, SCA, SCB, bias)`` plus, for the outlier columns, ``A[:, cols] @
     dequant(CB[:, cols]).T``. Upstream adds the outlier part with torch's ``addmm`` in ``A.dtype``; here
     (native ``cint8_mixed_mm_dequant_<dtype>``, the code the fused :func:`int8_linear` runs) the int8 part
-    is dequantized to float32 (+ bias), the outlier product is summed in float32 over the outlier columns
-    in ascending order (a fixed order: bit-identical on every SIMD level and to the fused forward; more
-    accurate than fp16/bf16 accumulation) and the sum is rounded once to ``A.dtype``. ``outlier_cols`` is
+    is dequantized to float32 (+ bias) and the outlier product is added as torch's fp32 ``addmm`` does on an
+    AVX2 host: per output an fma chain from 0 over the outlier columns in ascending order, in blocks of 192
+    columns (two halves for 193..383), each block's sum added in turn (upstream's fp32 bytes from 5 rows;
+    bit-identical on every SIMD level and to the fused forward); the sum is rounded once to ``A.dtype``. ``outlier_cols`` is
     taken as a set (duplicates count once). Without outlier columns the result is ``int8_scaled_mm``'s.
 
     Args:
