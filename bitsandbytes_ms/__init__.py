@@ -4,9 +4,13 @@ bitsandbytes users know."""
 
 from . import cextension, functional, utils  # noqa: F401  (cextension raises one clear error if the library is missing)
 
-__version__ = "0.1.0"
-#: The upstream bitsandbytes release whose API and numerics this package follows.
+#: The upstream bitsandbytes release whose API and numerics this package follows. ``__version__`` is that
+#: release too, as ``importlib.metadata.version("bitsandbytes")`` is after ``register()``: clients (transformers,
+#: peft, user code) gate features on ``bitsandbytes.__version__``.
 __upstream_version__ = "0.50.2"
+__version__ = __upstream_version__
+#: This package's own release (its distribution metadata, ``importlib.metadata.version("bitsandbytes_ms")``).
+__ms_version__ = "0.1.0"
 
 #: transformers checks this to accept a non-CUDA bitsandbytes.
 features = {"multi_backend"}

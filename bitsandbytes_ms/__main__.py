@@ -26,17 +26,51 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+RELATED_PACKAGES = ("mindspore", "mindnlp", "numpy", "transformers", "peft", "accelerate", "safetensors",
+                    "tokenizers", "gguf", "pip")
+
+
+def sanity_check() -> None:
+    """A blockwise 8-bit round trip, an NF4 Linear4bit forward and an 8-bit Adam step, checked against numpy;
+    raises AssertionError with what differed."""
+    import numpy as np
+    from mindspore import Parameter, Tensor
+
+    from bitsandbytes_ms import functional as F
+    from bitsandbytes_ms import optim
+
+    rng = np.random.RandomState(0)
+    x = rng.randn(4096).astype(np.float32)
+    q, st = F.quantize_blockwise(Tensor(x), blocksize=256)
+    back = F.dequantize_blockwise(q, st).asnumpy()
+    err = float(np.abs(back - x).max() / np.abs(x).max())
+    assert err < 0.02, f"blockwise 8-bit round trip: max error {err:.4f} of absmax (expected < 0.02)"
+    w = (rng.randn(64, 128) * 0.05).astype(np.float32)
+    packed, qs = F.quantize_4bit(Tensor(w), quant_type="nf4")
+    a = rng.randn(3, 128).astype(np.float32)
+    ref = a @ F.dequantize_4bit(packed, qs).asnumpy().T
+    out = F.linear_4bit(Tensor(a), packed, qs).asnumpy()
+    assert np.allclose(out, ref, rtol=1e-4, atol=1e-4), "NF4 linear forward differs from the dequantized matmul"
+    p = Parameter(Tensor(rng.rand(64, 80).astype(np.float32)), name="p")
+    before = p.asnumpy().copy()
+    opt = optim.Adam8bit([p], lr=1e-2, min_8bit_size=1)
+    opt.step(grads=[Tensor(rng.randn(64, 80).astype(np.float32))])
+    assert np.abs(p.asnumpy() - before).max() > 1e-4, "Adam8bit.step() did not update the parameter"
+
+
 def diagnostics() -> int:
+    """Versions, platform, backend, library, CPU kernel path, then a sanity check: 0 on SUCCESS, 1 otherwise."""
     import mindspore as ms
 
     import bitsandbytes_ms as bnb
     from bitsandbytes_ms import cextension
 
     print("bitsandbytes_ms diagnostics")
-    print(f"  bitsandbytes_ms   {bnb.__version__} (follows bitsandbytes {bnb.__upstream_version__})")
+    print(f"  bitsandbytes_ms   {bnb.__ms_version__} (follows bitsandbytes {bnb.__upstream_version__})")
+    print(f"  platform          {platform.platform()}"
+          + (f" (libc {'-'.join(platform.libc_ver())})" if platform.system() == "Linux" else ""))
     print(f"  python            {platform.python_version()} ({sys.executable})")
-    for dist in ("mindspore", "mindnlp", "numpy"):
-        print(f"  {dist:<17} {_version(dist)}")
+    print("  related packages  " + ", ".join(f"{d} {_version(d)}" for d in RELATED_PACKAGES))
     print(f"  device target     {ms.get_context('device_target')}")
     print(f"  backend           {cextension.BNB_BACKEND}")
     print(f"  native library    {cextension.LIBRARY_PATH}")
@@ -50,6 +84,13 @@ def diagnostics() -> int:
         print(f"  int8 GEMM path    {big}" + (f" ({small} below 8 rows)" if small != big else "")
               + "  (BNB_MS_INT8_GEMM=scalar|avx2|avx512|avxvnni|avx512vnni|amx forces one)")
     print(f"  native ops        {len(cextension._ops.OPS)} entry points in the op table")
+    print("sanity check: blockwise 8-bit round trip, NF4 linear forward, Adam8bit step ...")
+    try:
+        sanity_check()
+    except Exception as e:  # noqa: BLE001  (any failure is reported in one line, exit 1)
+        print(f"FAILED: {type(e).__name__}: {_first_line(e)}")
+        return 1
+    print("SUCCESS!")
     return 0
 
 
@@ -129,15 +170,19 @@ def quantize_job(args) -> int:
         raise CliError(f"--eval-windows must be at least 1; got {args.eval_windows}")
     if args.eval_file is not None and not Path(args.eval_file).is_file():
         raise CliError(f"--eval-file {args.eval_file}: no such file")
+    if args.eval_file is not None:
+        try:
+            Path(args.eval_file).read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise CliError(f"--eval-file {args.eval_file}: not UTF-8 text (byte {e.start}: {e.reason}); pass a "
+                           f"UTF-8 text file") from e
     if args.save:
         save_dir = Path(args.save)
         if save_dir.exists() and not save_dir.is_dir():
             raise CliError(f"--save {save_dir}: exists and is not a directory")
         if save_dir.resolve() == model_dir.resolve() and gguf_file is None:
             raise CliError(f"--save {save_dir}: is the --model directory; pick another directory")
-        parent = save_dir if save_dir.exists() else save_dir.parent
-        if not parent.exists() or not os.access(parent, os.W_OK):
-            raise CliError(f"--save {save_dir}: cannot write there (no such parent directory or no permission)")
+        _check_writable(save_dir)
 
     os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")  # mindnlp imports diffusers, which logs a banner
     gguf_note = ""
@@ -186,9 +231,10 @@ def quantize_job(args) -> int:
         except Exception as e:  # noqa: BLE001
             raise CliError(f"--model {model_dir}: cannot load its tokenizer ({_first_line(e)})") from e
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+            model, info = AutoModelForCausalLM.from_pretrained(str(model_dir), output_loading_info=True)
         except Exception as e:  # noqa: BLE001
-            raise CliError(f"--model {model_dir}: cannot load the model weights ({_first_line(e)})") from e
+            raise CliError(f"--model {model_dir}: cannot load the model weights ({_error_summary(e)})") from e
+        _check_loaded(model, info, model_dir)
         model.eval()
         bar.update(1)
 
@@ -196,7 +242,7 @@ def quantize_job(args) -> int:
     from bitsandbytes_ms.integrations import quant_4bit, quant_8bit
 
     eval_text = (Path(__file__).resolve().parent / "default_model" / "heldout.txt").read_text() \
-        if args.eval_file is None else Path(args.eval_file).read_text()
+        if args.eval_file is None else Path(args.eval_file).read_text(encoding="utf-8")
     max_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
     if max_pos and args.eval_window > max_pos:
         raise CliError(f"--eval-window {args.eval_window}: longer than the model's context ({max_pos} tokens)")
@@ -274,7 +320,6 @@ def quantize_job(args) -> int:
         from transformers import BitsAndBytesConfig
 
         save_dir = Path(args.save)
-        save_dir.mkdir(parents=True, exist_ok=True)
         if args.mode == "int8":
             model.config.quantization_config = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=args.threshold,
                                                                   llm_int8_skip_modules=skip)
@@ -283,14 +328,85 @@ def quantize_job(args) -> int:
                 load_in_4bit=True, bnb_4bit_quant_type=args.mode, bnb_4bit_use_double_quant=args.double_quant,
                 bnb_4bit_compute_dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.compute_dtype],
                 llm_int8_skip_modules=skip)
-        model.save_pretrained(str(save_dir), safe_serialization=True)
-        tokenizer.save_pretrained(str(save_dir))
+        try:
+            _save_atomically(save_dir, lambda d: (model.save_pretrained(str(d), safe_serialization=True),
+                                                  tokenizer.save_pretrained(str(d))))
+        except OSError as e:
+            raise CliError(f"--save {save_dir}: saving failed ({_first_line(e)}); nothing was written there") from e
         print(f"saved             {save_dir}")
     return 0
 
 
 def _rate(v) -> str:
     return "-" if v is None else f"{v:.1f}"
+
+
+def _check_writable(save_dir) -> None:
+    """--save must name a place a directory can be written to: tried now (a temporary directory beside it),
+    before any work, so a save that cannot happen fails in one line at the start (permissions are checked by
+    writing: root ignores mode bits, a read-only file system does not)."""
+    import tempfile
+    from pathlib import Path
+
+    save_dir = Path(save_dir)
+    parent = save_dir.parent
+    if not parent.is_dir():
+        raise CliError(f"--save {save_dir}: no such parent directory {parent}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{save_dir.name}.check-", dir=str(parent)))
+    except OSError as e:
+        raise CliError(f"--save {save_dir}: cannot write in {parent} ({e.strerror or _first_line(e)})") from e
+
+
+def _save_atomically(save_dir, write) -> None:
+    """``write(tmp)`` into a temporary directory beside ``save_dir``, then swap it into place: a failure leaves
+    ``save_dir`` as it was (no new config.json beside stale weights) and no temporary directory behind."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    save_dir = Path(save_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{save_dir.name}.saving-", dir=str(save_dir.parent)))
+    old = None
+    try:
+        write(tmp)
+        if save_dir.exists():
+            old = save_dir.with_name(f".{save_dir.name}.old-{os.getpid()}")
+            save_dir.rename(old)
+        tmp.rename(save_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not save_dir.exists():
+            old.rename(save_dir)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_loaded(model, info, model_dir) -> None:
+    """The loaded model must hold the checkpoint's weights: nothing left randomly initialised (a missing tensor,
+    a config declaring more layers), nothing resized, every weight floating point."""
+    missing = list(info.get("missing_keys") or [])
+    if missing:
+        raise CliError(f"--model {model_dir}: the checkpoint lacks {len(missing)} tensor(s) the config needs "
+                       f"({_abbrev(sorted(missing), 3)}); it would run on randomly initialised weights")
+    mismatched = list(info.get("mismatched_keys") or [])
+    if mismatched:
+        raise CliError(f"--model {model_dir}: tensors of the wrong shape: {_abbrev([str(m) for m in mismatched], 3)}")
+    bad = sorted({str(p.dtype).replace("mindspore.", "") for _, p in model.named_parameters()
+                  if not p.dtype.is_floating_point})
+    if bad:
+        raise CliError(f"--model {model_dir}: weights of dtype {', '.join(bad)}; a full-precision (float32/float16/"
+                       f"bfloat16) checkpoint is expected")
+
+
+def _error_summary(e: Exception) -> str:
+    """The first line of an error and the lines that say what mismatched (size mismatch ..., up to 3)."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    detail = [ln for ln in lines[1:] if "size mismatch" in ln or "shape" in ln][:3]
+    return "; ".join([lines[0].rstrip(":")] + detail)[:600]
 
 
 def _first_line(e: Exception) -> str:

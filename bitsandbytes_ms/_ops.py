@@ -199,6 +199,19 @@ for _sfx, _dt in DTYPE_SUFFIX.items():
             "added to the result rounded to A's dtype, in fp32",
     ))
 
+define(NativeOp(
+    name="clinear_4bit_bf16dot_bf16",
+    cpu_only=True,
+    inputs=("A", "B", "absmax", "code", "absmax2", "code2", "offset", "bias", "blocksize", "blocksize2", "n_out"),
+    outputs=("out",),
+    static=("n_out",),
+    infer=lambda s, d, st: ((tuple(s["A"][:-1]) + (int(st["n_out"]),), ms.bfloat16),),
+    doc="clinear_4bit_bf16's forward computed as a bf16 dot product (upstream's bf16 compute on AVX512-BF16 CPUs): "
+        "x and bf16(code*absmax) per block (RNE, bf16 denormals flushed), pairs accumulated in 16 fp32 lanes as "
+        "vdpbf16ps does (odd element first, FTZ); vdpbf16ps where the CPU has AVX512-BF16, a portable kernel "
+        "with the same bits elsewhere; csrc/cpu/fourbit.cpp documents the order and the bound vs clinear_4bit_bf16",
+))
+
 # ---- int8 (LLM.int8()) ----
 # Names are bitsandbytes' C names for the same operations (csrc/pythonInterface.cpp, CUDA build):
 # `cint8_vector_quant` (upstream: fp16 only; ours dispatches on A's dtype inside the one entry point,

@@ -195,7 +195,10 @@ def optimizer_update_8bit_blockwise(name, g, p, state1, state2, beta1, beta2, be
                                     qmap1, qmap2, absmax1, absmax2, weight_decay=0.0, gnorm_scale=1.0,
                                     p_dtype="float32"):
     """Returns (p, state1 u8, state2 u8 | None, absmax1, absmax2 | None) after one 8-bit blockwise update:
-    dequantize (blocksize 256), update in float32, requantize with :func:`quantize_blockwise`."""
+    dequantize (blocksize 256), update in float32, requantize with :func:`quantize_blockwise`.
+
+    An element whose gradient is inf or NaN is skipped, as upstream's CUDA blockwise kernels do: its
+    parameter keeps its value and its states become 0 (they do not enter the block's absmax)."""
     bs = OPTIM_BLOCKSIZE
     shape = np.shape(p)
     n = int(np.prod(shape))
@@ -207,8 +210,16 @@ def optimizer_update_8bit_blockwise(name, g, p, state1, state2, beta1, beta2, be
     s2 = None
     if state2 is not None:
         s2 = dequantize_blockwise(np.asarray(state2).reshape(-1), absmax2, qmap2, bs)
-    newp, s1, s2, _ = _optim_core(name, np.asarray(g, dtype=_f32).reshape(-1), np.asarray(p, dtype=_f32).reshape(-1),
-                                  s1, s2, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr, gnorm_scale, True)
+    g32, p32 = np.asarray(g, dtype=_f32).reshape(-1), np.asarray(p, dtype=_f32).reshape(-1)
+    bad = ~np.isfinite(g32)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        newp, s1, s2, _ = _optim_core(name, g32, p32, s1, s2, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr,
+                                      gnorm_scale, True)
+    if bad.any():
+        newp[bad] = p32[bad]
+        s1[..., bad] = 0.0
+        if s2 is not None:
+            s2[bad] = 0.0
     if name == "ademamix":
         qs = [quantize_blockwise(s1[i], qmap1, bs) for i in range(2)]
         q1 = np.stack([q for q, _ in qs]).reshape(np.shape(state1))
@@ -303,6 +314,67 @@ def linear_4bit(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.
 
 
 # ---- int8 (LLM.int8()) ----
+def bf16_round_bits(x, flush: bool = False) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even, NaN kept quiet; ``flush``: a bf16
+    denormal (exponent field 0) becomes a zero of its sign (the bf16 dot-product kernel's inputs)."""
+    b = np.ascontiguousarray(np.asarray(x, np.float32)).view(np.uint32)
+    nan = (b & 0x7FFFFFFF) > 0x7F800000
+    with np.errstate(over="ignore"):
+        r = ((b + np.uint32(0x7FFF) + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    r = np.where(nan, ((b >> 16) | 0x40).astype(np.uint16), r)
+    if flush:
+        r = np.where((r & 0x7F80) == 0, r & 0x8000, r).astype(np.uint16)
+    return r
+
+
+def bf16_bits_f32(h) -> np.ndarray:
+    """bfloat16 bit patterns -> float32 values."""
+    return (np.asarray(h, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+_FLT_MIN = np.float32(1.17549435e-38)
+
+
+def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int,
+                        N: int, absmax2=None, code2=None, offset=None, bias=None, blocksize2: int = 256) -> np.ndarray:
+    """Twin, bit for bit, of ``clinear_4bit_bf16dot_bf16`` (csrc/cpu/fourbit.cpp, "bf16 compute"): the bf16
+    dot product as vdpbf16ps computes it. ``A`` [..., K] float32 (bf16 values; rounded to bf16 here anyway),
+    ``bias`` [N] or None; returns the bf16 result's values as float32. x and w = bf16(code[q] * absmax)
+    are rounded to nearest even with bf16 denormals flushed; per 32-element chunk, lane l takes the pair
+    (2l, 2l+1): acc = ftz(fma(w_odd, x_odd, acc)), then acc = ftz(fma(w_even, x_even, acc)); the 16 lanes
+    are reduced as v = a[l] + a[l+8], u = v[l] + v[l+4], (u0 + u2) + (u1 + u3); the result is rounded to
+    bf16 (not flushed) and the bias added in float32 and rounded again."""
+    if absmax2 is not None:
+        qa = np.asarray(absmax).reshape(-1)
+        absmax = (np.asarray(code2, np.float32)[qa] * np.asarray(absmax2, np.float32).reshape(-1)[
+            np.arange(qa.size) // blocksize2] + np.float32(offset)).astype(np.float32)
+    A = np.asarray(A, np.float32)
+    K = A.shape[-1]
+    lead = A.shape[:-1]
+    x = bf16_bits_f32(bf16_round_bits(A.reshape(-1, K), flush=True))
+    w = bf16_bits_f32(bf16_round_bits(dequantize_4bit(packed, absmax, code, blocksize, N * K), flush=True))
+    M, K32 = x.shape[0], -(-K // 32) * 32
+    xp = np.zeros((M, K32), np.float32)
+    xp[:, :K] = x
+    wp = np.zeros((N, K32), np.float32)
+    wp[:, :K] = w.reshape(N, K)
+    xp = xp.reshape(M, K32 // 32, 16, 2)
+    wp = wp.reshape(N, K32 // 32, 16, 2)
+    acc = np.zeros((M, N, 16), np.float32)
+    for c in range(K32 // 32):
+        for e in (1, 0):
+            acc = fma_f32(wp[None, :, c, :, e], xp[:, None, c, :, e], acc)
+            acc = np.where(np.abs(acc) < _FLT_MIN, np.copysign(np.float32(0), acc), acc).astype(np.float32)
+    v = acc[..., :8] + acc[..., 8:]
+    u = v[..., :4] + v[..., 4:]
+    r = (u[..., 0] + u[..., 2]) + (u[..., 1] + u[..., 3])
+    out = bf16_bits_f32(bf16_round_bits(r))
+    if bias is not None:
+        b = bf16_bits_f32(bf16_round_bits(np.asarray(bias, np.float32).reshape(-1)))
+        out = bf16_bits_f32(bf16_round_bits(out + b))
+    return out.reshape(lead + (N,))
+
+
 def int8_vector_quant(A: np.ndarray, threshold: float = 0.0, dtype: str = "float32"):
     """Twin of ``cint8_vector_quant``: returns (int8 CA shaped like A, float32 row_stats[rows],
     uint8 col_flags[K]). ``A`` holds the values (float32 widening of the input); ``dtype`` is the
@@ -356,14 +428,39 @@ def int8_mm_dequant(A: np.ndarray, row_stats: np.ndarray, col_stats: np.ndarray,
 INT8_DEQUANT_SCALE = np.float32(7.874015718698502e-3)  # float32(1 / 127)
 
 
+MIXED_BLOCK = 192  # outlier columns per block of the outlier sum (torch's fp32 addmm on x86, see below)
+
+
+def mixed_block_size(n_cols: int) -> int:
+    """Outlier columns per block of :func:`int8_mixed_mm_dequant`'s sum: 192, or half of them (rounded up)
+    when there are between 192 and 384 (exclusive) -- the k blocking of torch 2.13's fp32 GEMM measured on
+    an AVX2 host (odd counts between 193 and 383 split differently there; not reproduced)."""
+    return (n_cols + 1) // 2 if MIXED_BLOCK < n_cols < 2 * MIXED_BLOCK else MIXED_BLOCK
+
+
+def fma_x86_f32(a, b, c) -> np.ndarray:
+    """:func:`fma_f32` (one rounding) where the result is a number; where it is NaN, the NaN of ``c + a * b``
+    computed in two float32 steps (x86 SSE operand order), as the int8 kernels' ``fma_x86``."""
+    a, b, c = (np.asarray(v, np.float32) for v in (a, b, c))
+    r = fma_f32(a, b, c)
+    bad = np.isnan(r)
+    if np.any(bad):
+        with np.errstate(all="ignore"):
+            r = np.where(bad, (c + (a * b).astype(np.float32)).astype(np.float32), r)
+    return r
+
+
 def int8_mixed_mm_dequant(C: np.ndarray, row_stats: np.ndarray, col_stats: np.ndarray, bias, A: np.ndarray,
                           CB: np.ndarray, col_flags: np.ndarray, dtype: str = "float32") -> np.ndarray:
     """Twin of ``cint8_mixed_mm_dequant_<dtype>``: the int8 product ``C`` dequantized plus the outlier columns
     (``col_flags`` nonzero) of ``A`` times the dequantized weight columns. No flagged column: exactly
-    :func:`int8_mm_dequant` in ``dtype``. Otherwise, every step rounded in float32: ``d`` = the float32
-    mm dequant (+ bias), ``w[n, j] = (float(CB[n, j]) * col_stats[n]) * float32(1/127)``, ``acc`` summed over
-    the flagged columns in ascending order starting from 0 (``acc = acc + A[:, j] * w[:, j]``), and
-    ``out = dtype(d + acc)``. ``A`` holds the activation values (float32 widening of the input)."""
+    :func:`int8_mm_dequant` in ``dtype``. Otherwise, in float32: ``d`` = the float32 mm dequant (+ bias),
+    ``w[n, j] = (float(CB[n, j]) * col_stats[n]) * float32(1/127)`` (int8_vectorwise_dequant), and the
+    flagged columns, ascending, in blocks of :func:`mixed_block_size` columns: per block ``acc`` starts at 0 and
+    takes ``acc = fma(A[:, j], w[:, j], acc)`` column by column, then ``d = d + acc``; ``out = dtype(d)``.
+    For float32 this is upstream's ``output.addmm(subA, subB)`` bit for bit (torch 2.13's fp32 GEMM on an
+    AVX2 host from 5 rows; fewer rows take another kernel there, which differs in the last bit).
+    ``A`` holds the activation values (float32 widening of the input)."""
     C = np.asarray(C, np.int32)
     N = C.shape[-1]
     flags = np.asarray(col_flags).reshape(-1)
@@ -374,11 +471,15 @@ def int8_mixed_mm_dequant(C: np.ndarray, row_stats: np.ndarray, col_stats: np.nd
     d = int8_mm_dequant(C, row_stats, col_stats, bias, "float32").reshape(-1, N)
     a = np.asarray(A, f32).reshape(d.shape[0], -1)
     cs = np.asarray(col_stats, f32).reshape(-1)
-    w = ((np.asarray(CB, np.int8)[:, cols].astype(f32) * cs[:, None]).astype(f32) * INT8_DEQUANT_SCALE).astype(f32)
-    acc = np.zeros_like(d)
-    for t in range(cols.size):
-        acc = (acc + (a[:, cols[t]][:, None] * w[:, t][None, :]).astype(f32)).astype(f32)
-    return cast_out((d + acc).astype(f32), dtype).reshape(C.shape)
+    with np.errstate(all="ignore"):
+        w = ((np.asarray(CB, np.int8)[:, cols].astype(f32) * cs[:, None]).astype(f32) * INT8_DEQUANT_SCALE).astype(f32)
+        bs = mixed_block_size(int(cols.size))
+        for b0 in range(0, cols.size, bs):
+            acc = np.zeros_like(d)
+            for t in range(b0, min(cols.size, b0 + bs)):
+                acc = fma_x86_f32(a[:, cols[t]][:, None], w[:, t][None, :], acc)
+            d = (d + acc).astype(f32)
+    return cast_out(d, dtype).reshape(C.shape)
 
 
 def int8_linear(A: np.ndarray, CB: np.ndarray, SCB: np.ndarray, bias=None, threshold: float = 0.0,

@@ -11,7 +11,9 @@ these functions serve plain MindSpore code and mindnlp models alike.
 
 from __future__ import annotations
 
+import ctypes as ct
 import itertools
+import os
 import math
 import threading
 from threading import get_ident as _get_ident
@@ -24,6 +26,7 @@ from mindspore import Tensor
 from . import _hostcall, _reference
 from .cextension import BNB_BACKEND, get_ptr, lib, tag_device  # noqa: F401  (get_ptr re-exported as upstream)
 from .utils import dtype_from_name, dtype_name, pack_dict_to_tensor, unpack_tensor_to_dict
+from .utils import to_numpy as _to_numpy
 
 FLOAT_DTYPES = (ms.float32, ms.float16, ms.bfloat16)
 _SUFFIX = {ms.float32: "fp32", ms.float16: "fp16", ms.bfloat16: "bf16"}
@@ -564,8 +567,65 @@ def _check_numel(t: Tensor, n: int, fn: str, arg: str) -> None:
         raise ValueError(f"{_fn_name(fn, arg)} must have {n} elements; got shape {tuple(t.shape)}")
 
 
+def _own_memory(t: Tensor, fn: str, arg: str) -> Optional[np.ndarray]:
+    """A numpy array over ``t``'s own CPU memory (its storage offset and strides), or None where the
+    address is not available. Writing it changes ``t`` and every tensor sharing that memory (the base
+    of a view), which an ops.Custom call cannot do: MindSpore hands an AOT kernel a contiguous copy of
+    a view (non-contiguous or not), and mindtorch's ``contiguous()`` returns a non-contiguous tensor
+    itself, so an in-place update of a view used to be lost."""
+    ptr = int(t.data_ptr())  # mindtorch: the storage's start (the offset is separate)
+    if not ptr:
+        return None
+    dtype = _hostcall.np_dtype(t.dtype)
+    shape = tuple(int(d) for d in t.shape)
+    strides = tuple(int(d) for d in t.stride())
+    if any(st == 0 and d > 1 for st, d in zip(strides, shape)) or any(st < 0 for st in strides):
+        raise ValueError(f"{_fn_name(fn, arg)} is updated in place and must not repeat memory (stride 0, as an "
+                         f"expanded tensor); got shape {shape}, stride {strides}")
+    extent = 1 + sum((d - 1) * st for d, st in zip(shape, strides)) if all(shape) else 0
+    base = ptr + int(t.storage_offset()) * dtype.itemsize
+    buf = (ct.c_char * max(extent * dtype.itemsize, 1)).from_address(base)
+    flat = np.frombuffer(buf, dtype=dtype, count=extent)
+    return np.lib.stride_tricks.as_strided(flat, shape=shape, strides=tuple(st * dtype.itemsize for st in strides))
+
+
+def _optim_host_call(entry_name: str, fn: str, args, inplace) -> bool:
+    """Runs an optimizer entry point on host memory (:mod:`_hostcall`): ``args`` in the op table's
+    order (tensors, None, numpy scalars; the int32[1] status is appended), ``inplace`` the names of the
+    in-place arguments by position. A C-contiguous argument (a plain tensor, a row, a ``.view()``, a
+    slice of leading rows) is updated where it lives (no copy); a strided one (transposed, column
+    slice) is copied to a contiguous buffer and written back into its own memory afterwards.
+    Returns False (nothing done) where host calls are not available."""
+    if not _hostcall.active():
+        return False
+    host_args, back = [], []
+    for i, a in enumerate(args):  # g comes first: its asnumpy() waits for every op queued before
+        if isinstance(a, Tensor):
+            if i in inplace:
+                a.wait_pipeline()
+                mem = _own_memory(a, fn, inplace[i])
+                if mem is None:
+                    return False
+                if not mem.flags.c_contiguous:
+                    c = np.ascontiguousarray(mem)
+                    back.append((mem, c))
+                    mem = c
+                host_args.append(mem)
+            else:
+                host_args.append(_hostcall.host(a))
+        else:
+            host_args.append(a)
+    host_args.append(np.zeros(1, np.int32))
+    _hostcall.entry(entry_name)(*host_args)
+    for mem, c in back:
+        mem[...] = c
+    return True
+
+
 class _InPlace:
-    """Contiguous views of in-place arguments; non-contiguous ones are copied back afterwards."""
+    """In-place arguments for the ops.Custom path (used where host calls are off, e.g. while a
+    gradient is being recorded): a non-contiguous argument is run on a real contiguous copy
+    (``clone()``: mindtorch's ``contiguous()`` returns the tensor itself) and copied back."""
 
     def __init__(self):
         self._back = []
@@ -573,13 +633,18 @@ class _InPlace:
     def __call__(self, t: Optional[Tensor]) -> Optional[Tensor]:
         if t is None or t.is_contiguous():
             return t
-        c = t.contiguous()
+        c = t.clone()
         self._back.append((t, c))
         return c
 
     def finish(self) -> None:
         for t, c in self._back:
             t.copy_(c)
+
+
+def _h64(x) -> np.ndarray:
+    """A float64 0-d array for a host call (the kernels read hyper-parameters as double)."""
+    return np.array(x, dtype=np.float64)
 
 
 def optimizer_update_32bit(optimizer_name: str, g: Tensor, p: Tensor, state1: Tensor, beta1: float, eps: float,
@@ -622,6 +687,12 @@ def optimizer_update_32bit(optimizer_name: str, g: Tensor, p: Tensor, state1: Te
     if int(step) < 1:
         raise ValueError(f"{_fn_name(fn, 'step')} must be >= 1; got {step}")
     if n == 0:
+        return None
+    scal = (float(max_unorm), 0.0, float(beta1), float(beta2), float(beta3), float(alpha), float(eps),
+            float(weight_decay), int(step), float(lr), float(gnorm_scale))
+    if _optim_host_call(_ops_table.OPTIM_32BIT_NAMES[name][(ms.float32, ms.float16, ms.bfloat16).index(p.dtype)], fn,
+                        (g, p, state1, state2, unorm_vec, *map(_h64, scal), np.array(bool(skip_zeros))),
+                        {1: "p", 2: "state1", 3: "state2", 4: "unorm_vec"}):
         return None
     ip = _InPlace()
     gc = _contiguous(g)
@@ -679,6 +750,13 @@ def optimizer_update_8bit_blockwise(optimizer_name: str, g: Tensor, p: Tensor, s
     if int(step) < 1:
         raise ValueError(f"{_fn_name(fn, 'step')} must be >= 1; got {step}")
     if n == 0:
+        return None
+    scal = (float(beta1), float(beta2), float(beta3), float(alpha), float(eps), int(step), float(lr),
+            float(weight_decay), float(gnorm_scale))
+    entry = _ops_table.OPTIM_8BIT_BLOCKWISE_NAMES[name][(ms.float32, ms.float16, ms.bfloat16).index(p.dtype)]
+    if _optim_host_call(entry, fn, (g, p, state1, state2, qmap1, qmap2, absmax1, absmax2, *map(_h64, scal),
+                                    np.array(bool(skip_zeros))),
+                        {1: "p", 2: "state1", 3: "state2", 6: "absmax1", 7: "absmax2"}):
         return None
     ip = _InPlace()
     gc, q1, q2 = _contiguous(g), _contiguous(qmap1), _contiguous(qmap2) if qmap2 is not None else None
@@ -1034,15 +1112,15 @@ class _Linear4bitPlan:
             args.append(b if b.dtype == _hostcall.np_dtype(dtype) else b.astype(_hostcall.np_dtype(dtype)))
         return args
 
-    def host_call(self, dtype):
+    def host_call(self, dtype, dot: bool = False):
         """The bound host call for ``dtype`` on this thread, and the arrays it is bound to now (one per
-        activation dtype and thread: a bound call's arguments are re-pointed on every call, and ctypes
-        releases the GIL while the kernel runs)."""
-        key = (dtype, _get_ident())
+        activation dtype, kernel (``dot``: the bf16 dot-product entry point) and thread: a bound call's arguments
+        are re-pointed on every call, and ctypes releases the GIL while the kernel runs)."""
+        key = (dtype, _get_ident(), dot)
         entry = self.calls.get(key)
         if entry is None:
             npdt = _hostcall.np_dtype(dtype)
-            call = _hostcall.entry(f"clinear_4bit_{_SUFFIX[dtype]}").bind(
+            call = _hostcall.entry(_linear4_entry_name(dtype, dot)).bind(
                 np.empty((1, self.K), npdt), np.empty(1, np.uint8), np.empty(1, np.float32),
                 np.empty(16, np.float32), None, None, None, None, self.bs, self.bs2, self.N,
                 np.empty((1, self.N), npdt))
@@ -1070,22 +1148,25 @@ class _Linear4bitPlan:
             watch.append((t, v.ptr))
         return (B, bias, tuple(watch))
 
-    def fast(self, A: Tensor, B: Tensor, bias: Optional[Tensor], max_rows: int = 1 << 62):
+    def fast(self, A: Tensor, B: Tensor, bias: Optional[Tensor], max_rows: int = 1 << 62,
+             bf16_dot: Optional[bool] = None):
         """The lean host call: when this thread already ran a full call with these very weight/bias objects
-        for A's dtype and none of the tensors it reads in place has moved (one address read each), only A
-        and the output are re-pointed. Returns the result, or None (the caller runs the full path)."""
-        entry = self.calls.get((A.dtype, _get_ident()))
-        if entry is None:
-            return None
-        f = entry[2][0]
-        if f is None or f[0] is not B or f[1] is not bias:
-            return None
+        for A's dtype and kernel (``bf16_dot`` as :func:`linear_4bit` takes it) and none of the tensors it
+        reads in place has moved (one address read each), only A and the output are re-pointed. Returns the
+        result, or None (the caller runs the full path)."""
+        dt = A.dtype
         shape = tuple(A.shape)
         K = self.K
         if not shape or shape[-1] != K:
             return None
         rows = math.prod(shape[:-1])
         if rows == 0 or rows > max_rows or K == 0:
+            return None
+        entry = self.calls.get((dt, _get_ident(), dt == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows)))
+        if entry is None:
+            return None
+        f = entry[2][0]
+        if f is None or f[0] is not B or f[1] is not bias:
             return None
         xa, xp = _hostcall.host_ptr(A)  # first: waits for everything queued before (in-place updates too)
         for t, ptr in f[2]:
@@ -1104,6 +1185,83 @@ def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
     return plan
 
 
+# ---- bf16 compute for 4-bit linear layers --------------------------------------------------------
+# bf16 activations (Linear4bit with compute_dtype bf16, bf16 or fp32 input) can run a bf16 dot-product
+# kernel, clinear_4bit_bf16dot_bf16 (csrc/cpu/fourbit.cpp "bf16 compute": vdpbf16ps where the CPU has
+# AVX512-BF16, a portable kernel with the same bits elsewhere), instead of the exact fp32-accumulation one.
+# Default ("auto"), decided on measurements (benchmarks/cpu_avx512_host.md, Sapphire Rapids, 4096 -> 11008):
+#   * CPU with AVX512-BF16: the dot kernel for 2+ rows (batch 16: 2.41 ms vs 3.59 ms exact), the exact gemv for
+#     one row (0.27 ms vs the dot kernel's 0.53 ms: the exact gemv decodes in registers at memory speed);
+#   * any other CPU: the exact kernels (the portable dot kernel is ~35x slower than the AVX2 exact path).
+# The choice is made on the CPU feature, never on BNB_MS_SIMD, so a call's result does not depend on the SIMD
+# level. BNB_MS_4BIT_BF16_DOT=auto|1|0 (also on/off, 0 = "exact") or set_bf16_dot() sets it for the process
+# (1: the dot kernel for every row count, the portable kernel without the instruction; 0: never); the
+# ``bf16_dot`` argument of linear_4bit / linear_4bit_compute for one call.
+_BF16_DOT_ENV = "BNB_MS_4BIT_BF16_DOT"
+_BF16_DOT_WORDS = {"auto": None, "1": True, "on": True, "true": True, "bf16": True,
+                   "0": False, "off": False, "false": False, "exact": False}
+#: auto on an AVX512-BF16 CPU: the dot kernel from this many rows of activations on
+BF16_DOT_AUTO_MIN_ROWS = 2
+_NEVER = 1 << 62
+_bf16_dot_min_rows: Optional[int] = None  # resolved lazily: rows from which the dot kernel runs by default
+
+
+def _resolve_bf16_dot(mode) -> int:
+    if BNB_BACKEND != "CPU":  # the kernel is CPU-only; the CUDA library has no twin
+        return _NEVER
+    if mode is None:
+        from . import cextension
+        return BF16_DOT_AUTO_MIN_ROWS if "avx512_bf16" in cextension.cpu_features() else _NEVER
+    return 1 if mode else _NEVER
+
+
+def set_bf16_dot(mode="auto") -> None:
+    """Sets the process-wide default of the 4-bit bf16-compute kernel: ``"auto"`` (the dot kernel for 2+ rows
+    where the CPU has AVX512-BF16, else the exact kernels), ``True``/``"on"`` (the bf16 dot-product kernel for
+    every call; the portable one without the instruction), ``False``/``"off"``/``"exact"`` (always the exact
+    fp32-accumulation kernels), or ``None`` (read ``BNB_MS_4BIT_BF16_DOT`` again)."""
+    global _bf16_dot_min_rows
+    if mode is None:
+        _bf16_dot_min_rows = None
+        return
+    if isinstance(mode, (bool, np.bool_)):
+        _bf16_dot_min_rows = _resolve_bf16_dot(bool(mode))
+        return
+    word = str(mode).strip().lower()
+    if word not in _BF16_DOT_WORDS:
+        raise ValueError(f"set_bf16_dot: `mode` must be one of 'auto', 'on', 'off', True, False or None; got {mode!r}")
+    _bf16_dot_min_rows = _resolve_bf16_dot(_BF16_DOT_WORDS[word])
+
+
+def _bf16_dot_rows() -> int:
+    global _bf16_dot_min_rows
+    if _bf16_dot_min_rows is None:
+        raw = os.environ.get(_BF16_DOT_ENV, "auto")
+        word = raw.strip().lower()
+        if word not in _BF16_DOT_WORDS:
+            raise ValueError(f"{_BF16_DOT_ENV} must be one of auto, 1, 0, on, off, exact; got {raw!r}")
+        _bf16_dot_min_rows = _resolve_bf16_dot(_BF16_DOT_WORDS[word])
+    return _bf16_dot_min_rows
+
+
+def bf16_dot_enabled(rows: int = BF16_DOT_AUTO_MIN_ROWS) -> bool:
+    """Whether a bf16 4-bit linear forward of ``rows`` activation rows runs the bf16 dot-product kernel by
+    default (see :func:`set_bf16_dot`)."""
+    return rows >= _bf16_dot_rows()
+
+
+def _use_bf16_dot(bf16_dot, rows: int, fn: str = "linear_4bit") -> bool:
+    if bf16_dot is None:
+        return rows >= (_bf16_dot_min_rows if _bf16_dot_min_rows is not None else _bf16_dot_rows())
+    if not isinstance(bf16_dot, (bool, np.bool_)):
+        raise TypeError(f"{fn}: `bf16_dot` must be True, False or None; got {type(bf16_dot).__name__}")
+    return bool(bf16_dot) and BNB_BACKEND == "CPU"
+
+
+def _linear4_entry_name(dtype, dot: bool) -> str:
+    return "clinear_4bit_bf16dot_bf16" if dot else f"clinear_4bit_{_SUFFIX[dtype]}"
+
+
 #: Up to this many rows of activations a 4-bit linear forward is one fused native call (linear_4bit: the
 #: gemv kernel for one row, the fused dequantize-GEMM for more); more rows (prefill of long prompts)
 #: dequantize the weight to fp32 once and use MindSpore's matmul, which is faster there (measured with
@@ -1111,11 +1269,13 @@ def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
 LINEAR_4BIT_MAX_ROWS = 32
 
 
-def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor], compute_dtype) -> Tensor:
+def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor], compute_dtype,
+                        bf16_dot: Optional[bool] = None) -> Tensor:
     """Linear4bit's inference forward for float32 activations with a 16-bit ``compute_dtype`` (bf16/fp16), in
     one host call: exactly the unfused ``(A.to(compute_dtype) @ W.T + bias.to(compute_dtype)).to(A.dtype)``
-    (A rounded to the compute dtype to nearest-even, :func:`linear_4bit` in that dtype, the result widened
-    back; no MindSpore ops). Returns None where no host call can run (the caller keeps the unfused path)."""
+    (A rounded to the compute dtype to nearest-even, :func:`linear_4bit` in that dtype with the same
+    ``bf16_dot`` choice, the result widened back; no MindSpore ops). Returns None where no host call can run
+    (the caller keeps the unfused path)."""
     fn = "linear_4bit"
     if not _hostcall.active() or A.dtype != ms.float32 or compute_dtype not in (ms.bfloat16, ms.float16):
         return None
@@ -1130,7 +1290,8 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     if 0 in shape or plan.N == 0 or plan.K == 0:
         return None
     plan.check_weight(B, fn)
-    call, bound, _ = plan.host_call(compute_dtype)
+    dot = compute_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
+    call, bound, _ = plan.host_call(compute_dtype, dot)
     npdt = _hostcall.np_dtype(compute_dtype)
     xa = _hostcall.host(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
     for i, arr in enumerate(plan.host_args(B, quant_state, bias, compute_dtype), 1):
@@ -1144,14 +1305,19 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     return _hostcall.wrap(out.astype(np.float32))
 
 
-def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor] = None) -> Tensor:
+def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor] = None,
+                bf16_dot: Optional[bool] = None) -> Tensor:
     """The inference forward of a 4-bit linear layer in one native call: ``A @ W.T (+ bias)`` with W the
     [N, K] weight behind the packed ``B`` and ``quant_state`` (NF4/FP4, with or without double quant).
 
     Numerics: one row of A gives exactly :func:`gemv_4bit`'s result (fp32 accumulation in the kernel's
     fixed order); 2+ rows run the fused dequantize-GEMM: the fp32 dequantized weight (``code * absmax``,
     decoded once per call and row, never stored as a matrix) times A in 16 fma lanes, in the fixed order
-    csrc/cpu/fourbit.cpp documents (same bits at every SIMD level). The double-quant absmax is decoded in
+    csrc/cpu/fourbit.cpp documents (same bits at every SIMD level). bf16 ``A`` with ``bf16_dot`` (default: on
+    where the CPU has AVX512-BF16, see :func:`set_bf16_dot`) runs the bf16 dot-product kernel instead
+    (``clinear_4bit_bf16dot_bf16``; by default for 2+ rows; x and ``bf16(code * absmax)`` multiplied in pairs, accumulated in fp32 as
+    vdpbf16ps does; within ``2^-6 (S + |bias|) + K 2^-22 S`` of the exact path, S = sum |x w|; the same bits
+    with or without the instruction, at every SIMD level). The double-quant absmax is decoded in
     the kernel as ``dequantize_blockwise`` + offset computes it; ``bias`` is added to the result rounded to A's dtype, in fp32, and rounded again
     (as the unfused ``gemv_4bit(...) + bias`` does). In PyNative mode with no gradient being recorded the
     entry point runs as a host call (:mod:`bitsandbytes_ms._hostcall`), otherwise through ops.Custom. The
@@ -1162,6 +1328,8 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
         B: packed weight (any quant_storage; ``B.t()`` accepted).
         quant_state: its QuantState (2-D shape [N, K]).
         bias: optional [N] (cast to A's dtype).
+        bf16_dot: bf16 ``A`` only: True runs the bf16 dot-product kernel, False the exact fp32-accumulation
+            kernel, None (default) the process-wide choice (:func:`bf16_dot_enabled`).
 
     Returns:
         [..., N] in A's dtype.
@@ -1171,7 +1339,7 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
         raise ValueError(f"{fn}: `quant_state` is required")
     plan = quant_state.__dict__.get("_linear_plan")
     if plan is not None and plan.matches(quant_state) and isinstance(A, Tensor) and _hostcall.active():
-        res = plan.fast(A, B, bias)  # the same call as below, with only A and the output re-pointed
+        res = plan.fast(A, B, bias, bf16_dot=bf16_dot)  # the same call as below, only A and the output re-pointed
         if res is not None:
             return res
     plan = _plan_4bit(quant_state, fn)
@@ -1188,8 +1356,9 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
     if 0 in shape or plan.N == 0:
         return _empty_np(out_shape, A.dtype)
     plan.check_weight(B, fn)
+    dot = A.dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
     if _hostcall.active():
-        call, bound, fast = plan.host_call(A.dtype)
+        call, bound, fast = plan.host_call(A.dtype, dot)
         out = _hostcall.empty(out_shape, A.dtype)
         call.set(0, _hostcall.host(A))  # first: waits for everything queued before (in-place updates too)
         for i, arr in enumerate(plan.host_args(B, quant_state, bias, A.dtype), 1):
@@ -1210,8 +1379,8 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
     absmax, code = _contiguous(quant_state.absmax), quant_state.code
     if bias is not None and bias.dtype != A.dtype:
         bias = _tag(bias.astype(A.dtype), (A,))
-    return getattr(lib, f"clinear_4bit_{_SUFFIX[A.dtype]}")(_contiguous(A), raw, absmax, code, absmax2, code2, offset,
-                                                             bias, plan.bs, plan.bs2, plan.N)
+    return getattr(lib, _linear4_entry_name(A.dtype, dot))(_contiguous(A), raw, absmax, code, absmax2, code2, offset,
+                                                            bias, plan.bs, plan.bs2, plan.N)
 
 
 # ---- int8 (LLM.int8()) ----
@@ -1449,9 +1618,10 @@ def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Te
     ``int8_scaled_mm(CA, CB, SCA, SCB, bias)`` plus, for the outlier columns, ``A[:, cols] @
     dequant(CB[:, cols]).T``. Upstream adds the outlier part with torch's ``addmm`` in ``A.dtype``; here
     (native ``cint8_mixed_mm_dequant_<dtype>``, the code the fused :func:`int8_linear` runs) the int8 part
-    is dequantized to float32 (+ bias), the outlier product is summed in float32 over the outlier columns
-    in ascending order (a fixed order: bit-identical on every SIMD level and to the fused forward; more
-    accurate than fp16/bf16 accumulation) and the sum is rounded once to ``A.dtype``. ``outlier_cols`` is
+    is dequantized to float32 (+ bias) and the outlier product is added as torch's fp32 ``addmm`` does on an
+    AVX2 host: per output an fma chain from 0 over the outlier columns in ascending order, in blocks of 192
+    columns (two halves for 193..383), each block's sum added in turn (upstream's fp32 bytes from 5 rows;
+    bit-identical on every SIMD level and to the fused forward); the sum is rounded once to ``A.dtype``. ``outlier_cols`` is
     taken as a set (duplicates count once). Without outlier columns the result is ``int8_scaled_mm``'s.
 
     Args:
@@ -1900,3 +2070,159 @@ def gemm_fp(A: Tensor, W: Tensor, bias: Optional[Tensor] = None, out: Optional[T
         res = ms.ops.reshape(res, out_shape)
     tag_device(res, like=(A,))
     return _write(out, res)
+
+
+# ---- upstream's remaining public names (issue 15) -------------------------------------------------------------
+# Paging, cuBLAS contexts and the deprecated int8 matmul helpers exist upstream for CUDA; here they keep their
+# names and contracts on MindSpore's CPU (no unified memory: a "paged" tensor is an ordinary host tensor marked
+# ``is_paged``, and prefetching it does nothing).
+class GlobalPageManager:
+    """Upstream's registry of paged tensors (``get_instance()``, ``paged_tensors``, ``prefetch_all``)."""
+
+    _instance = None
+
+    def __init__(self):
+        raise RuntimeError("Call get_instance() instead")
+
+    def initialize(self):
+        self.paged_tensors = []
+
+    @classmethod
+    def get_instance(cls):
+        if cls._instance is None:
+            cls._instance = cls.__new__(cls)
+            cls._instance.initialize()
+        return cls._instance
+
+    def prefetch_all(self, to_cpu: bool = False) -> None:
+        for t in self.paged_tensors[::-1]:
+            prefetch_tensor(t, to_cpu)
+
+
+class CUBLAS_Context:
+    """Upstream's per-device cuBLAS handle cache; there is no cuBLAS handle to hold on the CPU library."""
+
+    _instance = None
+
+    def __init__(self):
+        raise RuntimeError("Call get_instance() instead")
+
+    def initialize(self):
+        self.context = {}
+
+    @classmethod
+    def get_instance(cls):
+        if cls._instance is None:
+            cls._instance = cls.__new__(cls)
+            cls._instance.initialize()
+        return cls._instance
+
+    def get_context(self, device=None):
+        if BNB_BACKEND != "CUDA":
+            raise RuntimeError("CUBLAS_Context: the CPU library has no cuBLAS context (the CUDA library creates "
+                               "its handles itself)")
+        return self.context.setdefault(getattr(device, "index", 0), None)
+
+
+def get_paged(*shape, dtype=ms.float32, device=None) -> Tensor:
+    """A zero-filled tensor marked ``is_paged`` (upstream: CUDA managed memory; here host memory)."""
+    shape = tuple(int(s) for s in (shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape))
+    out = Tensor(np.zeros(shape, dtype=_hostcall.np_dtype(dtype)))
+    out.is_paged = True
+    out.page_deviceid = getattr(device, "index", 0) or 0
+    return out
+
+
+def prefetch_tensor(A: Tensor, to_cpu: bool = False) -> None:
+    """Upstream moves a paged tensor's pages to the GPU (or host); host memory needs nothing."""
+    if not getattr(A, "is_paged", False):
+        raise ValueError("prefetch_tensor: only paged tensors can be prefetched (A.is_paged is not set)")
+
+
+def elementwise_func(func_name: str, A: Tensor, B: Optional[Tensor], value, prefetch: bool = True) -> None:
+    """In-place ``fill`` (A[:] = value) and ``_mul`` (A *= B) on float32 / uint8 tensors, as upstream's
+    ``cfill_*`` / ``c_mul_*``; any other name or dtype raises NotImplementedError as upstream does."""
+    if A.dtype not in (ms.float32, ms.uint8) or func_name not in ("fill", "_mul"):
+        raise NotImplementedError(f"Function not implemented: {func_name}")
+    if func_name == "fill":
+        A[...] = Tensor(np.asarray(value, dtype=_hostcall.np_dtype(A.dtype)))
+        return
+    if B is None or tuple(B.shape) != tuple(A.shape):
+        raise ValueError(f"elementwise_func('_mul'): B must have A's shape {tuple(A.shape)}, got "
+                         f"{None if B is None else tuple(B.shape)}")
+    a = _to_numpy(A)
+    A[...] = Tensor((a * _to_numpy(B).astype(a.dtype)).astype(a.dtype))
+
+
+def fill(A: Tensor, value, device=None, prefetch: bool = True) -> None:
+    elementwise_func("fill", A, None, value)
+
+
+def _mul(A: Tensor, B: Tensor, device=None) -> None:
+    elementwise_func("_mul", A, B, 0)
+
+
+def is_on_gpu(tensors) -> bool:
+    """Upstream's same-device check: True when the (non-None, non-paged) tensors are all on one device; mixing
+    devices raises RuntimeError. MindSpore places tensors by context, so on this CPU library they always agree."""
+    devices = set()
+    for t in tensors:
+        if t is not None and not getattr(t, "is_paged", False):
+            dev = getattr(t, "device", "cpu")
+            devices.add(str(getattr(dev, "type", dev)).split(":")[0].lower())
+    if len(devices) > 1:
+        raise RuntimeError(f"Input tensors need to be on the same device, but found {sorted(devices)}")
+    return True
+
+
+def has_avx512bf16() -> bool:
+    """True when the CPU has AVX512-BF16 (upstream's CPU bf16 gemv_4bit runs there)."""
+    from .cextension import cpu_features
+
+    try:
+        return "avx512_bf16" in cpu_features()
+    except (AttributeError, RuntimeError, OSError):
+        return False
+
+
+def check_matmul(A, B, out, transposed_A, transposed_B, expected_type=ms.int8):
+    """Upstream's deprecated shape check of an int8 matmul: the output shape of ``A @ B`` (with the given
+    transposes) for 2-D x 2-D, 3-D x 2-D and 3-D x 3-D operands; TypeError on other dtypes, ValueError on
+    shapes that do not multiply."""
+    if A.dtype != expected_type or B.dtype != expected_type:
+        raise TypeError(f"Expected {expected_type} input tensors A and B, but got {A.dtype} and {B.dtype}")
+    sA, sB = tuple(A.shape), tuple(B.shape)
+    kA = (sA[-2] if transposed_A else sA[-1]) if len(sA) >= 2 else None
+    kB = (sB[-1] if transposed_B else sB[-2]) if len(sB) >= 2 else None
+    if len(sA) not in (2, 3) or len(sB) not in (2, 3) or (len(sA) == 2 and len(sB) == 3) or kA != kB:
+        raise ValueError(f"Tensor dimensions incorrect for matrix multiplication: A x B: {sA} x {sB} with "
+                         f"transpose for A x B: {transposed_A} x {transposed_B}.")
+    rows = sA[-1] if transposed_A else sA[-2]
+    cols = sB[-2] if transposed_B else sB[-1]
+    return (sA[0], rows, cols) if len(sA) == 3 else (rows, cols)
+
+
+def igemm(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: bool = False,
+          transposed_B: bool = False) -> Tensor:
+    """Upstream's deprecated int8 matmul ``A @ B`` (int32, exact) with optional transposes; A may be 3-D
+    (its leading dimensions are rows). Runs :func:`int8_linear_matmul`."""
+    shape = check_matmul(A, B, out, transposed_A, transposed_B)
+    if B.ndim == 3:
+        return batched_igemm(A, B, out, transposed_A, transposed_B)
+    a, b = _to_numpy(A), _to_numpy(B)  # (a deprecated helper: transposes on the host)
+    a = np.swapaxes(a, -1, -2) if transposed_A else a
+    bt = b if transposed_B else b.T  # int8_linear_matmul takes B as [N, K]
+    res = int8_linear_matmul(Tensor(np.ascontiguousarray(a)), Tensor(np.ascontiguousarray(bt)))
+    return _write(out, ms.ops.reshape(res, shape))
+
+
+def batched_igemm(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: bool = False,
+                  transposed_B: bool = False) -> Tensor:
+    """Upstream's deprecated batched int8 matmul: ``A[i] @ B[i]`` for 3-D A and B (int32, exact)."""
+    if A.ndim != 3 or B.ndim != 3 or A.shape[0] != B.shape[0]:
+        raise ValueError(f"batched_igemm: expected 3-D A and B with the same batch size, got {tuple(A.shape)} "
+                         f"and {tuple(B.shape)}")
+    shape = check_matmul(A, B, out, transposed_A, transposed_B)
+    a, b = _to_numpy(A), _to_numpy(B)
+    parts = [igemm(Tensor(a[i]), Tensor(b[i]), None, transposed_A, transposed_B).asnumpy() for i in range(a.shape[0])]
+    return _write(out, Tensor(np.stack(parts).reshape(shape)))

@@ -168,10 +168,10 @@ def int8_vectorwise_dequant(A: Tensor, stats: Tensor) -> Tensor:
 def int8_mm_dequant(A: Tensor, row_stats: Tensor, col_stats: Tensor, dtype=None, bias: Optional[Tensor] = None):
     """``int8_mm_dequant(Tensor A int32, Tensor row_stats, Tensor col_stats, ScalarType? dtype=None,
     Tensor? bias=None) -> Tensor`` (float16 unless ``dtype``)."""
-    res = F.int8_mm_dequant(A, row_stats, col_stats, bias=bias)
-    if dtype is not None and dtype != res.dtype:
-        res = F._tag(res.astype(ms.float32).astype(dtype), (A,))
-    return res
+    # one rounding, straight from the fp32 dequantization into `dtype` (not via float16: that rounded fp32 and
+    # bf16 results twice and overflowed to inf above 65504)
+    res = F._mm_dequant(A, row_stats, col_stats, bias, ms.float16 if dtype is None else dtype, "int8_mm_dequant")
+    return F._tag(res, (A,))
 
 
 @_register("int8_scaled_mm")

@@ -102,3 +102,102 @@ def test_save_into_an_existing_file_is_refused(tmp_path):
     f.write_text("x")
     line = _one_line_error(run("quantize", "--save", str(f)))
     assert "not a directory" in line
+
+
+def test_diagnostics_report_and_sanity_check():
+    r = run()
+    assert r.returncode == 0, r.stderr
+    for field in ("bitsandbytes_ms   ", "platform          ", "libc ", "related packages  ", "transformers ",
+                  "peft ", "accelerate ", "safetensors ", "native library    ", "CPU kernel path   "):
+        assert field in r.stdout, field
+    assert r.stdout.rstrip().endswith("SUCCESS!")
+
+
+def test_diagnostics_sanity_failure_exits_1(monkeypatch):
+    from bitsandbytes_ms import __main__ as cli
+
+    def broken():
+        raise AssertionError("blockwise 8-bit round trip: max error 0.5")
+
+    monkeypatch.setattr(cli, "sanity_check", broken)
+    assert cli.diagnostics() == 1
+
+
+# ---- checkpoints and paths that used to run on random weights or end in a traceback (issue 15 item 10) ----------
+@pytest.fixture(scope="module")
+def broken_checkpoints(tmp_path_factory):
+    import json
+    import shutil
+    from pathlib import Path
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    import bitsandbytes_ms
+
+    src = Path(bitsandbytes_ms.__file__).resolve().parent / "default_model"
+    base = tmp_path_factory.mktemp("ckpt")
+    tensors = load_file(str(src / "model.safetensors"))
+    out = {}
+
+    def clone(name, new_tensors=None):
+        d = base / name
+        shutil.copytree(src, d)
+        if new_tensors is not None:
+            save_file(new_tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+        out[name] = d
+        return d
+
+    t = dict(tensors)
+    del t["model.layers.1.mlp.down_proj.weight"]
+    clone("missing", t)
+    d = clone("more_layers")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_hidden_layers"] += 1
+    (d / "config.json").write_text(json.dumps(cfg))
+    clone("int32", {k: v.astype(np.int32) for k, v in tensors.items()})
+    t = dict(tensors)
+    t["model.layers.0.self_attn.q_proj.weight"] = t["model.layers.0.self_attn.q_proj.weight"][:, :-1].copy()
+    clone("shape", t)
+    return out
+
+
+@pytest.mark.parametrize("name, message", [
+    ("missing", "lacks 1 tensor(s) the config needs (model.layers.1.mlp.down_proj.weight)"),
+    ("more_layers", "lacks 9 tensor(s) the config needs (model.layers.4."),
+    ("int32", "weights of dtype int32; a full-precision"),
+    ("shape", "size mismatch for weight: copying a param with shape"),
+])
+def test_broken_checkpoints_fail_in_one_line(broken_checkpoints, name, message):
+    r = run("quantize", "--model", str(broken_checkpoints[name]), "--max-new-tokens", "2", "--eval-windows", "1")
+    assert r.returncode == 2
+    assert message in _one_line_error(r)
+
+
+def test_non_utf8_eval_file_and_unwritable_save_fail_before_any_work(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe caf\xe9 " * 100)
+    assert "not UTF-8 text" in _one_line_error(run("quantize", "--eval-file", str(bad)))
+    assert "cannot write in /sys/kernel" in _one_line_error(run("quantize", "--save", "/sys/kernel/q"))
+    assert "no such parent directory" in _one_line_error(run("quantize", "--save", str(tmp_path / "a" / "b")))
+
+
+def test_failed_save_leaves_the_directory_as_it_was(tmp_path):
+    from bitsandbytes_ms.__main__ import _save_atomically
+
+    target = tmp_path / "q"
+    target.mkdir()
+    (target / "model.safetensors").write_text("old weights")
+
+    def half_write(d):
+        (d / "config.json").write_text("{}")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        _save_atomically(target, half_write)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]  # no temporary directory left
+    assert sorted(p.name for p in target.iterdir()) == ["model.safetensors"]
+    assert (target / "model.safetensors").read_text() == "old weights"
+    _save_atomically(target, lambda d: (d / "config.json").write_text('{"new": 1}'))
+    assert sorted(p.name for p in target.iterdir()) == ["config.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]

@@ -156,5 +156,6 @@ def test_constructor_checks():
         bnb.optim.Adagrad(ps, lr_decay=0.1)
     with pytest.raises(ValueError):
         bnb.optim.Adam(ps, lr=-1.0)
-    with pytest.raises(NotImplementedError):
-        bnb.optim.Adam(ps, amsgrad=True)
+    bnb.optim.Adam(ps, amsgrad=True)  # accepted and ignored, as upstream
+    with pytest.raises(ValueError, match="amsgrad"):
+        bnb.optim.Adam8bit(ps, amsgrad=True)

@@ -163,7 +163,7 @@ def worker_torch(spec: dict) -> dict:
         from bitsandbytes_ms.integrations import quant_4bit, quant_8bit
 
         transformers.logging.set_verbosity_error()
-        res["versions"] = {"bitsandbytes_ms": bitsandbytes_ms.__version__, "mindspore": ms.__version__,
+        res["versions"] = {"bitsandbytes_ms": bitsandbytes_ms.__ms_version__, "mindspore": ms.__version__,
                            "mindnlp": _dist_version("mindnlp"), "transformers": transformers.__version__}
         res["kernel_path"] = cextension.simd_level()
         if cextension.BNB_BACKEND == "CPU":

@@ -23,6 +23,14 @@ What it does (each check prints one PASS/FAIL/SKIP line; the exit status is 1 on
      int8/int4 quantize/dequantize bit-exact and GEMM within the tests' tolerance. Then the outputs of
      the deterministic ops are compared byte for byte across the levels.
 
+  3. ``bf16`` (the 4-bit bf16-compute kernel, ``clinear_4bit_bf16dot_bf16``): one subprocess with the
+     library's own choice (``vdpbf16ps`` where the CPU has AVX512-BF16) and one at ``BNB_MS_SIMD=avx2``
+     (the portable kernel); each checks its outputs bit for bit against the numpy model
+     ``_reference.linear_4bit_bf16dot`` (small shapes: odd K, partial blocks, double quant, bias, planted
+     tiny values that exercise the denormal flushing) and runs 4096x11008 at batch 1 and 16; the parent
+     compares the two kernels' bytes and prints the timings of the bf16 kernel vs the exact fp32-accumulation
+     path (``clinear_4bit_bf16``) on the same bf16 input. ``--only bf16`` runs just this part.
+
 --quick keeps it to about a minute (fewer shapes, shorter timings). bfloat16 is handled without
 ml_dtypes (bit patterns, round to nearest even), so only numpy is needed.
 
@@ -693,6 +701,105 @@ class OpsChild:
 
 
 # =====================================================================================================
+# child: the 4-bit bf16-compute kernel (clinear_4bit_bf16dot_bf16)
+# =====================================================================================================
+def bf16dot_path(lib: Aot) -> str:
+    if not lib.has("bnb_ms_linear4_bf16dot_path"):
+        return "?"
+    import ctypes as ct
+    f = lib.dll.bnb_ms_linear4_bf16dot_path
+    f.restype = ct.c_char_p
+    return f().decode()
+
+
+def _nf4_weight(lib: Aot, rng, N, K, bs, nested, tiny=False):
+    """(packed, absmax argument, extra args [absmax2, code2, offset], fp32 absmax the kernel decodes)."""
+    code = code4("nf4")
+    w = rng.randn(N * K).astype(np.float32)
+    if tiny:  # some blocks scaled so that code * absmax is a bf16 denormal or its products underflow
+        w[: N * K // 3] *= np.float32(2.0 ** -126)
+    q = np.empty(((N * K + 1) // 2, 1), np.uint8)
+    nb = -(-N * K // bs)
+    am = np.empty(nb, np.float32)
+    rc = lib("cquantize_blockwise_fp32_nf4", [code, w, i64(bs), q, am])
+    if nested:
+        ref = load_reference()
+        code2 = dynamic_map(ref)
+        off = np.float32(am.mean())
+        aq = np.empty(nb, np.uint8)
+        am2 = np.empty(-(-nb // 256), np.float32)
+        rc |= lib("cquantize_blockwise_fp32", [code2, (am - off).astype(np.float32), i64(256), aq, am2])
+        return rc, code, q, aq, [am2, code2, np.array(off, np.float32)]
+    return rc, code, q, am, [None, None, None]
+
+
+BF16_SHAPES = [(1, 64, 256, 64), (2, 40, 192, 64), (3, 33, 100, 64), (5, 17, 77, 32), (8, 64, 512, 128),
+               (1, 24, 1000, 256), (16, 50, 96, 64), (32, 20, 130, 64), (4, 7, 31, 64)]
+
+
+def child_bf16(lib: Aot, quick: bool, timing: bool, save: str | None) -> dict:
+    ref = load_reference()
+    rng = np.random.RandomState(23)
+    res = {"path": bf16dot_path(lib), "level": lib.simd_level(), "cases": 0, "nfail": 0, "fails": [], "timing": {}}
+    saved = {}
+    for (M, N, K, bs) in BF16_SHAPES:
+        for nested in (False, True):
+            for with_bias in (False, True):
+                tiny = (M * N + K) % 3 == 0
+                rc0, code, q, amx, extra = _nf4_weight(lib, rng, N, K, bs, nested, tiny)
+                x = rng.randn(M, K).astype(np.float32)
+                if tiny:
+                    x[:, ::5] *= np.float32(2.0 ** -40)  # some products below FLT_MIN; some x bf16 denormals
+                    x[:, 1::7] = np.float32(2.0 ** -130)
+                aarg, av = to_dtype(x, "bfloat16")
+                barg, bv = to_dtype(rng.randn(N).astype(np.float32), "bfloat16") if with_bias else (None, None)
+                oarg, raw = out_array((M, N), "bfloat16")
+                rc = lib("clinear_4bit_bf16dot_bf16", [aarg, q, amx, code] + extra + [barg, i64(bs), i64(256), i64(N), oarg])
+                am_used = amx if not nested else (extra[1][amx] * np.repeat(extra[0], 256)[:amx.size]
+                                                  + extra[2]).astype(np.float32)
+                want = ref.bf16_round_bits(ref.linear_4bit_bf16dot(av, q, am_used, code, bs, N, bias=bv))
+                res["cases"] += 1
+                if rc0 or rc or not np.array_equal(raw, want):
+                    res["nfail"] += 1
+                    res["fails"].append(f"{M}x{N}x{K} bs={bs} nested={nested} bias={with_bias} rc={rc0},{rc} "
+                                        f"({int(np.sum(raw != want))} outputs differ)")
+                saved[f"{M}/{N}/{K}/{bs}/{nested}/{with_bias}"] = raw.copy()
+    N, K, bs = 11008, 4096, 64
+    rc0, code, q, amx, extra = _nf4_weight(lib, rng, N, K, bs, False)
+    for M in (1, 16):
+        aarg, _ = to_dtype(rng.randn(M, K).astype(np.float32), "bfloat16")
+        row = {}
+        for name in ("clinear_4bit_bf16dot_bf16", "clinear_4bit_bf16"):
+            oarg, raw = out_array((M, N), "bfloat16")
+            call = lib.prepare(name, [aarg, q, amx, code] + extra + [None, i64(bs), i64(256), i64(N), oarg])
+            t0 = time.perf_counter()
+            rc = call()
+            first = time.perf_counter() - t0
+            if rc0 or rc:
+                res["nfail"] += 1
+                res["fails"].append(f"{name} {M}x{K}x{N}: rc={rc0},{rc}")
+            if name == "clinear_4bit_bf16dot_bf16":
+                saved[f"big/{M}"] = raw.copy()
+            else:
+                exact = bf16_vals(raw)
+            if timing:
+                times = []
+                for _ in range(max(3, min(50, int((0.3 if quick else 1.5) / max(first, 1e-6))))):
+                    t0 = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - t0)
+                row[name] = float(np.median(times)) * 1e3
+        dot = bf16_vals(saved[f"big/{M}"])
+        row["max_abs_diff_vs_exact"] = float(np.max(np.abs(dot - exact)))
+        row["max_abs_exact"] = float(np.max(np.abs(exact)))
+        res["timing"][str(M)] = row
+    res["fails"] = res["fails"][:6]
+    if save:
+        np.savez(save, **saved)
+    return res
+
+
+# =====================================================================================================
 # parent
 # =====================================================================================================
 def run_child(args, env_updates, extra):
@@ -707,12 +814,53 @@ def run_child(args, env_updates, extra):
     return json.loads(r.stdout.strip().splitlines()[-1]), None
 
 
+def check_bf16(args, feats: int) -> None:
+    has_bf16 = bool(feats & (1 << 9))
+    runs = {}
+    with tempfile.TemporaryDirectory() as d:
+        for label, env in (("native", {}), ("portable", {"BNB_MS_SIMD": "avx2"})):
+            out = os.path.join(d, f"{label}.npz")
+            # the portable kernel is timed only where it is the library's own choice (the native run)
+            extra = ["--child", "bf16", "--save", out] + (["--no-timing"] if args.no_timing or label == "portable" else [])
+            res, err = run_child(args, env, extra)
+            if res is None:
+                report(False, f"bf16 [{label}]: the subprocess failed: {err}")
+                continue
+            report(res["nfail"] == 0, f"bf16 [{label}: {res['path']} kernel, SIMD {res['level']}]: "
+                                      f"{res['cases'] - min(res['nfail'], res['cases'])}/{res['cases']} small cases "
+                                      f"bit-exact vs the numpy model (_reference.linear_4bit_bf16dot); 4096x11008 "
+                                      f"batch 1/16 ran{'; ' + '; '.join(res['fails']) if res['fails'] else ''}")
+            runs[label] = (res, dict(np.load(out)))
+    if "native" in runs and "portable" in runs:
+        (rn, a), (rp, b) = runs["native"], runs["portable"]
+        same = [k for k in a if k in b and a[k].shape == b[k].shape and np.array_equal(a[k], b[k])]
+        if rn["path"] == rp["path"]:
+            print(f"SKIP bf16 kernels bit-for-bit: both runs used the {rn['path']} kernel (CPU "
+                  f"{'has' if has_bf16 else 'lacks'} AVX512-BF16)", flush=True)
+        else:
+            report(len(same) == len(a) == len(b),
+                   f"bf16 [{rn['path']}] vs [{rp['path']}]: {len(same)}/{len(a)} outputs byte-identical "
+                   f"(small cases + 4096x11008 batch 1 and 16)")
+    for label, (res, _) in runs.items():
+        if not res["timing"] or "clinear_4bit_bf16" not in res["timing"].get("1", {}):
+            continue
+        print(f"\n4-bit linear, bf16 input, 4096 -> 11008 NF4 bs 64, {label} run ({res['path']} kernel; median ms):")
+        print(f"  {'batch':>5} {'bf16 dot':>10} {'exact fp32':>11} {'speed-up':>9} {'max|dot-exact|':>15} {'max|exact|':>11}")
+        for M in ("1", "16"):
+            r = res["timing"][M]
+            dot, ex = r["clinear_4bit_bf16dot_bf16"], r["clinear_4bit_bf16"]
+            print(f"  {M:>5} {dot:10.3f} {ex:11.3f} {ex / dot:8.2f}x {r['max_abs_diff_vs_exact']:15.4g} "
+                  f"{r['max_abs_exact']:11.4g}")
+    print()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpu-lib", required=True, help="path of libbitsandbytes_ms_cpu.so")
     ap.add_argument("--quick", action="store_true", help="fewer shapes and shorter timings (about a minute)")
-    ap.add_argument("--only", choices=("gemm", "ops"), help="run only the int8 GEMM part or only the other ops")
-    ap.add_argument("--child", choices=("gemm", "ops"), help=argparse.SUPPRESS)
+    ap.add_argument("--only", choices=("gemm", "ops", "bf16"),
+                    help="run only the int8 GEMM part, only the other ops, or only the 4-bit bf16-compute kernel")
+    ap.add_argument("--child", choices=("gemm", "ops", "bf16"), help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--save", help=argparse.SUPPRESS)
     ap.add_argument("--no-timing", action="store_true", help="skip the GEMM timings")
@@ -721,6 +869,9 @@ def main() -> int:
 
     if args.child == "gemm":
         print(json.dumps(child_gemm(Aot(args.cpu_lib), args.path, args.quick, not args.no_timing)))
+        return 0
+    if args.child == "bf16":
+        print(json.dumps(child_bf16(Aot(args.cpu_lib), args.quick, not args.no_timing, args.save)))
         return 0
     if args.child == "ops":
         print(json.dumps(OpsChild(Aot(args.cpu_lib), args.quick, args.save).run()))
@@ -794,6 +945,9 @@ def main() -> int:
                    f"[{level}] vs [scalar]: {len(base) - len(diff)}/{len(base)} outputs byte-identical (vector quant, "
                    f"mm dequant, blockwise, 4-bit, 8-bit optimizer state, weight-only quant)"
                    f"{'; differ: ' + ', '.join(diff[:6]) if diff else ''}")
+
+    if args.only in (None, "bf16"):
+        check_bf16(args, feats)
 
     print(f"\n{len(FAILURES)} failure(s); {time.perf_counter() - t_start:.0f} s")
     return 1 if FAILURES else 0

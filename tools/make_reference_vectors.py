@@ -49,7 +49,7 @@ PINS = ["torch==2.13.0", "bitsandbytes==0.50.2", "numpy<2", "scipy"]
 STAMP = ".bnbms-pins.json"
 TORCH_VERSION = "2.13.0"
 BNB_VERSION = "0.50.2"
-FIXTURES = ["code_maps", "blockwise_8bit", "int8", "fourbit", "optim_8bit"]
+FIXTURES = ["code_maps", "blockwise_8bit", "int8", "fourbit", "optim_8bit", "int8_mixed"]
 
 
 # --------------------------------------------------------------------------------------
@@ -526,6 +526,51 @@ def inner_main(args) -> None:  # noqa: C901 - a long but linear script
         fx.save()
 
     # ==================================================================================
+    # 3b. LLM.int8() forward with outlier columns (Linear8bitLt at inference, fp32)
+    # ==================================================================================
+    def gen_int8_mixed():
+        fx = Fixture("int8_mixed", "Linear8bitLt (has_fp16_weights=False, eval) fp32 forward with outlier columns: "
+                                   "int8 part + torch addmm of the outlier columns (MatMul8bitLt)")
+        import bitsandbytes as bnb
+
+        # rows >= 5: torch's fp32 addmm on this host sums each output's outlier products with FMA in ascending
+        # column order, in blocks of 192 columns, each block's sum added to the int8 part (1..4 rows take
+        # another kernel; not recorded here).  200 outlier columns cover the block boundary.
+        for rows, K, N, n_out, with_bias in ((8, 64, 40, 3, False), (16, 96, 48, 12, True), (37, 256, 24, 200, True),
+                                             (6, 1000, 16, 420, False)):
+            name = f"lt_{rows}x{K}x{N}_o{n_out}" + ("_bias" if with_bias else "")
+            rs = np.random.RandomState(seed_of(name))
+            x = rs.randn(rows, K).astype(np.float64)
+            cols = rs.choice(K, n_out, replace=False)
+            for col in cols:
+                r = rs.randint(rows)
+                x[r, col] = rs.choice([-1.0, 1.0]) * rs.uniform(6.5, 40.0)
+            x[0, int(cols[0])] = 6.0  # exactly at the threshold (an outlier: |x| >= 6)
+            W = (rs.randn(N, K) * 0.05).astype(np.float32)
+            b = (rs.randn(N) * 0.1).astype(np.float32) if with_bias else None
+            A = tt(x.astype(np.float32), torch.float32)
+            lin = bnb.nn.Linear8bitLt(K, N, bias=with_bias, has_fp16_weights=False, threshold=6.0)
+            lin.weight = bnb.nn.Int8Params(torch.from_numpy(W), requires_grad=False, has_fp16_weights=False)
+            if with_bias:
+                lin.bias = torch.nn.Parameter(torch.from_numpy(b), requires_grad=False)
+            lin = lin.to("cpu").eval()
+            c = fx.case(name, kind="linear8bitlt_forward", rows=rows, K=K, N=N, planted_outlier_cols=int(n_out),
+                        threshold=6.0, bias=with_bias,
+                        note="randn activations with one planted |x| in [6.5, 40) per outlier column (x[0, c0] = 6.0); "
+                             "W randn*0.05 fp32, quantized by Int8Params (fp16 cast, int8_vectorwise_quant)")
+            c.put("A", A)
+            c.put("W", torch.from_numpy(W))
+            if with_bias:
+                c.put("bias", torch.from_numpy(b))
+            c.put("CB", lin.weight.CB)  # (moved to lin.state by the first forward)
+            c.put("SCB", lin.weight.SCB)
+            with torch.no_grad():
+                out = lin(A)
+            c.put("idx", lin.state.idx)
+            c.put("out", out)
+        fx.save()
+
+    # ==================================================================================
     # 4. 4-bit
     # ==================================================================================
     def gen_fourbit():
@@ -764,6 +809,7 @@ def inner_main(args) -> None:  # noqa: C901 - a long but linear script
         "int8": gen_int8,
         "fourbit": gen_fourbit,
         "optim_8bit": gen_optim,
+        "int8_mixed": gen_int8_mixed,
     }
     t0 = time.time()
     print(f"[make_reference_vectors] bitsandbytes {bitsandbytes.__version__}, torch {torch.__version__}, "

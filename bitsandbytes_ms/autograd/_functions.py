@@ -157,6 +157,38 @@ from ..cextension import BNB_BACKEND, tag_device
 logger = logging.getLogger(__name__)
 
 
+class GlobalOutlierPooler:
+    """Upstream's singleton collecting outlier feature indices across layers of one model dimension
+    (``GlobalOutlierPooler.get_instance()``; ``add_outliers(idx, feature_dim)``, ``get_current_outlier_idx()``)."""
+
+    _instance = None
+
+    def __init__(self):
+        raise RuntimeError("Call get_instance() instead")
+
+    def initialize(self):
+        self.outliers = set()
+        self.model_dim = None
+
+    @classmethod
+    def get_instance(cls):
+        if cls._instance is None:
+            cls._instance = cls.__new__(cls)
+            cls._instance.initialize()
+        return cls._instance
+
+    def add_outliers(self, outlier_idx, feature_dim):
+        if self.model_dim is None:
+            self.model_dim = feature_dim
+        if feature_dim != self.model_dim:
+            return  # outliers of another dimension (e.g. the second FFN layer) are not pooled
+        idx = outlier_idx.asnumpy() if hasattr(outlier_idx, "asnumpy") else np.asarray(outlier_idx)
+        self.outliers.update(int(i) for i in idx.reshape(-1))
+
+    def get_current_outlier_idx(self):
+        return Tensor(np.array(sorted(self.outliers), dtype=np.int64))
+
+
 @dataclass
 class MatmulLtState:
     """State of an LLM.int8() matmul (upstream ``bitsandbytes.autograd._functions.MatmulLtState``):

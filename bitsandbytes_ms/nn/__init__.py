@@ -14,5 +14,8 @@ from .modules import (  # noqa: E402,F401
 # ---- weight-only int8/int4 ----
 from .modules import LinearWeightOnly  # noqa: E402,F401
 
+# ---- upstream's outlier-aware base class (OutlierTracer in bitsandbytes_ms.utils) ----
+from .modules import OutlierAwareLinear  # noqa: E402,F401
+
 # ---- full-precision layers kept in a quantized model (lm_head): native GEMV/GEMM forward ----
 from .linear_fp import LinearFP, use_fast_fp_layers  # noqa: E402,F401

@@ -630,8 +630,7 @@ class Embedding(torch.nn.Embedding):
         _zero_padding_row(self.weight, self.padding_idx)
 
     def forward(self, input):
-        return torch.nn.functional.embedding(input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
-                                             self.scale_grad_by_freq, self.sparse)
+        return _embedding(self, input)
 
 
 class StableEmbedding(torch.nn.Embedding):
@@ -656,19 +655,36 @@ class StableEmbedding(torch.nn.Embedding):
         _zero_padding_row(self.weight, self.padding_idx)
 
     def forward(self, input):
-        emb = torch.nn.functional.embedding(input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
-                                            self.scale_grad_by_freq, self.sparse)
-        emb = emb.to(torch.float32)  # layer norm always in full precision, as upstream
+        emb = _embedding(self, input).to(torch.float32)  # layer norm always in full precision, as upstream
         return self.norm(emb).to(self.weight.dtype)
 
 
+def _embedding(mod, input):
+    """``F.embedding`` with the module's settings. MindSpore's CPU gather has no bfloat16 kernel: a bf16 table is
+    gathered in float32 and the rows rounded back, which gives the same values (bf16 -> fp32 -> bf16 is exact)
+    and keeps the gradient; with ``max_norm`` the renormalisation then applies to the looked-up rows only (it
+    cannot write back into a bf16 weight)."""
+    w = mod.weight
+    if w.dtype == torch.bfloat16:
+        out = torch.nn.functional.embedding(input, w.to(torch.float32), mod.padding_idx, mod.max_norm, mod.norm_type,
+                                            mod.scale_grad_by_freq, mod.sparse)
+        return out.to(torch.bfloat16)
+    return torch.nn.functional.embedding(input, w, mod.padding_idx, mod.max_norm, mod.norm_type,
+                                         mod.scale_grad_by_freq, mod.sparse)
+
+
 def _gather_rows(table, input):
-    """table[input] for an integer index tensor of any shape -> [*input.shape, *table.shape[1:]]."""
+    """table[input] for an integer index tensor of any shape -> [*input.shape, *table.shape[1:]] (a bfloat16
+    table is gathered in float32: MindSpore's CPU gather has no bf16 kernel; the values are the same)."""
     _tag_device((input, table), like=(input,))
     idx = input.reshape(-1).astype(_ms.int64)
     _tag_device(idx, like=(input,))
-    res = _msops.gather(table, idx, 0)
+    bf16 = table.dtype == _ms.bfloat16
+    res = _msops.gather(table.astype(_ms.float32) if bf16 else table, idx, 0)
     _tag_device(res, like=(input,))
+    if bf16:
+        res = res.astype(_ms.bfloat16)
+        _tag_device(res, like=(input,))
     res = res.reshape(tuple(input.shape) + tuple(table.shape[1:]))
     _tag_device(res, like=(input,))
     return res
@@ -891,3 +907,34 @@ class LinearWeightOnly(torch.nn.Linear):
         bias = self.bias
         return _F.gemm_weight_only(x, self.weight.data, self.weight_scale, bits=self.bits,
                                    bias=None if bias is None else bias.data)
+
+
+class OutlierAwareLinear(torch.nn.Linear):
+    """Upstream's base class for linear layers that quantize their weight knowing the outlier dimensions:
+    subclasses implement ``quantize_weight(w, outlier_idx)`` and ``forward_with_outliers(x, outlier_idx)``; the
+    outlier indices come from :class:`bitsandbytes_ms.utils.OutlierTracer` (initialize it on the model first)."""
+
+    def __init__(self, input_features, output_features, bias=True, device=None):
+        super().__init__(input_features, output_features, bias, device)
+        self.outlier_dim = None
+        self.is_quantized = False
+
+    def forward_with_outliers(self, x, outlier_idx):
+        raise NotImplementedError("Please override the `forward_with_outliers(self, x, outlier_idx)` function")
+
+    def quantize_weight(self, w, outlier_idx):
+        raise NotImplementedError("Please override the `quantize_weights(self, w, outlier_idx)` function")
+
+    def forward(self, x):
+        from ..utils import OutlierTracer
+
+        if self.outlier_dim is None:
+            tracer = OutlierTracer.get_instance()
+            if not tracer.is_initialized():
+                _logger.warning("Please use OutlierTracer.initialize(model) before using the OutlierAwareLinear layer")
+            self.outlier_dim = tracer.get_outliers(self.weight)
+        if not self.is_quantized:
+            w = self.quantize_weight(self.weight, self.outlier_dim)
+            self.weight.data.copy_(w)
+            self.is_quantized = True
+        return self.forward_with_outliers(x, self.outlier_dim)

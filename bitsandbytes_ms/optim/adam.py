@@ -1,64 +1,59 @@
-"""Adam (Kingma & Ba) with 32-bit or blockwise 8-bit state. Paged variants run unpaged on CPU."""
+"""Adam with 32-bit or blockwise 8-bit state (upstream 0.50.2 signatures; weight decay is decoupled, p *= 1 - lr*wd, as upstream's CPU kernels). Paged variants run unpaged on CPU (no unified memory)."""
 
 from .optimizer import Optimizer2State
 
 
 class Adam(Optimizer2State):
-    """Adam: weight_decay is decoupled (p *= 1 - lr*wd), as upstream's CPU kernels; optim_bits selects 8/32-bit state."""
+    """Adam: amsgrad is accepted and ignored, as upstream."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, optim_bits=32,
-                 args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=False):
-        if amsgrad:
-            raise NotImplementedError("Adam: amsgrad is not supported")
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, optim_bits=32, args=None, min_8bit_size=4096, is_paged=False):
         super().__init__("adam", params, lr, betas, eps, weight_decay, optim_bits, args, min_8bit_size,
-                         max_unorm, skip_zeros, is_paged=False)
+                         is_paged=is_paged)
+
 
 class Adam8bit(Optimizer2State):
-    """Adam8bit: weight_decay is decoupled (p *= 1 - lr*wd), as upstream's CPU kernels; optim_bits is fixed to 8."""
+    """Adam8bit: always 8-bit state."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, optim_bits=8,
-                 args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=False):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, optim_bits=32, args=None, min_8bit_size=4096, is_paged=False):
         if amsgrad:
-            raise NotImplementedError("Adam8bit: amsgrad is not supported")
+            raise ValueError("Adam8bit does not support amsgrad=True")
+        if optim_bits != 32:  # kept in the signature for compatibility; the state is always 8-bit
+            raise ValueError(f"Adam8bit: `optim_bits` must be left at 32 (the state is always 8-bit); got {optim_bits!r}")
         super().__init__("adam", params, lr, betas, eps, weight_decay, 8, args, min_8bit_size,
-                         max_unorm, skip_zeros, is_paged=False)
+                         is_paged=is_paged)
+
 
 class Adam32bit(Optimizer2State):
-    """Adam32bit: weight_decay is decoupled (p *= 1 - lr*wd), as upstream's CPU kernels; optim_bits is fixed to 32."""
+    """Adam32bit: amsgrad is accepted and ignored, as upstream."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, optim_bits=32,
-                 args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=False):
-        if amsgrad:
-            raise NotImplementedError("Adam32bit: amsgrad is not supported")
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, optim_bits=32, args=None, min_8bit_size=4096, is_paged=False):
         super().__init__("adam", params, lr, betas, eps, weight_decay, 32, args, min_8bit_size,
-                         max_unorm, skip_zeros, is_paged=False)
+                         is_paged=is_paged)
+
 
 class PagedAdam(Optimizer2State):
-    """PagedAdam: weight_decay is decoupled (p *= 1 - lr*wd), as upstream's CPU kernels; optim_bits selects 8/32-bit state."""
+    """PagedAdam: amsgrad is accepted and ignored, as upstream."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, optim_bits=32,
-                 args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=True):
-        if amsgrad:
-            raise NotImplementedError("PagedAdam: amsgrad is not supported")
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, optim_bits=32, args=None, min_8bit_size=4096, is_paged=False):
         super().__init__("adam", params, lr, betas, eps, weight_decay, optim_bits, args, min_8bit_size,
-                         max_unorm, skip_zeros, is_paged=True)
+                         is_paged=True)
+
 
 class PagedAdam8bit(Optimizer2State):
-    """PagedAdam8bit: weight_decay is decoupled (p *= 1 - lr*wd), as upstream's CPU kernels; optim_bits is fixed to 8."""
+    """PagedAdam8bit: always 8-bit state."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, optim_bits=8,
-                 args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=True):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, optim_bits=32, args=None, min_8bit_size=4096, is_paged=False):
         if amsgrad:
-            raise NotImplementedError("PagedAdam8bit: amsgrad is not supported")
+            raise ValueError("PagedAdam8bit does not support amsgrad=True")
+        if optim_bits != 32:  # kept in the signature for compatibility; the state is always 8-bit
+            raise ValueError(f"PagedAdam8bit: `optim_bits` must be left at 32 (the state is always 8-bit); got {optim_bits!r}")
         super().__init__("adam", params, lr, betas, eps, weight_decay, 8, args, min_8bit_size,
-                         max_unorm, skip_zeros, is_paged=True)
+                         is_paged=True)
+
 
 class PagedAdam32bit(Optimizer2State):
-    """PagedAdam32bit: weight_decay is decoupled (p *= 1 - lr*wd), as upstream's CPU kernels; optim_bits is fixed to 32."""
+    """PagedAdam32bit: amsgrad is accepted and ignored, as upstream."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, optim_bits=32,
-                 args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=True):
-        if amsgrad:
-            raise NotImplementedError("PagedAdam32bit: amsgrad is not supported")
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, optim_bits=32, args=None, min_8bit_size=4096, is_paged=False):
         super().__init__("adam", params, lr, betas, eps, weight_decay, 32, args, min_8bit_size,
-                         max_unorm, skip_zeros, is_paged=True)
+                         is_paged=True)

@@ -1,64 +1,59 @@
-"""AdamW (decoupled weight decay) with 32-bit or blockwise 8-bit state. Paged variants run unpaged on CPU."""
+"""AdamW with 32-bit or blockwise 8-bit state (upstream 0.50.2 signatures; weight decay is decoupled, p *= 1 - lr*wd, as upstream's CPU kernels). Paged variants run unpaged on CPU (no unified memory)."""
 
 from .optimizer import Optimizer2State
 
 
 class AdamW(Optimizer2State):
-    """AdamW."""
+    """AdamW: amsgrad is accepted and ignored, as upstream."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, optim_bits=32,
-                 args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=False):
-        if amsgrad:
-            raise NotImplementedError("AdamW: amsgrad is not supported")
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, optim_bits=32, args=None, min_8bit_size=4096, is_paged=False):
         super().__init__("adam", params, lr, betas, eps, weight_decay, optim_bits, args, min_8bit_size,
-                         max_unorm, skip_zeros, is_paged=False)
+                         is_paged=is_paged)
+
 
 class AdamW8bit(Optimizer2State):
-    """AdamW8bit."""
+    """AdamW8bit: always 8-bit state."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, optim_bits=8,
-                 args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=False):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, optim_bits=32, args=None, min_8bit_size=4096, is_paged=False):
         if amsgrad:
-            raise NotImplementedError("AdamW8bit: amsgrad is not supported")
+            raise ValueError("AdamW8bit does not support amsgrad=True")
+        if optim_bits != 32:  # kept in the signature for compatibility; the state is always 8-bit
+            raise ValueError(f"AdamW8bit: `optim_bits` must be left at 32 (the state is always 8-bit); got {optim_bits!r}")
         super().__init__("adam", params, lr, betas, eps, weight_decay, 8, args, min_8bit_size,
-                         max_unorm, skip_zeros, is_paged=False)
+                         is_paged=is_paged)
+
 
 class AdamW32bit(Optimizer2State):
-    """AdamW32bit."""
+    """AdamW32bit: amsgrad is accepted and ignored, as upstream."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, optim_bits=32,
-                 args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=False):
-        if amsgrad:
-            raise NotImplementedError("AdamW32bit: amsgrad is not supported")
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, optim_bits=32, args=None, min_8bit_size=4096, is_paged=False):
         super().__init__("adam", params, lr, betas, eps, weight_decay, 32, args, min_8bit_size,
-                         max_unorm, skip_zeros, is_paged=False)
+                         is_paged=is_paged)
+
 
 class PagedAdamW(Optimizer2State):
-    """PagedAdamW."""
+    """PagedAdamW: amsgrad is accepted and ignored, as upstream."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, optim_bits=32,
-                 args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=True):
-        if amsgrad:
-            raise NotImplementedError("PagedAdamW: amsgrad is not supported")
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, optim_bits=32, args=None, min_8bit_size=4096):
         super().__init__("adam", params, lr, betas, eps, weight_decay, optim_bits, args, min_8bit_size,
-                         max_unorm, skip_zeros, is_paged=True)
+                         is_paged=True)
+
 
 class PagedAdamW8bit(Optimizer2State):
-    """PagedAdamW8bit."""
+    """PagedAdamW8bit: always 8-bit state."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, optim_bits=8,
-                 args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=True):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, optim_bits=32, args=None, min_8bit_size=4096):
         if amsgrad:
-            raise NotImplementedError("PagedAdamW8bit: amsgrad is not supported")
+            raise ValueError("PagedAdamW8bit does not support amsgrad=True")
+        if optim_bits != 32:  # kept in the signature for compatibility; the state is always 8-bit
+            raise ValueError(f"PagedAdamW8bit: `optim_bits` must be left at 32 (the state is always 8-bit); got {optim_bits!r}")
         super().__init__("adam", params, lr, betas, eps, weight_decay, 8, args, min_8bit_size,
-                         max_unorm, skip_zeros, is_paged=True)
+                         is_paged=True)
+
 
 class PagedAdamW32bit(Optimizer2State):
-    """PagedAdamW32bit."""
+    """PagedAdamW32bit: amsgrad is accepted and ignored, as upstream."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, optim_bits=32,
-                 args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=True):
-        if amsgrad:
-            raise NotImplementedError("PagedAdamW32bit: amsgrad is not supported")
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, optim_bits=32, args=None, min_8bit_size=4096):
         super().__init__("adam", params, lr, betas, eps, weight_decay, 32, args, min_8bit_size,
-                         max_unorm, skip_zeros, is_paged=True)
+                         is_paged=True)

@@ -97,7 +97,9 @@ class GlobalOptimManager:
 
 
 def _zeros(shape, dtype) -> Tensor:
-    t = Tensor(np.zeros(tuple(shape), dtype={ms.float32: np.float32, ms.uint8: np.uint8}[dtype]))
+    np_dtype = {ms.float32: np.float32, ms.uint8: np.uint8, ms.float16: np.float16}.get(dtype)
+    t = Tensor(np.zeros(tuple(shape), dtype=np_dtype)) if np_dtype is not None else \
+        Tensor(np.zeros(tuple(shape), dtype=np.float32)).astype(dtype)
     tag_device(t)
     return t
 
@@ -147,6 +149,12 @@ class Optimizer8bit:
         param_group["params"] = [params] if isinstance(params, Tensor) else list(params)
         for name, default in self.defaults.items():
             param_group.setdefault(name, default)
+        ids = [id(p) for p in param_group["params"]]
+        if len(set(ids)) != len(ids):
+            first = next(i for i, x in enumerate(ids) if ids.index(x) != i)
+            raise ValueError(f"optimizer: parameter group {len(self.param_groups)} lists a parameter twice (index "
+                             f"{ids.index(ids[first])} and {first}); it would be stepped twice per step (torch warns "
+                             "that this will become an error): pass each parameter once")
         seen = {id(p) for g in self.param_groups for p in g["params"]}
         if any(id(p) in seen for p in param_group["params"]):
             raise ValueError("some parameters appear in more than one parameter group")
@@ -194,17 +202,38 @@ class Optimizer8bit:
     def _state_ids(self):
         return {id(k) for k in self.state}
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict, move_to_device=True):
         """Restores a :meth:`state_dict`. Tensors keep their dtypes (qmaps, absmax and 8-bit states are
-        never cast to the parameter dtype; upstream's cast produced NaN for AdEMAMix)."""
+        never cast to the parameter dtype; upstream's cast produced NaN for AdEMAMix). ``move_to_device``
+        is accepted as upstream's (everything stays in host memory on CPU).
+
+        Raises ValueError naming the key for a dict that is not an optimizer state dict, a group without
+        one of this optimizer's hyper-parameters, or a parameter state this optimizer cannot step (e.g.
+        the state dict of another optimizer: a missing ``state2``, an 8-bit state without ``absmax1``)."""
+        if not isinstance(state_dict, container_abcs.Mapping):
+            raise TypeError(f"load_state_dict: `state_dict` must be a dict; got {type(state_dict).__name__}")
+        for key in ("state", "param_groups"):
+            if key not in state_dict:
+                raise ValueError(f"load_state_dict: `state_dict` has no {key!r} key (keys: {sorted(map(str, state_dict))}); "
+                                 "expected the dict returned by an optimizer's state_dict()")
         state_dict = deepcopy({"param_groups": state_dict["param_groups"]}) | {"state": state_dict["state"]}
         groups = self.param_groups
         saved_groups = state_dict["param_groups"]
         if len(groups) != len(saved_groups):
             raise ValueError("loaded state dict has a different number of parameter groups")
+        for gi, s in enumerate(saved_groups):
+            if "params" not in s:
+                raise ValueError(f"load_state_dict: param_groups[{gi}] has no 'params' key")
+            missing = [k for k in self.defaults if k not in s]
+            if missing:
+                raise ValueError(f"load_state_dict: param_groups[{gi}] lacks {missing[0]!r} (a hyper-parameter of "
+                                 f"{type(self).__name__}: {sorted(self.defaults)}); is it the state dict of another optimizer?")
         if any(len(g["params"]) != len(s["params"]) for g, s in zip(groups, saved_groups)):
             raise ValueError("loaded state dict contains a parameter group that doesn't match the size of optimizer's group")
         id_map = {old: p for s, g in zip(saved_groups, groups) for old, p in zip(s["params"], g["params"])}
+        for k, v in state_dict["state"].items():
+            if k in id_map:
+                self._check_loaded_state(k, id_map[k], v)
         self.state = defaultdict(dict)
         for k, v in state_dict["state"].items():
             if k in id_map:
@@ -216,6 +245,52 @@ class Optimizer8bit:
             s["params"] = g["params"]
             new_groups.append(s)
         self.param_groups = new_groups
+
+    def _state_layout(self, p):
+        """(state1 shape, whether the optimizer has a second state) for parameter p."""
+        name = getattr(self, "optimizer_name", None)
+        s1 = (2, *p.shape) if name == "ademamix" else tuple(p.shape)
+        return s1, isinstance(self, Optimizer2State)
+
+    def _check_loaded_state(self, index, p, st) -> None:
+        where = f"load_state_dict: state[{index!r}]"
+        if not isinstance(st, container_abcs.Mapping):
+            raise ValueError(f"{where} must be a dict of state tensors; got {type(st).__name__}")
+        if not hasattr(self, "optimizer_name"):
+            return  # PytorchLARS: its own state layout
+        s1_shape, two = self._state_layout(p)
+        need = ["step", "state1"] + (["state2"] if two else [])
+        for key in need:
+            if key not in st:
+                raise ValueError(f"{where} has no {key!r} key (found {sorted(map(str, st))}); "
+                                 f"{type(self).__name__} needs {need}: is it the state dict of another optimizer?")
+        for key, shape in (("state1", s1_shape), ("state2", tuple(p.shape))):
+            if key not in need:
+                continue
+            t = st[key]
+            if not isinstance(t, Tensor) or t.dtype not in (ms.float32, ms.uint8):
+                raise ValueError(f"{where}[{key!r}] must be a float32 or uint8 tensor; got "
+                                 f"{getattr(t, 'dtype', type(t).__name__)}")
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{where}[{key!r}] must have shape {shape} for a parameter of shape {tuple(p.shape)}; "
+                                 f"got {tuple(t.shape)}: is it the state dict of another optimizer?")
+        if st["state1"].dtype == ms.uint8:
+            for key in ("qmap1", "absmax1") + (("qmap2", "absmax2") if two else ()):
+                if key not in st:
+                    raise ValueError(f"{where} holds 8-bit state but no {key!r} key (found {sorted(map(str, st))})")
+
+    # -- upstream's paging helpers: there is no unified memory on CPU ---------------------------------
+    def get_state_buffer(self, p, dtype=ms.float32):
+        """A zero-filled state buffer shaped like p (paged or not: host memory on CPU)."""
+        return _zeros(p.shape, dtype)
+
+    def prefetch_state(self, p):
+        """Upstream prefetches paged state to the GPU; on CPU there is nothing to move."""
+        return None
+
+    def to_gpu(self):
+        """Upstream moves non-paged state to the parameters' device; on CPU it already is there."""
+        return None
 
     # -- stepping ------------------------------------------------------------------------------------
     def check_overrides(self):
@@ -262,10 +337,11 @@ class Optimizer8bit:
                 state = self.state[p]
                 if len(state) == 0:
                     self.init_state(group, p, gindex, pindex)
+                self.prefetch_state(p)
                 self.update_step(group, p, gindex, pindex, g)
         return loss
 
-    def get_config(self, gindex, pindex, group, p=None):
+    def get_config(self, gindex, pindex, group):
         config = {
             "betas": group["betas"], "eps": group["eps"], "weight_decay": group["weight_decay"], "lr": group["lr"],
             "alpha": group.get("alpha", 0.0), "t_alpha": group.get("t_alpha"), "t_beta3": group.get("t_beta3"),
@@ -274,7 +350,8 @@ class Optimizer8bit:
         }
         if (gindex, pindex) in self.mng.index2config:
             config.update(self.mng.index2config[(gindex, pindex)])
-        if p is not None and id(p) in self.mng.pid2config:  # override_config after registration
+        p = self.param_groups[gindex]["params"][pindex]
+        if id(p) in self.mng.pid2config:  # override_config after registration
             config.update(self.mng.pid2config[id(p)])
         return config
 
@@ -286,6 +363,17 @@ class Optimizer8bit:
 
     def update_step(self, group, p, gindex, pindex, g):
         raise NotImplementedError
+
+
+def _check_betas(betas, count: int, owner: str) -> None:
+    what = "(beta1, beta2, beta3)" if count == 3 else "(beta1, beta2)"
+    try:
+        n = len(betas)
+        ok = n >= count and all(isinstance(b, (int, float, np.floating, np.integer)) for b in betas)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{owner}: `betas` must be a sequence of {count} floats {what}; got {betas!r}")
 
 
 def _blocks(n: int) -> int:
@@ -304,6 +392,7 @@ class Optimizer2State(Optimizer8bit):
             raise ValueError(f"Invalid epsilon value: {eps}")
         if isinstance(betas, str):
             betas = tuple(float(b) for b in betas.strip("()[] ").split(","))
+        _check_betas(betas, 3 if optimizer_name == "ademamix" else 2, type(self).__name__)
         for i, b in enumerate(betas):
             if not 0.0 <= b < 1.0:
                 raise ValueError(f"Invalid beta parameter at index {i}: {b}")
@@ -319,7 +408,7 @@ class Optimizer2State(Optimizer8bit):
         self.optimizer_name = optimizer_name
 
     def init_state(self, group, p, gindex, pindex):
-        config = self.get_config(gindex, pindex, group, p)
+        config = self.get_config(gindex, pindex, group)
         state = self.state[p]
         state["step"] = 0
         n = _numel(p)
@@ -356,7 +445,7 @@ class Optimizer2State(Optimizer8bit):
 
     def update_step(self, group, p, gindex, pindex, g):
         state = self.state[p]
-        config = self.get_config(gindex, pindex, group, p)
+        config = self.get_config(gindex, pindex, group)
         state["step"] += 1
         step = state["step"]
         beta3, alpha = self._schedules(config, step)
@@ -383,6 +472,7 @@ class Optimizer1State(Optimizer8bit):
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
             raise ValueError(f"Invalid epsilon value: {eps}")
+        _check_betas(betas, 2, type(self).__name__)
         for i, b in enumerate(betas):
             if not 0.0 <= b < 1.0:
                 raise ValueError(f"Invalid beta parameter at index {i}: {b}")
@@ -397,7 +487,7 @@ class Optimizer1State(Optimizer8bit):
         self.optimizer_name = optimizer_name
 
     def init_state(self, group, p, gindex, pindex):
-        config = self.get_config(gindex, pindex, group, p)
+        config = self.get_config(gindex, pindex, group)
         state = self.state[p]
         state["step"] = 0
         if self._use_32bit(config, p):
@@ -413,7 +503,7 @@ class Optimizer1State(Optimizer8bit):
 
     def update_step(self, group, p, gindex, pindex, g):
         state = self.state[p]
-        config = self.get_config(gindex, pindex, group, p)
+        config = self.get_config(gindex, pindex, group)
         state["step"] += 1
         step = state["step"]
         b = config["betas"]
@@ -438,3 +528,58 @@ def optimizer_state_bytes(optimizer: Optimizer8bit) -> int:
                 seen.add(id(v))
                 total += _numel(v) * {ms.float32: 4, ms.uint8: 1, ms.float16: 2, ms.bfloat16: 2}.get(v.dtype, 4)
     return total
+
+
+class PytorchLARS(Optimizer8bit):
+    """LARS in plain float32 arithmetic (upstream's ``PytorchLARS``, a torch.optim.Optimizer there): SGD
+    with momentum whose step is scaled to at most ``max_unorm * ||p||`` (float32 parameters)."""
+
+    def __init__(self, params, lr=0.01, momentum=0, dampening=0, weight_decay=0, nesterov=False, max_unorm=0.02):
+        if lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if momentum < 0.0:
+            raise ValueError(f"Invalid momentum value: {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
+                        max_unorm=max_unorm)
+        super().__init__(params, defaults)
+
+    def init_state(self, group, p, gindex, pindex):
+        self.state[p]["step"] = 0
+
+    def update_step(self, group, p, gindex, pindex, g):
+        state = self.state[p]
+        state["step"] += 1
+        f32 = np.float32
+        pv = p.asnumpy().astype(f32)
+        d_p = g.asnumpy().astype(f32)
+        if group["weight_decay"] != 0:
+            d_p = d_p + pv * f32(group["weight_decay"])
+        update = d_p
+        if group["momentum"] != 0:
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = d_p.copy()
+            else:
+                buf = buf.asnumpy() * f32(group["momentum"]) + d_p * f32(1 - group["dampening"])
+            state["momentum_buffer"] = _host_tensor(buf)
+            update = d_p + buf * f32(group["momentum"]) if group["nesterov"] else buf
+        scale = 1.0
+        if group["max_unorm"] > 0.0:
+            if p.dtype != ms.float32:
+                raise TypeError(f"PytorchLARS: max_unorm needs float32 parameters; got {p.dtype}")
+            pnorm = float(np.sqrt(np.sum(pv.astype(np.float64) ** 2)))
+            unorm = float(np.sqrt(np.sum(update.astype(np.float64) ** 2)))
+            if unorm > group["max_unorm"] * pnorm:
+                scale = group["max_unorm"] * pnorm / unorm
+        new = (pv + update * f32(-group["lr"] * scale)).astype(f32)
+        p.copy_(_host_tensor(new).astype(p.dtype))
+
+
+def _host_tensor(a: np.ndarray) -> Tensor:
+    t = Tensor(np.ascontiguousarray(a, dtype=np.float32))
+    tag_device(t)
+    return t

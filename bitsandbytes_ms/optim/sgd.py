@@ -1,4 +1,4 @@
-"""SGD with momentum (momentum must be > 0, as upstream)."""
+"""SGD with momentum (momentum must be > 0, as upstream 0.50.2)."""
 
 from .optimizer import Optimizer1State
 
@@ -6,28 +6,27 @@ from .optimizer import Optimizer1State
 class SGD(Optimizer1State):
     """SGD."""
 
-    def __init__(self, params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, optim_bits=32,
-                 args=None, min_8bit_size=4096):
+    def __init__(self, params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, optim_bits=32, args=None, min_8bit_size=4096):
         if momentum == 0:
             raise NotImplementedError("SGD without momentum is not supported!")
         super().__init__("momentum", params, lr, (momentum, dampening), 0.0, weight_decay, optim_bits, args,
                          min_8bit_size)
 
+
 class SGD8bit(Optimizer1State):
     """SGD8bit."""
 
-    def __init__(self, params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, optim_bits=8,
-                 args=None, min_8bit_size=4096):
+    def __init__(self, params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, args=None, min_8bit_size=4096):
         if momentum == 0:
             raise NotImplementedError("SGD without momentum is not supported!")
         super().__init__("momentum", params, lr, (momentum, dampening), 0.0, weight_decay, 8, args,
                          min_8bit_size)
 
+
 class SGD32bit(Optimizer1State):
     """SGD32bit."""
 
-    def __init__(self, params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, optim_bits=32,
-                 args=None, min_8bit_size=4096):
+    def __init__(self, params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, args=None, min_8bit_size=4096):
         if momentum == 0:
             raise NotImplementedError("SGD without momentum is not supported!")
         super().__init__("momentum", params, lr, (momentum, dampening), 0.0, weight_decay, 32, args,

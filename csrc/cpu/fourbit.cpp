@@ -15,6 +15,10 @@
 // GEMV: out[n] = sum_k A[k] * code[q(n, k)] * absmax[block(n*K + k)], fp32 accumulation in fixed
 // slots, scaled by absmax once per block (see the GEMV section), so the scalar, AVX2 and AVX-512 paths
 // give identical bits; the packed weight is read once and decoded in registers.
+// bf16 compute (clinear_4bit_bf16dot_bf16, beside the exact path above, which it does not change): x and
+// bf16(code * absmax) per block (RNE, bf16 denormals flushed), pairs accumulated in 16 fp32 lanes as vdpbf16ps
+// does; the AVX512-BF16 kernel and the portable one give the same bits.  Bound vs the exact path per output:
+// |dot - exact| <= 2^-6 (S + |bias|) + K 2^-22 S, S = sum_k |x_k w_k| (see the "bf16 compute" section).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -743,13 +747,209 @@ void gemm4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, 
   });
 }
 
+// ---- bf16 compute (clinear_4bit_bf16dot_bf16) -------------------------------------------------------
+// The 4-bit linear forward for bf16 compute as a bf16 dot product (what upstream runs on AVX512-BF16 CPUs),
+// beside the exact fp32-accumulation kernels above, which it leaves untouched.  Arithmetic (identical bits
+// on the AVX512-BF16 kernel and the portable one; the portable kernel is the reference):
+//   * rounding to bf16 is the library's own: round to nearest even, NaN kept (quiet), and then a bf16
+//     denormal (exponent field 0) flushed to a zero of the same sign -- what vdpbf16ps' "DAZ in" would do
+//     to it anyway, so both kernels see only normal/zero/inf/NaN inputs.
+//   * x: the bf16 activation, flushed.  Weight: per absmax block a 16-entry table t[i] = bf16(code[i] *
+//     absmax) (the fp32 product of dequantize_4bit, rounded once, flushed); w[k] = t[nibble k].
+//   * a row (zero-padded to a multiple of 32) is cut into 32-element chunks; lane l (0..15) of chunk c
+//     takes the pair (2l, 2l+1) and, as Intel documents VDPBF16PS (two fp32 FMAs per lane, odd element
+//     first, DAZ in, FTZ out, round to nearest even, MXCSR not used):
+//        acc[l] = ftz(fma(w[2l+1], x[2l+1], acc[l]));  acc[l] = ftz(fma(w[2l], x[2l], acc[l]))
+//     with ftz(r) = r if |r| >= FLT_MIN (or inf/NaN), else a zero of r's sign.  bf16 x bf16 is exact in
+//     fp32, so each step is one rounding.  The portable kernel does these fmas in fp32 (std::fma, default
+//     rounding) and flushes the rounded result.  Known difference: the hardware decides "tiny" on its own
+//     terms, which can differ for an accumulator within 2^-150 of FLT_MIN (unreachable for activations and
+//     weights of normal size; documented, not emulated).  NaN payloads may differ (NaN stays NaN).
+//   * row result: the 16 lanes reduced as the GEMM does (v = a[l] + a[l+8], u = v[l] + v[l+4],
+//     (u0 + u2) + (u1 + u3); plain fp32 adds), rounded to bf16 (RNE, not flushed), bias added as the exact
+//     path adds it (with_bias).
+// Bound vs the exact fp32 path (clinear_4bit_bf16 on the same bf16 x), per output, K = in_features:
+//   |out_bf16dot - out_exact| <= 2^-6 * (S + |bias|) + K * 2^-22 * S,   S = sum_k |x_k * w_k|
+// (w the fp32 dequantized weight; terms: the weight rounding 2^-9 S, both fp32 accumulations <= 2 gamma_K S,
+// the two bf16 output roundings and the bias add; tests/test_linear4bit_bf16.py checks it).
+// The path is chosen on the CPU feature: AVX512-BF16 kernel where the CPU has it and the SIMD level is
+// avx512, the portable one otherwise (BNB_MS_SIMD=scalar|avx2 therefore changes the kernel, not the bits).
+BNB_MS_INLINE uint16_t bf16_flush(uint16_t h) { return (h & 0x7f80u) == 0 ? (uint16_t)(h & 0x8000u) : h; }
+BNB_MS_INLINE uint16_t to_bf16_flushed(float f) { return bf16_flush(f32_to_bf16(f)); }
+BNB_MS_INLINE float ftz32(float r) { return std::fabs(r) < 1.17549435e-38f ? std::copysign(0.0f, r) : r; }
+
+constexpr int kChunk = 32;  // bf16 elements per vdpbf16ps (16 lanes x 2)
+constexpr int kRowGroup = 8;  // weight rows decoded together (their chains interleave)
+
+bool bf16dot_native() {
+  return (cpu_features() & CPU_AVX512BF16) && simd_level() >= SimdLevel::avx512;
+}
+
+// The 16-entry table of one block.
+BNB_MS_INLINE void bf16_table(const float *code, float sc, uint16_t *t) {
+  for (int i = 0; i < kCode4; ++i) t[i] = to_bf16_flushed(code[i] * sc);
+}
+
+// Weight row n as bf16 (K values, zero-padded to K32).
+void decode_row_bf16_portable(const float *code, const uint8_t *q, const float *am, int64_t blk_off, int64_t n,
+                              int64_t K, int64_t K32, int64_t bs, uint16_t *w) {
+  const int64_t r0 = n * K;
+  uint16_t t[kCode4];
+  for (int64_t b = r0 / bs, s = r0; s < r0 + K; ++b) {
+    const int64_t e = std::min((b + 1) * bs, r0 + K);
+    bf16_table(code, am[b - blk_off], t);
+    for (int64_t i = s; i < e; ++i) w[i - r0] = t[nib_at(q, i)];
+    s = e;
+  }
+  for (int64_t k = K; k < K32; ++k) w[k] = 0;
+}
+
+BNB_MS_INLINE float bf16f(uint16_t h) { return bf16_to_f32(h); }
+
+void dot_rows_bf16_portable(const uint16_t *const *w, int R, const uint16_t *x, int64_t M, int64_t K32, float *r) {
+  for (int64_t m = 0; m < M; ++m) {
+    const uint16_t *xm = x + m * K32;
+    for (int j = 0; j < R; ++j) {
+      float a[kLanes] = {0};
+      for (int64_t c = 0; c < K32; c += kChunk)
+        for (int l = 0; l < kLanes; ++l) {
+          const int64_t k = c + 2 * l;
+          a[l] = ftz32(std::fma(bf16f(w[j][k + 1]), bf16f(xm[k + 1]), a[l]));
+          a[l] = ftz32(std::fma(bf16f(w[j][k]), bf16f(xm[k]), a[l]));
+        }
+      r[m * kRowGroup + j] = lanes_reduce(a);
+    }
+  }
+}
+
+#define BNB_MS_TARGET_AVX512BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
+
+// 16 fp32 -> 16 flushed bf16 (the integer form of to_bf16_flushed), dword i = t[i] | t[i] << 16: the table
+// of vpermw with index 2 * nibble (+ 1: either word), so building the index needs no mask.
+BNB_MS_TARGET_AVX512BF16 BNB_MS_INLINE __m512i bf16_flushed16(__m512 v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+  const __mmask16 den = _mm512_testn_epi32_mask(r, _mm512_set1_epi32(0x7f80));
+  r = _mm512_mask_and_epi32(r, den, r, _mm512_set1_epi32(0x8000));
+  return _mm512_or_si512(r, _mm512_slli_epi32(r, 16));
+}
+
+BNB_MS_TARGET_AVX512BF16 void decode_row_bf16_avx512(const float *code, const uint8_t *q, const float *am,
+                                                      int64_t blk_off, int64_t n, int64_t K, int64_t K32, int64_t bs,
+                                                      uint16_t *w) {
+  const int64_t r0 = n * K;
+  const __m512 c = _mm512_loadu_ps(code);
+  alignas(64) uint16_t t[2 * kCode4];
+  for (int64_t b = r0 / bs, s = r0; s < r0 + K; ++b) {
+    const int64_t e = std::min((b + 1) * bs, r0 + K);
+    const __m512i tab = bf16_flushed16(_mm512_mul_ps(c, _mm512_set1_ps(am[b - blk_off])));
+    int64_t i = s;
+    if (i & 1) {
+      _mm512_store_si512(t, tab);
+      w[i - r0] = t[2 * nib_at(q, i)];
+      ++i;
+    }
+    for (; i + kChunk <= e; i += kChunk) {
+      // 16 bytes -> 32 word indices in element order: word 2j = byte j >> 3 (2 * high nibble, + bit 3),
+      // word 2j+1 = byte j << 1 (2 * low nibble, + higher bits); vpermw reads the low 5 bits
+      const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + (i >> 1))));
+      const __m512i idx = _mm512_or_si512(_mm512_srli_epi32(d, 3), _mm512_slli_epi32(d, 17));
+      _mm512_storeu_si512(w + (i - r0), _mm512_permutexvar_epi16(idx, tab));
+    }
+    if (i < e) {
+      _mm512_store_si512(t, tab);
+      for (; i < e; ++i) w[i - r0] = t[2 * nib_at(q, i)];
+    }
+    s = e;
+  }
+  for (int64_t k = K; k < K32; ++k) w[k] = 0;
+}
+
+BNB_MS_TARGET_AVX512BF16 BNB_MS_INLINE __m512bh bh(const uint16_t *p) {
+  return (__m512bh)_mm512_loadu_si512(p);
+}
+
+// R (<= kRowGroup) decoded weight rows against every x row: r[m * kRowGroup + j].  Each (row, m) is one
+// vdpbf16ps chain over the chunks in order; the blocking only interleaves independent chains.
+
+template <int RR, int MM>
+BNB_MS_TARGET_AVX512BF16 BNB_MS_INLINE void dot_tile_bf16(const uint16_t *const *w, const uint16_t *x, int64_t m,
+                                                          int64_t K32, int j0, float *r) {
+  __m512 a[RR][MM];
+  for (int j = 0; j < RR; ++j)
+    for (int i = 0; i < MM; ++i) a[j][i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < K32; c += kChunk) {
+    __m512bh xv[MM];
+    for (int i = 0; i < MM; ++i) xv[i] = bh(x + (m + i) * K32 + c);
+    for (int j = 0; j < RR; ++j) {
+      const __m512bh wv = bh(w[j0 + j] + c);
+      for (int i = 0; i < MM; ++i) a[j][i] = _mm512_dpbf16_ps(a[j][i], wv, xv[i]);
+    }
+  }
+  for (int j = 0; j < RR; ++j)
+    for (int i = 0; i < MM; ++i) r[(m + i) * kRowGroup + j0 + j] = reduce16_avx512(a[j][i]);
+}
+
+BNB_MS_TARGET_AVX512BF16 void dot_rows_bf16_avx512(const uint16_t *const *w, int R, const uint16_t *x, int64_t M,
+                                                    int64_t K32, float *r) {
+  int64_t m = 0;
+  if (R == kRowGroup) {
+    for (; m + 4 <= M; m += 4) {
+      dot_tile_bf16<4, 4>(w, x, m, K32, 0, r);
+      dot_tile_bf16<4, 4>(w, x, m, K32, 4, r);
+    }
+    for (; m < M; ++m) dot_tile_bf16<8, 1>(w, x, m, K32, 0, r);
+    return;
+  }
+  for (; m < M; ++m)
+    for (int j = 0; j < R; ++j) dot_tile_bf16<1, 1>(w, x, m, K32, j, r);
+}
+
+template <class T>
+void linear4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out,
+                     int64_t M, int64_t N, int64_t K, int64_t bs) {
+  const bool native = bf16dot_native();
+  const int64_t K32 = (K + kChunk - 1) / kChunk * kChunk;
+  static thread_local std::vector<uint16_t> xb;  // x as flushed bf16, rows zero-padded to K32
+  xb.assign((size_t)(M * K32), 0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xb[m * K32 + k] = to_bf16_flushed(to_f32(A[m * K + k]));
+  const uint16_t *xp = xb.data();
+  gemv4_parallel_rows(N, K * std::max<int64_t>(1, M / 4), [&](int64_t n0, int64_t n1) {
+    static thread_local std::vector<uint16_t> wrows;  // kRowGroup decoded weight rows
+    static thread_local std::vector<float> res;
+    int64_t off;
+    const float *am = amx.rows(n0, n1, K, bs, &off);
+    wrows.resize((size_t)(kRowGroup * K32 + kChunk));
+    res.resize((size_t)(M * kRowGroup));
+    for (int64_t n = n0; n < n1; n += kRowGroup) {
+      const int R = (int)std::min<int64_t>(kRowGroup, n1 - n);
+      const uint16_t *wp[kRowGroup];
+      for (int j = 0; j < R; ++j) {
+        uint16_t *wj = wrows.data() + j * K32;
+        if (native) decode_row_bf16_avx512(code, q, am, off, n + j, K, K32, bs, wj);
+        else decode_row_bf16_portable(code, q, am, off, n + j, K, K32, bs, wj);
+        wp[j] = wj;
+      }
+      if (native) dot_rows_bf16_avx512(wp, R, xp, M, K32, res.data());
+      else dot_rows_bf16_portable(wp, R, xp, M, K32, res.data());
+      for (int64_t m = 0; m < M; ++m)
+        for (int j = 0; j < R; ++j) out[m * N + n + j] = with_bias(from_f32<T>(res[m * kRowGroup + j]), bias, n + j);
+    }
+  });
+}
+
 // The fused inference forward of a 4-bit linear layer: one row runs gemv4 (gemv_4bit's bits), more rows
 // gemm4; the double-quant absmax is decoded in the kernel and the bias added, one call per layer (see
 // bitsandbytes_ms/_ops.py, clinear_4bit_*).
 // params: A T[..., K], B u8[>= (N*K+1)/2], absmax f32[nb] | u8[nb] (nested), code f32[16],
 //   absmax2 f32[>= ceil(nb/bs2)] | none, code2 f32[256] | none, offset f32 0-d | none, bias T[N] | none,
 //   blocksize i64, blocksize2 i64, n_out i64 -> out T[..., N]        (nb = ceil(N*K/blocksize))
-template <class T>
+template <class T, bool BF16DOT = false>
 int linear4_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   checks::Linear4<T> a;
@@ -771,7 +971,8 @@ int linear4_entry(BNB_MS_AOT_ARGS) {
   } else {
     amx.f32 = a.absmax;
   }
-  if (M == 1) gemv4<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
+  if (BF16DOT) linear4_bf16dot<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
+  else if (M == 1) gemv4<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
   else gemm4<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
   return OK;
 }
@@ -842,3 +1043,7 @@ BNB_MS_EXPORT int cgemm_4bit_inference_naive_bf16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(
 BNB_MS_EXPORT int clinear_4bit_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear4_entry<float>); }
 BNB_MS_EXPORT int clinear_4bit_fp16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear4_entry<fp16_t>); }
 BNB_MS_EXPORT int clinear_4bit_bf16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear4_entry<bf16_t>); }
+// The bf16-compute forward (bf16 dot product; see "bf16 compute" above), same arguments as clinear_4bit_bf16.
+BNB_MS_EXPORT int clinear_4bit_bf16dot_bf16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear4_entry<bf16_t, true>); }
+// Which kernel clinear_4bit_bf16dot_bf16 runs: "avx512bf16" or "portable" (diagnostics; same bits either way).
+BNB_MS_EXPORT const char *bnb_ms_linear4_bf16dot_path() { return bnb_ms::bf16dot_native() ? "avx512bf16" : "portable"; }

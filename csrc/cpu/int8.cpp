@@ -851,14 +851,18 @@ int mm_dequant_entry(BNB_MS_AOT_ARGS) {
 // ------------------------------------------------------------------------------------------------
 // Mixed mm dequant (cint8_mixed_mm_dequant_<T>; the outlier part of functional.int8_mixed_scaled_mm):
 //   J = the flagged columns, ascending.  J empty: out = mm dequant of C straight into T (the bytes of
-//   cdequant_mm_int32_<T>).  Otherwise, every step rounded in fp32, no FMA:
+//   cdequant_mm_int32_<T>).  Otherwise, in fp32:
 //     d[r, n]   = mm dequant of C in fp32 (+ bias)                       (mmdq_row_*<float>)
 //     w[n, j]   = (float(CB[n, j]) * col_stats[n]) * 7.874015718698502e-3f  (int8_vectorwise_dequant)
-//     acc[r, n] = ((0 + A[r, J0] * w[n, J0]) + A[r, J1] * w[n, J1]) + ...  (ascending j, A widened to fp32)
-//     out[r, n] = T(d[r, n] + acc[r, n])
-//   The SIMD variants run 8/16 columns of the same expression per step, so every level gives the same bytes.
-//   (Upstream adds the outlier product with torch's addmm in A's dtype; a fixed order here makes the fused
-//   forward and the unfused functional path the same bytes.)
+//     J is cut into blocks of mixed_block(|J|) columns (192; |J|/2 rounded up for 192 < |J| < 384); per block
+//     acc = fma(A[r, j], w[n, j], acc) over its columns, ascending, from acc = 0, then d[r, n] = d[r, n] + acc
+//     out[r, n] = T(d[r, n])
+//   A NaN fma result takes the NaN of acc + A * w computed in two steps (x86 operand order), so the NaN bits
+//   do not depend on which fma form the compiler picks.  This is upstream's `output.addmm(subA, subB)` for
+//   fp32 bit for bit (torch 2.13's fp32 GEMM measured on an AVX2 host, from 5 rows; 1-4 rows take another
+//   kernel there, which differs in the last bit; odd |J| in 193..383 splits differently there).
+//   The SIMD variants run 8/16 columns of the same expression per step, so every level gives the same bytes,
+//   and the fused forward and the unfused functional path share this code.
 // Fused linear (cint8_linear_<T>): the unfused forward of MatMul8bitLt in one call, on per-thread scratch:
 //   fp32 A is rounded to fp16 first (as `A.to(float16)` upstream, and _as_quant_input here), then
 //   vector_quant (with outlier column flags for threshold > 0) -> int8_gemm (the path of
@@ -899,43 +903,84 @@ X *grow(std::vector<X> &v, int64_t n) {
   return v.data();
 }
 
+// Outlier columns per block of the outlier sum (see "mixed mm dequant" above; _reference.mixed_block_size).
+constexpr int64_t kMixedBlock = 192;
+inline int64_t mixed_block(int64_t nJ) { return (nJ > kMixedBlock && nJ < 2 * kMixedBlock) ? (nJ + 1) / 2 : kMixedBlock; }
+
+// fma(a, b, c) with a NaN result replaced by the NaN of c + a * b in two steps (SSE: the first NaN operand).
+inline float fma_x86(float a, float b, float c) {
+  const float r = std::fma(a, b, c);
+  if (r == r) return r;
+  const float p = a * b;
+  return c + p;
+}
+
 // d + outlier sum for columns [j0, n) of one row: d, o and the columns of wt (row stride ldw) start at
 // the row's first column; av holds the row's nJ outlier activations.
 template <class T>
 void mixed_cols_generic(const float *d, const float *av, const float *wt, int64_t ldw, int64_t nJ, T *o, int64_t j0,
                         int64_t n) {
+  const int64_t bs = mixed_block(nJ);
   for (int64_t j = j0; j < n; ++j) {
-    float acc = 0.0f;
-    for (int64_t t = 0; t < nJ; ++t) {
-      const float p = av[t] * wt[t * ldw + j];
-      acc = acc + p;
+    float v = d[j];
+    for (int64_t t0 = 0; t0 < nJ; t0 += bs) {
+      const int64_t t1 = std::min(nJ, t0 + bs);
+      float acc = 0.0f;
+      for (int64_t t = t0; t < t1; ++t) acc = fma_x86(av[t], wt[t * ldw + j], acc);
+      v = v + acc;
     }
-    o[j] = from_f32<T>(d[j] + acc);
+    o[j] = from_f32<T>(v);
   }
+}
+
+BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 fma_x86_8(__m256 a, __m256 b, __m256 c) {
+  const __m256 r = _mm256_fmadd_ps(a, b, c);
+  const __m256 nan = _mm256_cmp_ps(r, r, _CMP_UNORD_Q);
+  if (_mm256_testz_ps(nan, nan)) return r;
+  return _mm256_blendv_ps(r, _mm256_add_ps(c, _mm256_mul_ps(a, b)), nan);
 }
 
 template <class T>
 BNB_MS_TARGET_AVX2 void mixed_cols_avx2(const float *d, const float *av, const float *wt, int64_t ldw, int64_t nJ,
                                         T *o, int64_t n) {
+  const int64_t bs = mixed_block(nJ);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t t = 0; t < nJ; ++t)
-      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(av[t]), _mm256_loadu_ps(wt + t * ldw + j)));
-    store8<T>(o + j, _mm256_add_ps(_mm256_loadu_ps(d + j), acc));
+    __m256 v = _mm256_loadu_ps(d + j);
+    for (int64_t t0 = 0; t0 < nJ; t0 += bs) {
+      const int64_t t1 = std::min(nJ, t0 + bs);
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t t = t0; t < t1; ++t)
+        acc = fma_x86_8(_mm256_set1_ps(av[t]), _mm256_loadu_ps(wt + t * ldw + j), acc);
+      v = _mm256_add_ps(v, acc);
+    }
+    store8<T>(o + j, v);
   }
   mixed_cols_generic<T>(d, av, wt, ldw, nJ, o, j, n);
+}
+
+BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 fma_x86_16(__m512 a, __m512 b, __m512 c) {
+  const __m512 r = _mm512_fmadd_ps(a, b, c);
+  const __mmask16 nan = _mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q);
+  if (!nan) return r;
+  return _mm512_mask_blend_ps(nan, r, _mm512_add_ps(c, _mm512_mul_ps(a, b)));
 }
 
 template <class T>
 BNB_MS_TARGET_AVX512 void mixed_cols_avx512(const float *d, const float *av, const float *wt, int64_t ldw,
                                             int64_t nJ, T *o, int64_t n) {
+  const int64_t bs = mixed_block(nJ);
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t t = 0; t < nJ; ++t)
-      acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(av[t]), _mm512_loadu_ps(wt + t * ldw + j)));
-    store16<T>(o + j, _mm512_add_ps(_mm512_loadu_ps(d + j), acc));
+    __m512 v = _mm512_loadu_ps(d + j);
+    for (int64_t t0 = 0; t0 < nJ; t0 += bs) {
+      const int64_t t1 = std::min(nJ, t0 + bs);
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t t = t0; t < t1; ++t)
+        acc = fma_x86_16(_mm512_set1_ps(av[t]), _mm512_loadu_ps(wt + t * ldw + j), acc);
+      v = _mm512_add_ps(v, acc);
+    }
+    store16<T>(o + j, v);
   }
   mixed_cols_generic<T>(d, av, wt, ldw, nJ, o, j, n);
 }

@@ -18,6 +18,13 @@
 // table as quantize_blockwise (blockwise.cpp / upstream's CPU kernel), so the state bytes equal
 // upstream's.
 //
+// Non-finite gradients. 8-bit state: an element whose gradient is inf or NaN is skipped (p kept,
+// its states reset to 0, so they do not enter the block's absmax), as upstream's CUDA blockwise
+// 2-state kernels do; here every 8-bit rule does it, so one bad element cannot turn its 255
+// neighbours' states into NaN (upstream's CPU path lets absmax become inf and code * inf = NaN).
+// 32-bit state: the float32 rules run unguarded, as upstream's and torch's, and NaN propagates to
+// that element's parameter (Lion's sign(NaN) is NaN, as torch.sign).
+//
 // In place: p, state1, state2, absmax1, absmax2 (and unorm_vec) are updated in the caller's input
 // buffers, as the bitsandbytes C functions do. MindSpore hands an AOT kernel the input tensors'
 // real device (host) buffers, so the only declared output is a 1-element int32 status.
@@ -102,7 +109,8 @@ BNB_MS_INLINE void update_elem(const K &k, float g, float &p, float &s1, float &
   } else if (O == LION) {
     if (k.has_wd) p = p * k.decay;
     const float u = s1 * k.b1 + k.omb1 * g;
-    const float sg = u > 0.0f ? 1.0f : (u < 0.0f ? -1.0f : 0.0f);
+    // sign(u): 1, -1, 0 for +-0, and NaN for NaN (torch.sign / np.sign: a NaN gradient reaches p)
+    const float sg = u > 0.0f ? 1.0f : (u < 0.0f ? -1.0f : (u == u ? 0.0f : u));
     p = p + k.neg_lr * sg;
     s1 = s1 * k.b2 + k.omb2 * g;
   } else if (O == RMSPROP) {
@@ -116,6 +124,19 @@ BNB_MS_INLINE void update_elem(const K &k, float g, float &p, float &s1, float &
     s1 = s1 + g * g;
     p = p + k.neg_lr * (g / (std::sqrt(s1) + k.eps));
   }
+}
+
+// One element of an 8-bit blockwise update. A non-finite gradient element (inf or NaN) is skipped
+// as upstream's CUDA blockwise kernels skip it: p keeps its value and the element's states are reset
+// to 0, so they stay out of the block's new absmax. Without this an inf state made absmax inf and
+// the next dequantization code * inf turned all 255 neighbours of the block into NaN.
+template <Opt O>
+BNB_MS_INLINE void update_elem8(const K &k, float g, float &p, float &s1, float &s1b, float &s2) {
+  if (!std::isfinite(g)) {
+    s1 = 0.0f; s1b = 0.0f; s2 = 0.0f;
+    return;
+  }
+  update_elem<O, true, false>(k, g, p, s1, s1b, s2, nullptr);
 }
 
 // ---- 32-bit state -------------------------------------------------------------------------------
@@ -224,7 +245,7 @@ BNB_MS_INLINE void blocks8_generic(const K &k, const T *g, T *p, const State8 &s
     }
     for (int64_t i = 0; i < len; ++i) {
       float pv = to_f32(p[s + i]);
-      update_elem<O, true, false>(k, to_f32(g[s + i]), pv, m[i], mb[i], v[i], nullptr);
+      update_elem8<O>(k, to_f32(g[s + i]), pv, m[i], mb[i], v[i]);
       p[s + i] = from_f32<T>(pv);
     }
     requant_block(st.l1, m, len, st.s1 + s, st.a1 + b);
@@ -245,11 +266,18 @@ SIMD_TARGET BNB_MS_INLINE F vsqrt(F a) { return _mm256_sqrt_ps(a); }
 SIMD_TARGET BNB_MS_INLINE F vabs(F a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
 // max(a, b) returns b when a is NaN, as std::max(b, a) does in the scalar absmax loop
 SIMD_TARGET BNB_MS_INLINE F vmax(F a, F b) { return _mm256_max_ps(a, b); }
-SIMD_TARGET BNB_MS_INLINE F vsign(F u) {  // 1, -1 or 0 (also for NaN)
+SIMD_TARGET BNB_MS_INLINE F vsign(F u) {  // 1, -1, 0 for +-0, NaN for NaN (as the scalar rule)
   const F z = _mm256_setzero_ps();
-  return _mm256_add_ps(_mm256_and_ps(_mm256_cmp_ps(u, z, _CMP_GT_OQ), _mm256_set1_ps(1.0f)),
-                       _mm256_and_ps(_mm256_cmp_ps(u, z, _CMP_LT_OQ), _mm256_set1_ps(-1.0f)));
+  const F s = _mm256_add_ps(_mm256_and_ps(_mm256_cmp_ps(u, z, _CMP_GT_OQ), _mm256_set1_ps(1.0f)),
+                            _mm256_and_ps(_mm256_cmp_ps(u, z, _CMP_LT_OQ), _mm256_set1_ps(-1.0f)));
+  return _mm256_or_ps(s, _mm256_and_ps(_mm256_cmp_ps(u, u, _CMP_UNORD_Q), u));
 }
+// lane mask of finite values (false for inf and NaN) and a per-lane select m ? a : b
+using Mk = __m256;
+SIMD_TARGET BNB_MS_INLINE Mk vfinite(F x) {
+  return _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x), _mm256_set1_ps(INFINITY), _CMP_LT_OQ);
+}
+SIMD_TARGET BNB_MS_INLINE F vsel(Mk m, F a, F b) { return _mm256_blendv_ps(b, a, m); }
 template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p);
 template <> SIMD_TARGET BNB_MS_INLINE F load<float>(const float *p) { return _mm256_loadu_ps(p); }
 template <> SIMD_TARGET BNB_MS_INLINE F load<fp16_t>(const fp16_t *p) {
@@ -314,9 +342,15 @@ SIMD_TARGET BNB_MS_INLINE F vabs(F a) { return _mm512_andnot_ps(_mm512_set1_ps(-
 SIMD_TARGET BNB_MS_INLINE F vmax(F a, F b) { return _mm512_max_ps(a, b); }
 SIMD_TARGET BNB_MS_INLINE F vsign(F u) {
   const F z = _mm512_setzero_ps();
-  return _mm512_add_ps(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, z, _CMP_GT_OQ), _mm512_set1_ps(1.0f)),
-                       _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, z, _CMP_LT_OQ), _mm512_set1_ps(-1.0f)));
+  const F s = _mm512_add_ps(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, z, _CMP_GT_OQ), _mm512_set1_ps(1.0f)),
+                            _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, z, _CMP_LT_OQ), _mm512_set1_ps(-1.0f)));
+  return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(u, u, _CMP_UNORD_Q), u);
 }
+using Mk = __mmask16;
+SIMD_TARGET BNB_MS_INLINE Mk vfinite(F x) {
+  return _mm512_cmp_ps_mask(_mm512_andnot_ps(_mm512_set1_ps(-0.0f), x), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+}
+SIMD_TARGET BNB_MS_INLINE F vsel(Mk m, F a, F b) { return _mm512_mask_blend_ps(m, b, a); }
 template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p);
 template <> SIMD_TARGET BNB_MS_INLINE F load<float>(const float *p) { return _mm512_loadu_ps(p); }
 template <> SIMD_TARGET BNB_MS_INLINE F load<fp16_t>(const fp16_t *p) {

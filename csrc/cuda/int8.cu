@@ -408,6 +408,11 @@ __device__ __forceinline__ float add_x86(float a, float b) {
   const float r = __fadd_rn(a, b);
   return r == r ? r : nan_x86(a, b);
 }
+// fma(a, b, c) as the CPU library's fma_x86: a NaN result takes the NaN of c + a * b in two steps.
+__device__ __forceinline__ float fma_x86(float a, float b, float c) {
+  const float r = __fmaf_rn(a, b, c);
+  return r == r ? r : add_x86(c, mul_x86(a, b));
+}
 
 template <class T, class BT>
 __device__ __forceinline__ T dq1(int32_t a, float rv, float cv, const BT *bias, int64_t j) {
@@ -484,14 +489,16 @@ int mm_dequant_entry(BNB_MS_AOT_ARGS) {
 // mixed mm dequant (outlier columns) and the fused linear forward -- the CPU's numerics
 // (csrc/cpu/int8.cpp, "mixed mm dequant"), composed of the kernels above:
 //  * cint8_mixed_mm_dequant_<T>: flag_list compacts the flagged columns (ascending) on the device, then
-//    one thread per output: d = the mm dequant in fp32 (dq1's steps), acc = sum over the columns in
-//    ascending order of A * ((float(CB) * col_stats) * 7.874015718698502e-3f), out = T(d + acc); no
-//    flagged column: out = T(d) (cdequant_mm_int32's bytes). x86 NaN rules as mul_x86/add_x86.
+//    one thread per output: d = the mm dequant in fp32 (dq1's steps); the columns, ascending, in blocks of
+//    192 (half of them, rounded up, for 192 < count < 384): per block acc = fma(A, w, acc) from 0 with
+//    w = (float(CB) * col_stats) * 7.874015718698502e-3f, then d = d + acc; out = T(d); no flagged
+//    column: out = T(d) (cdequant_mm_int32's bytes). x86 NaN rules as mul_x86/add_x86/fma_x86.
 //  * cint8_linear_<T>: fp32 A rounded to fp16 (to_half), vector_quant, the int8 GEMM (as cigemmlt_32:
 //    cuBLASLt, else the SIMT kernel; BNB_MS_IGEMM as there), then the mixed or the plain mm dequant.
 //    Intermediates live in one device scratch buffer per (device, stream) (grown on demand).
 // ------------------------------------------------------------------------------------------------
 constexpr float kInt8Dequant = 7.874015718698502e-3f;  // float32(1 / 127)
+constexpr int kMixedBlock = 192;  // outlier columns per block of the outlier sum (csrc/cpu/int8.cpp)
 
 // One device buffer per (device, stream), grown on demand (the stream is synchronized before the old
 // one is freed); nothing is freed before process exit.  The returned lock is held while the caller
@@ -585,13 +592,17 @@ __global__ void __launch_bounds__(256) mixed_dequant_k(const int32_t *__restrict
     v = mul_x86(v, kMmDequant);
     if (bias) v = add_x86(v, to_float(bias[n]));
     if (nJ > 0) {
-      float acc = 0.0f;
-      for (int t = 0; t < nJ; ++t) {
-        const int64_t j = J[t];
-        const float w = mul_x86(mul_x86(__int2float_rn((int)CB[n * K + j]), cv), kInt8Dequant);
-        acc = add_x86(acc, mul_x86(to_float(A[r * K + j]), w));
+      const int bs = (nJ > kMixedBlock && nJ < 2 * kMixedBlock) ? (nJ + 1) / 2 : kMixedBlock;
+      for (int t0 = 0; t0 < nJ; t0 += bs) {
+        const int t1 = min(nJ, t0 + bs);
+        float acc = 0.0f;
+        for (int t = t0; t < t1; ++t) {
+          const int64_t j = J[t];
+          const float w = mul_x86(mul_x86(__int2float_rn((int)CB[n * K + j]), cv), kInt8Dequant);
+          acc = fma_x86(to_float(A[r * K + j]), w, acc);
+        }
+        v = add_x86(v, acc);
       }
-      v = add_x86(v, acc);
     }
     out[r * N + n] = from_float<T>(v);
   }

@@ -90,7 +90,7 @@ __device__ __forceinline__ void update_elem(const Kd &k, float g, float &p, floa
   } else if (O == LION) {
     if (k.has_wd) p = p * k.decay;
     const float u = s1 * k.b1 + k.omb1 * g;
-    const float sg = u > 0.0f ? 1.0f : (u < 0.0f ? -1.0f : 0.0f);
+    const float sg = u > 0.0f ? 1.0f : (u < 0.0f ? -1.0f : (u == u ? 0.0f : u));  // NaN stays NaN
     p = p + k.neg_lr * sg;
     s1 = s1 * k.b2 + k.omb2 * g;
   } else if (O == RMSPROP) {
@@ -306,9 +306,14 @@ opt8(Kd k, const T *__restrict__ g, T *__restrict__ p, uint8_t *__restrict__ s1,
       m = __fmul_rn(c1[s1[i]], sc1);
       if (O == ADEMAMIX) mb = __fmul_rn(c1[s1[n + i]], scb);
       if (two_state(O)) v = __fmul_rn(c2[s2[i]], sc2);
-      pv = to_float(p[i]);
-      update_elem<O, true, false>(k, to_float(g[i]), pv, m, mb, v, nullptr);
-      p[i] = from_float<T>(pv);
+      const float gv = to_float(g[i]);
+      if (isfinite(gv)) {
+        pv = to_float(p[i]);
+        update_elem<O, true, false>(k, gv, pv, m, mb, v, nullptr);
+        p[i] = from_float<T>(pv);
+      } else {  // optim.cpp's update_elem8: a non-finite gradient leaves p and zeroes the element's states
+        m = mb = v = 0.0f;
+      }
     } else {
       m = mb = v = 0.0f;
     }
