@@ -136,7 +136,7 @@ def test_native_layer_simd_levels_agree():
         f"import sys; sys.path.insert(0, {here!r}); import hashlib, numpy as np;"
         "import test_fused_decoder as t; from bitsandbytes_ms import cextension as c, _hostcall as HC;"
         "h = hashlib.sha256(); rng = np.random.RandomState(3)"
-        "\nfor mode, T in (('fp32', 13), ('nf4', 13), ('dq', 1), ('nf4', 40), ('fp16', 13), ('bf16', 13), ('int8', 1),"
+        "\nfor mode, T in (('fp32', 13), ('fp32', 1), ('bf16', 1), ('nf4', 13), ('dq', 1), ('nf4', 40), ('fp16', 13), ('bf16', 13), ('int8', 1),"
         " ('int8-t6', 1), ('int8-t6', 13)):"
         "\n  B, H, Hq, KVH, D, I, past, Smax = 2, 64, 4, 2, 16, 96, 3, 48"
         "\n  q, k, v, o = (t._spec(rng, n, kk, mode, True) for n, kk in ((Hq*D, H), (KVH*D, H), (KVH*D, H), (H, Hq*D)))"

@@ -69,11 +69,19 @@ namespace {
 // for every element type of b.
 template <class T>
 float dot_scalar(const float *a, const T *b, int64_t n) {
-  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  // dot_avx2's operations in its order (so every SIMD level gives the same bits): four 8-lane fma accumulators
+  // over 32-element steps, then 8-element steps into the first, (s0 + s1) + (s2 + s3), the lanes reduced as
+  // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), then the tail fmas
+  float s[4][8] = {};
   int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int r = 0; r < 4; ++r)
+      for (int l = 0; l < 8; ++l) s[r][l] = std::fma(a[i + 8 * r + l], to_f32<T>(b[i + 8 * r + l]), s[r][l]);
   for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) s[l] = std::fma(a[i + l], to_f32<T>(b[i + l]), s[l]);
-  float r = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+    for (int l = 0; l < 8; ++l) s[0][l] = std::fma(a[i + l], to_f32<T>(b[i + l]), s[0][l]);
+  float v[8];
+  for (int l = 0; l < 8; ++l) v[l] = (s[0][l] + s[1][l]) + (s[2][l] + s[3][l]);
+  float r = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
   for (; i < n; ++i) r = std::fma(a[i], to_f32<T>(b[i]), r);
   return r;
 }
