@@ -25,8 +25,8 @@ from mindspore import Tensor
 
 from . import _hostcall, _reference
 from .cextension import BNB_BACKEND, get_ptr, lib, tag_device  # noqa: F401  (get_ptr re-exported as upstream)
-from .utils import dtype_from_name, dtype_name, pack_dict_to_tensor, unpack_tensor_to_dict
-from .utils import to_numpy as _to_numpy
+from .utils import Singleton as _Singleton, dtype_from_name, dtype_name, pack_dict_to_tensor, to_numpy as _to_numpy
+from .utils import unpack_tensor_to_dict
 
 FLOAT_DTYPES = (ms.float32, ms.float16, ms.bfloat16)
 _SUFFIX = {ms.float32: "fp32", ms.float16: "fp16", ms.bfloat16: "bf16"}
@@ -2076,46 +2076,22 @@ def gemm_fp(A: Tensor, W: Tensor, bias: Optional[Tensor] = None, out: Optional[T
 # Paging, cuBLAS contexts and the deprecated int8 matmul helpers exist upstream for CUDA; here they keep their
 # names and contracts on MindSpore's CPU (no unified memory: a "paged" tensor is an ordinary host tensor marked
 # ``is_paged``, and prefetching it does nothing).
-class GlobalPageManager:
+class GlobalPageManager(_Singleton):
     """Upstream's registry of paged tensors (``get_instance()``, ``paged_tensors``, ``prefetch_all``)."""
-
-    _instance = None
-
-    def __init__(self):
-        raise RuntimeError("Call get_instance() instead")
 
     def initialize(self):
         self.paged_tensors = []
-
-    @classmethod
-    def get_instance(cls):
-        if cls._instance is None:
-            cls._instance = cls.__new__(cls)
-            cls._instance.initialize()
-        return cls._instance
 
     def prefetch_all(self, to_cpu: bool = False) -> None:
         for t in self.paged_tensors[::-1]:
             prefetch_tensor(t, to_cpu)
 
 
-class CUBLAS_Context:
+class CUBLAS_Context(_Singleton):
     """Upstream's per-device cuBLAS handle cache; there is no cuBLAS handle to hold on the CPU library."""
-
-    _instance = None
-
-    def __init__(self):
-        raise RuntimeError("Call get_instance() instead")
 
     def initialize(self):
         self.context = {}
-
-    @classmethod
-    def get_instance(cls):
-        if cls._instance is None:
-            cls._instance = cls.__new__(cls)
-            cls._instance.initialize()
-        return cls._instance
 
     def get_context(self, device=None):
         if BNB_BACKEND != "CUDA":

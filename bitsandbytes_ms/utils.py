@@ -53,6 +53,26 @@ def dtype_from_name(name: str):
     raise ValueError(f"unknown dtype name {name!r}")
 
 
+class Singleton:
+    """Upstream's singleton pattern (GlobalOptimManager, GlobalPageManager, CUBLAS_Context, GlobalOutlierPooler,
+    OutlierTracer): ``cls()`` raises, ``cls.get_instance()`` makes the one instance (per class) and, unless the
+    class sets ``_initialize_on_create = False``, calls its ``initialize()``."""
+
+    _instance = None
+    _initialize_on_create = True
+
+    def __init__(self):
+        raise RuntimeError("Call get_instance() instead")
+
+    @classmethod
+    def get_instance(cls):
+        if cls.__dict__.get("_instance") is None:
+            cls._instance = cls.__new__(cls)
+            if cls._initialize_on_create:
+                cls._instance.initialize()
+        return cls._instance
+
+
 # ---- the rest of upstream's ``bitsandbytes.utils`` ------------------------------------------------------------
 #: int8 weight layouts by name (checkpoints store the number; only "row" exists on CPU and in this package)
 LINEAR_8BIT_WEIGHTS_FORMAT_MAPPING = {"row": 0, "col32": 1, "col_turing": 2, "col_ampere": 3}
@@ -91,16 +111,13 @@ def _weight_key(weight) -> int:
     return id(weight)
 
 
-class OutlierTracer:
+class OutlierTracer(Singleton):
     """Records, for every ``nn.Linear`` of a model, the hidden dimensions that carry outliers (upstream's
     singleton: ``OutlierTracer.get_instance().initialize(model)``, run the model once, then ``get_outliers(w)``).
     The first layer's outliers come from its input (std z-score > 3 or |x| > 6), every later layer's from the
     previous layer's weight."""
 
-    _instance = None
-
-    def __init__(self):
-        raise RuntimeError("Call get_instance() instead")
+    _initialize_on_create = False  # initialize(model) needs the model
 
     def initialize(self, model) -> None:
         self.last_w = None
@@ -124,11 +141,6 @@ class OutlierTracer:
             return None
         return self.hvalue2outlier_idx.get(self.get_hvalue(weight))
 
-    @classmethod
-    def get_instance(cls) -> "OutlierTracer":
-        if cls._instance is None:
-            cls._instance = cls.__new__(cls)
-        return cls._instance
 
 
 def outlier_hook(module, input) -> None:

@@ -152,30 +152,19 @@ from mindspore import Tensor, nn as _msnn, ops as _ops
 from mindspore.common.api import _pynative_executor
 
 from .. import functional as F
+from ..utils import Singleton
 from ..cextension import BNB_BACKEND, tag_device
 
 logger = logging.getLogger(__name__)
 
 
-class GlobalOutlierPooler:
+class GlobalOutlierPooler(Singleton):
     """Upstream's singleton collecting outlier feature indices across layers of one model dimension
     (``GlobalOutlierPooler.get_instance()``; ``add_outliers(idx, feature_dim)``, ``get_current_outlier_idx()``)."""
-
-    _instance = None
-
-    def __init__(self):
-        raise RuntimeError("Call get_instance() instead")
 
     def initialize(self):
         self.outliers = set()
         self.model_dim = None
-
-    @classmethod
-    def get_instance(cls):
-        if cls._instance is None:
-            cls._instance = cls.__new__(cls)
-            cls._instance.initialize()
-        return cls._instance
 
     def add_outliers(self, outlier_idx, feature_dim):
         if self.model_dim is None:

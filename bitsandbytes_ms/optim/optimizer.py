@@ -31,6 +31,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from .. import functional as F
+from ..utils import Singleton
 from ..cextension import tag_device
 
 
@@ -40,16 +41,11 @@ class MockArgs:
             setattr(self, key, initial_data[key])
 
 
-class GlobalOptimManager:
+class GlobalOptimManager(Singleton):
     """Per-parameter config overrides (e.g. 32-bit state for embeddings), a singleton.
 
     ``override_config`` may be called before or after ``register_parameters`` and before the first
     ``step``; each parameter gets its own copy of the override dict."""
-
-    _instance = None
-
-    def __init__(self):
-        raise RuntimeError("Call get_instance() instead")
 
     def initialize(self):
         self.pid2config = {}
@@ -57,13 +53,6 @@ class GlobalOptimManager:
         self.optimizer = None
         self.uses_config_override = False
         self.module_weight_config_triple = []
-
-    @classmethod
-    def get_instance(cls):
-        if cls._instance is None:
-            cls._instance = cls.__new__(cls)
-            cls._instance.initialize()
-        return cls._instance
 
     def register_parameters(self, params):
         param_groups = list(params)

@@ -996,12 +996,7 @@ static Absmax4 absmax_of(const Linear4Weight &w) {
 // Internal wrappers for other feature files (linear_kernels.h).
 void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
                  int64_t K) {
-  if (M * N == 0) return;
-  if (K == 0) {
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) out[m * N + n] = bias ? bias[n] : 0.0f;
-    return;
-  }
+  if (linear_without_products(bias, out, M, N, K)) return;
   gemv4<float>(w.code, w.packed, absmax_of(w), A, bias, out, M, N, K, w.blocksize);
 }
 

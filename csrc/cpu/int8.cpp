@@ -1113,12 +1113,7 @@ int int8_linear_entry(BNB_MS_AOT_ARGS) {
 // Internal wrapper of the fused LLM.int8() forward for other feature files (linear_kernels.h).
 void int8_linear_f32(const Int8Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
                      int64_t K) {
-  if (M * N == 0) return;
-  if (K == 0) {
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) out[m * N + n] = bias ? bias[n] : 0.0f;
-    return;
-  }
+  if (linear_without_products(bias, out, M, N, K)) return;
   static thread_local std::vector<uint8_t> flags;  // the outlier columns (the caller does not need them)
   int8_linear<float, float>(A, w.CB, w.SCB, bias, w.threshold, out, grow(flags, K), M, N, K);
 }

@@ -16,6 +16,16 @@
 
 namespace bnb_ms {
 
+// The calls of a linear with nothing to multiply: M * N == 0 (true, nothing written) or K == 0 (out = bias or 0,
+// true). False: the caller runs its kernel.
+inline bool linear_without_products(const float *bias, float *out, int64_t M, int64_t N, int64_t K) {
+  if (M * N == 0) return true;
+  if (K != 0) return false;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) out[m * N + n] = bias ? bias[n] : 0.0f;
+  return true;
+}
+
 struct Linear4Weight {
   const uint8_t *packed = nullptr;  // (N*K+1)/2 bytes
   const float *code = nullptr;      // 16 entries
