@@ -457,6 +457,21 @@ struct Absmax4 {
   float offset = 0.0f;
   int64_t bs2 = 1;
   bool nested() const { return f32 == nullptr; }
+  // fp32 absmax per block when absmax_q is null, else the double-quant form (codes, code2, absmax2, offset, bs2)
+  static Absmax4 of(const float *absmax_f32, const uint8_t *absmax_q, const float *code2, const float *absmax2,
+                    float offset, int64_t bs2) {
+    Absmax4 a;
+    if (absmax_q) {
+      a.q = absmax_q;
+      a.code2 = code2;
+      a.absmax2 = absmax2;
+      a.offset = offset;
+      a.bs2 = bs2;
+    } else {
+      a.f32 = absmax_f32;
+    }
+    return a;
+  }
   void decode(int64_t b0, int64_t b1, float *dst) const {
     for (int64_t b = b0; b < b1; ++b) dst[b - b0] = code2[q[b]] * absmax2[b / bs2] + offset;
   }
@@ -961,16 +976,7 @@ int linear4_entry(BNB_MS_AOT_ARGS) {
       for (int64_t n = 0; n < N; ++n) a.out[m * N + n] = with_bias(from_f32<T>(0.0f), a.bias, n);
     return OK;
   }
-  Absmax4 amx;
-  if (a.nested) {
-    amx.q = a.absmax_q;
-    amx.code2 = a.code2;
-    amx.absmax2 = a.absmax2;
-    amx.offset = a.offset;
-    amx.bs2 = a.bs2;
-  } else {
-    amx.f32 = a.absmax;
-  }
+  const Absmax4 amx = Absmax4::of(a.absmax, a.nested ? a.absmax_q : nullptr, a.code2, a.absmax2, a.offset, a.bs2);
   if (BF16DOT) linear4_bf16dot<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
   else if (M == 1) gemv4<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
   else gemm4<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
@@ -980,17 +986,7 @@ int linear4_entry(BNB_MS_AOT_ARGS) {
 }  // namespace
 
 static Absmax4 absmax_of(const Linear4Weight &w) {
-  Absmax4 amx;
-  if (w.absmax_q) {
-    amx.q = w.absmax_q;
-    amx.code2 = w.code2;
-    amx.absmax2 = w.absmax2;
-    amx.offset = w.offset;
-    amx.bs2 = w.blocksize2;
-  } else {
-    amx.f32 = w.absmax_f32;
-  }
-  return amx;
+  return Absmax4::of(w.absmax_f32, w.absmax_q, w.code2, w.absmax2, w.offset, w.blocksize2);
 }
 
 // Internal wrappers for other feature files (linear_kernels.h).
