@@ -2178,18 +2178,23 @@ def check_matmul(A, B, out, transposed_A, transposed_B, expected_type=ms.int8):
     return (sA[0], rows, cols) if len(sA) == 3 else (rows, cols)
 
 
+def _igemm_host(a: np.ndarray, b: np.ndarray, transposed_A: bool, transposed_B: bool) -> np.ndarray:
+    """int32 ``op(a) @ op(b)`` of host int8 arrays (a 2-D or 3-D, b 2-D) through :func:`int8_linear_matmul`."""
+    a = np.swapaxes(a, -1, -2) if transposed_A else a
+    bt = b if transposed_B else b.T  # int8_linear_matmul takes B as [N, K]
+    return int8_linear_matmul(Tensor(np.ascontiguousarray(a)), Tensor(np.ascontiguousarray(bt))).asnumpy()
+
+
 def igemm(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: bool = False,
           transposed_B: bool = False) -> Tensor:
     """Upstream's deprecated int8 matmul ``A @ B`` (int32, exact) with optional transposes; A may be 3-D
-    (its leading dimensions are rows). Runs :func:`int8_linear_matmul`."""
-    shape = check_matmul(A, B, out, transposed_A, transposed_B)
+    (its leading dimensions are rows); 3-D A and B run :func:`batched_igemm`. (A deprecated helper: the
+    transposes are made on the host.)"""
     if B.ndim == 3:
         return batched_igemm(A, B, out, transposed_A, transposed_B)
-    a, b = _to_numpy(A), _to_numpy(B)  # (a deprecated helper: transposes on the host)
-    a = np.swapaxes(a, -1, -2) if transposed_A else a
-    bt = b if transposed_B else b.T  # int8_linear_matmul takes B as [N, K]
-    res = int8_linear_matmul(Tensor(np.ascontiguousarray(a)), Tensor(np.ascontiguousarray(bt)))
-    return _write(out, ms.ops.reshape(res, shape))
+    shape = check_matmul(A, B, out, transposed_A, transposed_B)
+    res = _igemm_host(_to_numpy(A), _to_numpy(B), transposed_A, transposed_B)
+    return _write(out, Tensor(res.reshape(shape)))
 
 
 def batched_igemm(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: bool = False,
@@ -2200,5 +2205,5 @@ def batched_igemm(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed
                          f"and {tuple(B.shape)}")
     shape = check_matmul(A, B, out, transposed_A, transposed_B)
     a, b = _to_numpy(A), _to_numpy(B)
-    parts = [igemm(Tensor(a[i]), Tensor(b[i]), None, transposed_A, transposed_B).asnumpy() for i in range(a.shape[0])]
+    parts = [_igemm_host(a[i], b[i], transposed_A, transposed_B) for i in range(a.shape[0])]
     return _write(out, Tensor(np.stack(parts).reshape(shape)))
