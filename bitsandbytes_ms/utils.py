@@ -105,12 +105,6 @@ def find_outlier_dims(weight, reduction_dim: int = 0, zscore: float = 4.0, topk:
     return Tensor(idx.astype(np.int64))
 
 
-def _weight_key(weight) -> int:
-    """One key per weight (tied weights are one Parameter object in mindtorch models). Upstream keys by
-    ``storage().data_ptr()``; a MindSpore parameter may have no device buffer yet, so its identity is used."""
-    return id(weight)
-
-
 class OutlierTracer(Singleton):
     """Records, for every ``nn.Linear`` of a model, the hidden dimensions that carry outliers (upstream's
     singleton: ``OutlierTracer.get_instance().initialize(model)``, run the model once, then ``get_outliers(w)``).
@@ -133,7 +127,9 @@ class OutlierTracer(Singleton):
         return getattr(self, "initialized", False)
 
     def get_hvalue(self, weight) -> int:
-        return _weight_key(weight)
+        # one key per weight (tied weights are one Parameter object in mindtorch models); upstream keys by
+        # storage().data_ptr(), but a MindSpore parameter may have no device buffer yet
+        return id(weight)
 
     def get_outliers(self, weight):
         if not self.is_initialized():
