@@ -31,6 +31,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/linear_kernels.h"
 #include "cpu/parallel.h"
+#include "cpu/simd_convert.h"
 
 namespace bnb_ms {
 namespace {
@@ -41,6 +42,7 @@ struct Bounds4 {
   float mid[kCode4 - 1];
   uint8_t order[kCode4];
   uint8_t zero_code;  // code of 0.0 (padding of an odd element count)
+  bool sorted;        // mid non-decreasing and NaN-free: the SIMD binary search equals the count below
 };
 
 void make_bounds(const float *code, Bounds4 *b) {
@@ -52,8 +54,12 @@ void make_bounds(const float *code, Bounds4 *b) {
   int z = 0;
   for (int i = 0; i < kCode4 - 1; ++i) z += !(0.0f <= b->mid[i]);
   b->zero_code = b->order[z];
+  b->sorted = true;
+  for (int i = 0; i < kCode4 - 1; ++i)
+    if (b->mid[i] != b->mid[i] || (i > 0 && !(b->mid[i - 1] <= b->mid[i]))) b->sorted = false;
 }
 
+// The reference rule: the code of the bucket of v, bucket = #{i : !(v <= mid[i])}.
 BNB_MS_INLINE uint8_t bucket(const Bounds4 &b, float v) {
   int c = 0;
   for (int i = 0; i < kCode4 - 1; ++i) c += !(v <= b.mid[i]);
@@ -62,37 +68,179 @@ BNB_MS_INLINE uint8_t bucket(const Bounds4 &b, float v) {
 
 BNB_MS_INLINE float clamp1(float v) { return v < -1.0f ? -1.0f : (v > 1.0f ? 1.0f : v); }  // keeps NaN
 
+// One block's scale.  amax: max|x| (NaN if the block has a NaN).  Full blocks multiply by 1 / max(amax, 1e-38)
+// and store amax; the trailing partial block divides by am = max(amax, 1e-38) and stores am.
+struct Scale4 {
+  bool partial;
+  float am, inv;
+  Scale4(float amax, bool part, float *stored) : partial(part) {
+    am = amax > 1e-38f || amax != amax ? amax : 1e-38f;
+    *stored = partial ? am : amax;
+    inv = 1.0f / am;
+  }
+  BNB_MS_INLINE float operator()(float x) const { return clamp1(partial ? x / am : x * inv); }
+};
+
+// Elements [i, e) of a block (i even): two codes per byte, an odd count padded with the code of 0.
 template <class T>
-void quantize4_blocks(const Bounds4 &bd, const T *A, float *absmax, uint8_t *out, int64_t bs, int64_t n,
-                      int64_t b0, int64_t b1) {
-  const int64_t full_blocks = n / bs;
-  float vals[2];
+BNB_MS_INLINE void quantize4_span(const Bounds4 &bd, const Scale4 &sc, const T *A, int64_t i, int64_t e, uint8_t *out) {
+  for (; i < e; i += 2) {
+    const uint8_t hi = bucket(bd, sc(to_f32(A[i])));
+    const uint8_t lo = i + 1 < e ? bucket(bd, sc(to_f32(A[i + 1]))) : bd.zero_code;
+    out[i >> 1] = (uint8_t)((hi << 4) | lo);
+  }
+}
+
+// max|x| over [i, e) (NaN if any element is NaN), folded into amax / nan.
+template <class T>
+BNB_MS_INLINE void absmax4_span(const T *A, int64_t i, int64_t e, float *amax, bool *nan) {
+  for (; i < e; ++i) {
+    const float a = std::fabs(to_f32(A[i]));
+    if (a != a) *nan = true;
+    *amax = a > *amax ? a : *amax;
+  }
+}
+
+// ---- portable path: the reference --------------------------------------------------------------
+template <class T>
+void quantize4_blocks_generic(const Bounds4 &bd, const T *A, float *absmax, uint8_t *out, int64_t bs, int64_t n,
+                              int64_t b0, int64_t b1) {
   for (int64_t blk = b0; blk < b1; ++blk) {
     const int64_t s = blk * bs, e = std::min(s + bs, n);
     float amax = 0.0f;
     bool nan = false;
-    for (int64_t i = s; i < e; ++i) {
-      const float a = std::fabs(to_f32(A[i]));
-      if (a != a) nan = true;
-      amax = a > amax ? a : amax;
+    absmax4_span(A, s, e, &amax, &nan);
+    const Scale4 sc(nan ? NAN : amax, e - s < bs, absmax + blk);
+    quantize4_span(bd, sc, A, s, e, out);  // s is even (bs is even): the block starts on a byte boundary
+  }
+}
+
+// ---- SIMD paths: absmax as an integer max of |x|'s bits (every NaN is above +inf), the bucket by a
+// branchless binary search over the sorted midpoints (compare "not <=", true for NaN, as the count), the
+// codes mapped through `order` with one byte shuffle and paired into nibbles; 32 elements per step, the
+// rest of a block by quantize4_span.  Needs bd.sorted (else the portable path runs).
+constexpr int kQ4Group = 32;
+
+// AVX2: the bucket of 8 values.  Levels 3 and 4 look their midpoint up with 8-lane permutes.
+struct Search4Avx2 {
+  __m256 m7, m3, m11, l3, l4;
+  BNB_MS_TARGET_AVX2 explicit Search4Avx2(const Bounds4 &b) {
+    m7 = _mm256_set1_ps(b.mid[7]); m3 = _mm256_set1_ps(b.mid[3]); m11 = _mm256_set1_ps(b.mid[11]);
+    l3 = _mm256_setr_ps(b.mid[1], b.mid[5], b.mid[9], b.mid[13], 0.0f, 0.0f, 0.0f, 0.0f);
+    l4 = _mm256_setr_ps(b.mid[0], b.mid[2], b.mid[4], b.mid[6], b.mid[8], b.mid[10], b.mid[12], b.mid[14]);
+  }
+  BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256i operator()(__m256 v) const {
+    const __m256 p3 = _mm256_cmp_ps(v, m7, _CMP_NLE_UQ);
+    const __m256 p2 = _mm256_cmp_ps(v, _mm256_blendv_ps(m3, m11, p3), _CMP_NLE_UQ);
+    // k = 2 b3 + b2 (a true compare is -1)
+    const __m256i k = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(p3), _mm256_set1_epi32(2)),
+                                       _mm256_castps_si256(p2));
+    const __m256 p1 = _mm256_cmp_ps(v, _mm256_permutevar8x32_ps(l3, k), _CMP_NLE_UQ);
+    const __m256i k2 = _mm256_sub_epi32(_mm256_slli_epi32(k, 1), _mm256_castps_si256(p1));
+    const __m256 p0 = _mm256_cmp_ps(v, _mm256_permutevar8x32_ps(l4, k2), _CMP_NLE_UQ);
+    return _mm256_sub_epi32(_mm256_slli_epi32(k2, 1), _mm256_castps_si256(p0));
+  }
+};
+
+template <class T>
+BNB_MS_TARGET_AVX2 void quantize4_blocks_avx2(const Bounds4 &bd, const T *A, float *absmax, uint8_t *out, int64_t bs,
+                                              int64_t n, int64_t b0, int64_t b1) {
+  const Search4Avx2 search(bd);
+  const __m256i order = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)bd.order));
+  const __m256i pair = _mm256_set1_epi16(0x0110);  // byte 2j * 16 + byte 2j+1
+  const __m256i fix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i absbits = _mm256_set1_epi32(0x7fffffff);
+  const __m256 one = _mm256_set1_ps(1.0f), neg_one = _mm256_set1_ps(-1.0f);
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const int64_t s = blk * bs, e = std::min(s + bs, n), g_end = s + (e - s) / kQ4Group * kQ4Group;
+    __m256i mx0 = _mm256_setzero_si256(), mx1 = mx0;
+    int64_t i = s;
+    for (; i + 16 <= e; i += 16) {
+      mx0 = _mm256_max_epu32(mx0, _mm256_and_si256(_mm256_castps_si256(load8<T>(A + i)), absbits));
+      mx1 = _mm256_max_epu32(mx1, _mm256_and_si256(_mm256_castps_si256(load8<T>(A + i + 8)), absbits));
     }
-    if (nan) amax = NAN;
-    const bool partial = blk >= full_blocks;
-    const float am = amax > 1e-38f || amax != amax ? amax : 1e-38f;
-    absmax[blk] = partial ? am : amax;
-    const float inv = 1.0f / am;
-    // s is even (bs is even), so the block starts on a byte boundary
-    for (int64_t i = s; i < e; i += 2) {
-      for (int k = 0; k < 2; ++k) {
-        if (i + k < e) {
-          const float x = to_f32(A[i + k]);
-          vals[k] = clamp1(partial ? x / am : x * inv);
-        }
+    alignas(32) uint32_t mb[8];
+    _mm256_store_si256((__m256i *)mb, _mm256_max_epu32(mx0, mx1));
+    uint32_t top = 0;
+    for (int k = 0; k < 8; ++k) top = std::max(top, mb[k]);
+    float amax;
+    std::memcpy(&amax, &top, 4);
+    bool nan = top > 0x7f800000u;
+    absmax4_span(A, i, e, &amax, &nan);
+    const Scale4 sc(nan ? NAN : amax, e - s < bs, absmax + blk);
+    const __m256 vinv = _mm256_set1_ps(sc.inv), vam = _mm256_set1_ps(sc.am);
+    for (i = s; i < g_end; i += kQ4Group) {
+      __m256i c[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256 x = load8<T>(A + i + 8 * k);
+        const __m256 v = sc.partial ? _mm256_div_ps(x, vam) : _mm256_mul_ps(x, vinv);
+        c[k] = search(_mm256_min_ps(one, _mm256_max_ps(neg_one, v)));  // NaN stays NaN (2nd operand)
       }
-      const uint8_t hi = bucket(bd, vals[0]);
-      const uint8_t lo = i + 1 < e ? bucket(bd, vals[1]) : bd.zero_code;
-      out[i >> 1] = (uint8_t)((hi << 4) | lo);
+      const __m256i b = _mm256_permutevar8x32_epi32(
+          _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3])), fix);
+      const __m256i w = _mm256_maddubs_epi16(_mm256_shuffle_epi8(order, b), pair);
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(w, w), 0x08);
+      _mm_storeu_si128((__m128i *)(out + (i >> 1)), _mm256_castsi256_si128(packed));
     }
+    quantize4_span(bd, sc, A, g_end, e, out);
+  }
+}
+
+// AVX-512: 16-lane compares into masks; every level looks its midpoint up in a 16-entry permute table
+// indexed by the prefix found so far (tab[l][k] = mid[k + 2^(3-l) - 1]).
+struct Search4Avx512 {
+  __m512 tab[4];
+  BNB_MS_TARGET_AVX512 explicit Search4Avx512(const Bounds4 &b) {
+    for (int l = 0; l < 4; ++l) {
+      alignas(64) float t[16];
+      const int off = (8 >> l) - 1;
+      for (int k = 0; k < 16; ++k) t[k] = b.mid[std::min(k + off, kCode4 - 2)];
+      tab[l] = _mm512_load_ps(t);
+    }
+  }
+  BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512i operator()(__m512 v) const {
+    __m512i k = _mm512_setzero_si512();
+    for (int l = 0; l < 4; ++l) {
+      const __mmask16 p = _mm512_cmp_ps_mask(v, _mm512_permutexvar_ps(k, tab[l]), _CMP_NLE_UQ);
+      k = _mm512_mask_add_epi32(k, p, k, _mm512_set1_epi32(8 >> l));
+    }
+    return k;
+  }
+};
+
+template <class T>
+BNB_MS_TARGET_AVX512 void quantize4_blocks_avx512(const Bounds4 &bd, const T *A, float *absmax, uint8_t *out,
+                                                  int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+  const Search4Avx512 search(bd);
+  const __m256i order = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)bd.order));
+  const __m256i pair = _mm256_set1_epi16(0x0110);
+  const __m512i absbits = _mm512_set1_epi32(0x7fffffff);
+  const __m512 one = _mm512_set1_ps(1.0f), neg_one = _mm512_set1_ps(-1.0f);
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const int64_t s = blk * bs, e = std::min(s + bs, n), g_end = s + (e - s) / kQ4Group * kQ4Group;
+    __m512i mx = _mm512_setzero_si512();
+    int64_t i = s;
+    for (; i + 16 <= e; i += 16)
+      mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_castps_si512(load16<T>(A + i)), absbits));
+    const uint32_t top = (uint32_t)_mm512_reduce_max_epu32(mx);
+    float amax;
+    std::memcpy(&amax, &top, 4);
+    bool nan = top > 0x7f800000u;
+    absmax4_span(A, i, e, &amax, &nan);
+    const Scale4 sc(nan ? NAN : amax, e - s < bs, absmax + blk);
+    const __m512 vinv = _mm512_set1_ps(sc.inv), vam = _mm512_set1_ps(sc.am);
+    for (i = s; i < g_end; i += kQ4Group) {
+      __m128i c[2];
+      for (int k = 0; k < 2; ++k) {
+        const __m512 x = load16<T>(A + i + 16 * k);
+        const __m512 v = sc.partial ? _mm512_div_ps(x, vam) : _mm512_mul_ps(x, vinv);
+        c[k] = _mm512_cvtepi32_epi8(search(_mm512_min_ps(one, _mm512_max_ps(neg_one, v))));
+      }
+      const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(c[0]), c[1], 1);
+      const __m256i w = _mm256_maddubs_epi16(_mm256_shuffle_epi8(order, b), pair);
+      _mm_storeu_si128((__m128i *)(out + (i >> 1)), _mm256_cvtepi16_epi8(w));
+    }
+    quantize4_span(bd, sc, A, g_end, e, out);
   }
 }
 
@@ -109,15 +257,7 @@ void dequantize4_generic(const float *code, const uint8_t *q, const float *absma
   }
 }
 
-// AVX2 helpers: 8 floats from T, 8 floats to T, 16 nibbles (8 bytes) to two index vectors.
-template <class T> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 ld8(const T *p);
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 ld8<float>(const float *p) { return _mm256_loadu_ps(p); }
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 ld8<fp16_t>(const fp16_t *p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 ld8<bf16_t>(const bf16_t *p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
+// AVX2 helpers: 8 floats to T, 16 nibbles (8 bytes) to two index vectors.
 template <class T> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void st8(T *p, __m256 v);
 template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void st8<float>(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
 template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void st8<fp16_t>(fp16_t *p, __m256 v) {
@@ -167,14 +307,6 @@ BNB_MS_TARGET_AVX2 void dequantize4_avx2(const float *code, const uint8_t *q, co
   }
 }
 
-template <class T> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 ld16(const T *p);
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 ld16<float>(const float *p) { return _mm512_loadu_ps(p); }
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 ld16<fp16_t>(const fp16_t *p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-}
-template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 ld16<bf16_t>(const bf16_t *p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
 BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512i nibbles16_avx512(const uint8_t *p) {
   const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
   const __m256i hi = _mm256_srli_epi32(b, 4), lo = _mm256_and_si256(b, _mm256_set1_epi32(15));
@@ -533,8 +665,11 @@ int quantize4_entry(BNB_MS_AOT_ARGS) {
   const T *a = c.ptr<T>(A);
   float *amax = c.ptr<float>(ABSMAX);
   uint8_t *o = c.ptr<uint8_t>(OUT);
-  parallel_for(nb, std::max<int64_t>(1, 16384 / bs), [&](int64_t b0, int64_t b1) {
-    quantize4_blocks<T>(bd, a, amax, o, bs, n, b0, b1);
+  const SimdLevel lvl = bd.sorted ? simd_level() : SimdLevel::scalar;
+  parallel_for(nb, std::max<int64_t>(1, 32768 / bs), [&](int64_t b0, int64_t b1) {
+    if (lvl >= SimdLevel::avx512) quantize4_blocks_avx512<T>(bd, a, amax, o, bs, n, b0, b1);
+    else if (lvl >= SimdLevel::avx2) quantize4_blocks_avx2<T>(bd, a, amax, o, bs, n, b0, b1);
+    else quantize4_blocks_generic<T>(bd, a, amax, o, bs, n, b0, b1);
   });
   return OK;
 }
