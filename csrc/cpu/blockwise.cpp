@@ -50,9 +50,6 @@ const QuantLut *get_quant_lut(const float *code) {
 
 namespace {
 
-constexpr int kLut = kQuantLut;
-using bnb_ms::QuantLut;
-
 BNB_MS_INLINE uint32_t grid_index(float v) { return quant_grid_index(v); }
 const QuantLut *get_lut(const float *code) { return get_quant_lut(code); }
 
@@ -84,23 +81,29 @@ BNB_MS_INLINE void dequantize_blocks_generic(const float *code, const uint8_t *A
   }
 }
 
-// ---- AVX2 path (8 lanes; F16C for fp16) -------------------------------------------------------
+// ---- SIMD paths -------------------------------------------------------------------------------
+// Quantize: absmax over the block in 4 vector accumulators (the max of the non-NaN |x| in any order:
+// MAXPS returns its 2nd operand, the accumulator, for a NaN lane, as std::max(amax, |x|) keeps amax), then
+// grid indices in vectors (quant_grid_index8/16), 32 at a time, and the codes by scalar loads (lut_codes).
+// Dequantize: blocks of kTableMin+ elements through a per-block table of the 256 results
+// from_f32<T>(code[c] * absmax) (table_lookup), smaller blocks gather code[q] and multiply.
+constexpr int kGroup8 = 32;
+constexpr int64_t kTableMin = 256;
 
 template <class T>
 BNB_MS_TARGET_AVX2 void quantize_blocks_avx2(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,
                                              int64_t bs, int64_t n, int64_t b0, int64_t b1) {
-  const __m256 one = _mm256_set1_ps(1.0f), neg_one = _mm256_set1_ps(-1.0f), half = _mm256_set1_ps(0.5f);
-  const __m256 scale = _mm256_set1_ps((float)(kLut - 1));
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  const __m256i low_byte = _mm256_set1_epi32(0xff);
-  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  alignas(32) uint32_t idx[kGroup8];
   for (int64_t b = b0; b < b1; ++b) {
-    const int64_t s = b * bs, e = std::min(s + bs, n), len = e - s;
+    const int64_t s = b * bs, len = std::min(s + bs, n) - s, len32 = len / kGroup8 * kGroup8;
     const T *a = A + s;
+    __m256 m[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t i = 0;
-    __m256 vmax = _mm256_setzero_ps();
-    for (; i + 8 <= len; i += 8) vmax = _mm256_max_ps(_mm256_andnot_ps(sign, load8<T>(a + i)), vmax);  // NaN lanes keep vmax (as std::max)
+    for (; i < len32; i += kGroup8)
+      for (int k = 0; k < 4; ++k) m[k] = _mm256_max_ps(_mm256_andnot_ps(sign, load8<T>(a + i + 8 * k)), m[k]);
+    for (; i + 8 <= len; i += 8) m[0] = _mm256_max_ps(_mm256_andnot_ps(sign, load8<T>(a + i)), m[0]);
+    const __m256 vmax = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
@@ -114,18 +117,10 @@ BNB_MS_TARGET_AVX2 void quantize_blocks_avx2(const QuantLut *lut, const T *A, fl
     }
     const float inv = 1.0f / amax;
     const __m256 vinv = _mm256_set1_ps(inv);
-    i = 0;
-    for (; i + 8 <= len; i += 8) {
-      __m256 v = _mm256_mul_ps(load8<T>(a + i), vinv);
-      v = _mm256_min_ps(_mm256_max_ps(v, neg_one), one);  // NaN -> -1 (MAXPS returns its 2nd operand), never an out-of-range index
-      v = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_add_ps(v, one), half), scale, half);
-      __m256i idx = _mm256_cvttps_epi32(v);
-      __m256i g = _mm256_and_si256(_mm256_i32gather_epi32((const int *)lut->table, idx, 1), low_byte);
-      __m256i packed = _mm256_shuffle_epi8(g, pick);  // bytes 0..3 of each 128-bit lane
-      uint32_t lo = (uint32_t)_mm_cvtsi128_si32(_mm256_castsi256_si128(packed));
-      uint32_t hi = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(packed, 1));
-      std::memcpy(o + i, &lo, 4);
-      std::memcpy(o + i + 4, &hi, 4);
+    for (i = 0; i < len32; i += kGroup8) {
+      for (int k = 0; k < 4; ++k)
+        _mm256_store_si256((__m256i *)(idx + 8 * k), quant_grid_index8(_mm256_mul_ps(load8<T>(a + i + 8 * k), vinv)));
+      lut_codes<kGroup8>(lut->table, idx, o + i);
     }
     for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * inv)];
   }
@@ -134,12 +129,18 @@ BNB_MS_TARGET_AVX2 void quantize_blocks_avx2(const QuantLut *lut, const T *A, fl
 template <class T>
 BNB_MS_TARGET_AVX2 void dequantize_blocks_avx2(const float *code, const uint8_t *A, const float *absmax, T *out,
                                                int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+  alignas(32) T tab[kQuantCode];
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t s = b * bs, e = std::min(s + bs, n), len = e - s;
     const float scale = absmax[b];
     const __m256 vs = _mm256_set1_ps(scale);
     const uint8_t *q = A + s;
     T *o = out + s;
+    if (bs >= kTableMin) {
+      for (int k = 0; k < kQuantCode; k += 8) store8<T>(tab + k, _mm256_mul_ps(_mm256_loadu_ps(code + k), vs));
+      table_lookup(tab, q, o, len);
+      continue;
+    }
     int64_t i = 0;
     for (; i + 8 <= len; i += 8) {
       __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)));
@@ -149,23 +150,21 @@ BNB_MS_TARGET_AVX2 void dequantize_blocks_avx2(const float *code, const uint8_t 
   }
 }
 
-// ---- AVX-512 path ------------------------------------------------------------------------------
-
 template <class T>
 BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,
                                                  int64_t bs, int64_t n, int64_t b0, int64_t b1) {
-  const __m512 one = _mm512_set1_ps(1.0f), neg_one = _mm512_set1_ps(-1.0f), half = _mm512_set1_ps(0.5f);
-  const __m512 scale = _mm512_set1_ps((float)(kLut - 1));
-  const __m512i low_byte = _mm512_set1_epi32(0xff);
+  alignas(64) uint32_t idx[kGroup8];
   for (int64_t b = b0; b < b1; ++b) {
-    const int64_t s = b * bs, e = std::min(s + bs, n), len = e - s;
+    const int64_t s = b * bs, len = std::min(s + bs, n) - s, len32 = len / kGroup8 * kGroup8;
     const T *a = A + s;
+    __m512 m0 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
     int64_t i = 0;
-    __m512 vmax = _mm512_setzero_ps();
-    // operand order: MAXPS returns its second operand when one is NaN, so NaN is ignored as in
-    // std::max(amax, |x|) of the portable path
-    for (; i + 16 <= len; i += 16) vmax = _mm512_max_ps(_mm512_abs_ps(load16<T>(a + i)), vmax);
-    float amax = _mm512_reduce_max_ps(vmax);
+    for (; i < len32; i += kGroup8) {
+      m0 = _mm512_max_ps(_mm512_abs_ps(load16<T>(a + i)), m0);
+      m1 = _mm512_max_ps(_mm512_abs_ps(load16<T>(a + i + 16)), m1);
+    }
+    for (; i + 16 <= len; i += 16) m0 = _mm512_max_ps(_mm512_abs_ps(load16<T>(a + i)), m0);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
     for (; i < len; ++i) amax = std::max(amax, std::fabs(to_f32(a[i])));
     absmax[b] = amax;
     uint8_t *o = out + s;
@@ -175,16 +174,10 @@ BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A
     }
     const float inv = 1.0f / amax;
     const __m512 vinv = _mm512_set1_ps(inv);
-    i = 0;
-    for (; i + 16 <= len; i += 16) {
-      __m512 v = _mm512_mul_ps(load16<T>(a + i), vinv);
-      // NaN (also inf * 0) -> -1 as in the portable path; the other operand order would give NaN and
-      // an out-of-range gather index
-      v = _mm512_min_ps(_mm512_max_ps(v, neg_one), one);
-      v = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_add_ps(v, one), half), scale, half);
-      __m512i idx = _mm512_cvttps_epi32(v);
-      __m512i g = _mm512_i32gather_epi32(idx, (const void *)lut->table, 1);
-      _mm_storeu_si128((__m128i *)(o + i), _mm512_cvtepi32_epi8(_mm512_and_si512(g, low_byte)));
+    for (i = 0; i < len32; i += kGroup8) {
+      for (int k = 0; k < 2; ++k)
+        _mm512_store_si512((__m512i *)(idx + 16 * k), quant_grid_index16(_mm512_mul_ps(load16<T>(a + i + 16 * k), vinv)));
+      lut_codes<kGroup8>(lut->table, idx, o + i);
     }
     for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * inv)];
   }
@@ -193,12 +186,18 @@ BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A
 template <class T>
 BNB_MS_TARGET_AVX512 void dequantize_blocks_avx512(const float *code, const uint8_t *A, const float *absmax, T *out,
                                                    int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+  alignas(64) T tab[kQuantCode];
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t s = b * bs, e = std::min(s + bs, n), len = e - s;
     const float scale = absmax[b];
     const __m512 vs = _mm512_set1_ps(scale);
     const uint8_t *q = A + s;
     T *o = out + s;
+    if (bs >= kTableMin) {
+      for (int k = 0; k < kQuantCode; k += 16) store16<T>(tab + k, _mm512_mul_ps(_mm512_loadu_ps(code + k), vs));
+      table_lookup(tab, q, o, len);
+      continue;
+    }
     int64_t i = 0;
     for (; i + 16 <= len; i += 16) {
       __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i)));

@@ -3,10 +3,18 @@
 // idx = trunc(fma((clamp(v) + 1) * 0.5, 65535, 0.5)); table[idx] = first code index whose midpoint with
 // its successor is >= the bin value -1 + 2*idx/65535 (ties go to the lower index).  Shared by blockwise
 // quantization and the 8-bit optimizers' state requantization (same bytes in both).
+//
+// The SIMD paths compute the grid index in vectors (quant_grid_index8/16) and look the codes up with
+// scalar loads (lut_codes): on the AVX2 CPUs measured (AMD Zen 3) eight scalar byte loads take ~0.6x the
+// time of one 8-lane vpgatherdd, and a code table does not fit in registers.  Dequantization looks
+// code[q] * absmax up in a per-block table of the output type (table_lookup) for the same reason.
 #pragma once
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "cpu/cpu_features.h"
 
@@ -32,5 +40,41 @@ BNB_MS_INLINE uint32_t quant_grid_index(float v) {
 }
 
 BNB_MS_INLINE uint8_t quant_lookup(const QuantLut *lut, float v) { return lut->table[quant_grid_index(v)]; }
+
+// quant_grid_index of 8 / 16 lanes.  One multiply fewer, the same integers: (v + 1) * 0.5 is exact, so
+// fma((v + 1) * 0.5, 65535, 0.5) == fma(v + 1, 32767.5, 0.5), and clamping v + 1 to [0, 2] instead of v to
+// [-1, 1] gives the same v + 1 (NaN -> 0, i.e. v = -1 as the scalar clamp: MAXPS returns its 2nd operand).
+BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256i quant_grid_index8(__m256 v) {
+  __m256 w = _mm256_max_ps(_mm256_add_ps(v, _mm256_set1_ps(1.0f)), _mm256_setzero_ps());
+  w = _mm256_min_ps(w, _mm256_set1_ps(2.0f));
+  return _mm256_cvttps_epi32(_mm256_fmadd_ps(w, _mm256_set1_ps(0.5f * (kQuantLut - 1)), _mm256_set1_ps(0.5f)));
+}
+BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512i quant_grid_index16(__m512 v) {
+  __m512 w = _mm512_max_ps(_mm512_add_ps(v, _mm512_set1_ps(1.0f)), _mm512_setzero_ps());
+  w = _mm512_min_ps(w, _mm512_set1_ps(2.0f));
+  return _mm512_cvttps_epi32(_mm512_fmadd_ps(w, _mm512_set1_ps(0.5f * (kQuantLut - 1)), _mm512_set1_ps(0.5f)));
+}
+
+// out[k] = table[idx[k]] for k < N (N a multiple of 8), eight codes per 8-byte store.
+template <int N>
+BNB_MS_INLINE void lut_codes(const uint8_t *table, const uint32_t *idx, uint8_t *out) {
+  for (int k = 0; k < N; k += 8) {
+    uint64_t w = 0;
+    for (int j = 0; j < 8; ++j) w |= (uint64_t)table[idx[k + j]] << (8 * j);
+    std::memcpy(out + k, &w, 8);
+  }
+}
+
+// out[i] = tab[q[i]] for i < len: dequantization through a per-block table of 256 results.
+template <class T>
+BNB_MS_INLINE void table_lookup(const T *tab, const uint8_t *q, T *out, int64_t len) {
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, q + i, 8);
+    for (int j = 0; j < 8; ++j) out[i + j] = tab[(w >> (8 * j)) & 255];
+  }
+  for (; i < len; ++i) out[i] = tab[q[i]];
+}
 
 }  // namespace bnb_ms
