@@ -16,7 +16,8 @@
 // 8-bit state: one pass per 256-element block -- dequantize (code[q] * absmax), update the
 // parameter and the state in float32, then requantize the block with the same 65536-bin lookup
 // table as quantize_blockwise (blockwise.cpp / upstream's CPU kernel), so the state bytes equal
-// upstream's.
+// upstream's.  The SIMD paths dequantize through a per-block table of code * absmax and requantize
+// with vector grid indices and scalar table loads, as blockwise.cpp does (cpu/quant_lut.h).
 //
 // Non-finite gradients. 8-bit state: an element whose gradient is inf or NaN is skipped (p kept,
 // its states reset to 0, so they do not enter the block's absmax), as upstream's CUDA blockwise
@@ -47,7 +48,6 @@ namespace bnb_ms {
 namespace {
 
 constexpr int64_t kBlock = checks::kOptBlock;
-constexpr int kLutN = kQuantLut;
 
 // ---- quantization table: shared with blockwise.cpp (cpu/quant_lut.h) ------------------------
 using OptLut = QuantLut;
@@ -300,23 +300,7 @@ template <> SIMD_TARGET BNB_MS_INLINE void store<bf16_t>(bf16_t *p, F v) {
   r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40)), nan);
   _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
 }
-SIMD_TARGET BNB_MS_INLINE F gather_code(const float *code, const uint8_t *q) {
-  return _mm256_i32gather_ps(code, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q)), 4);
-}
-SIMD_TARGET BNB_MS_INLINE void quant_store(const uint8_t *table, F v, uint8_t *out) {
-  const F one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
-  v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-1.0f)), one);  // NaN -> -1, as the scalar clamp
-  v = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_add_ps(v, one), half), _mm256_set1_ps((float)(kLutN - 1)), half);
-  const __m256i idx = _mm256_cvttps_epi32(v);
-  const __m256i g = _mm256_and_si256(_mm256_i32gather_epi32((const int *)table, idx, 1), _mm256_set1_epi32(0xff));
-  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i packed = _mm256_shuffle_epi8(g, pick);
-  const uint32_t lo = (uint32_t)_mm_cvtsi128_si32(_mm256_castsi256_si128(packed));
-  const uint32_t hi = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(packed, 1));
-  std::memcpy(out, &lo, 4);
-  std::memcpy(out + 4, &hi, 4);
-}
+SIMD_TARGET BNB_MS_INLINE void grid_index(F v, uint32_t *idx) { _mm256_store_si256((__m256i *)idx, quant_grid_index8(v)); }
 SIMD_TARGET BNB_MS_INLINE float hmax(F v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -372,17 +356,7 @@ template <> SIMD_TARGET BNB_MS_INLINE void store<bf16_t>(bf16_t *p, F v) {
   r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40)));
   _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
 }
-SIMD_TARGET BNB_MS_INLINE F gather_code(const float *code, const uint8_t *q) {
-  return _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q)), code, 4);
-}
-SIMD_TARGET BNB_MS_INLINE void quant_store(const uint8_t *table, F v, uint8_t *out) {
-  const F one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
-  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-1.0f)), one);
-  v = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_add_ps(v, one), half), _mm512_set1_ps((float)(kLutN - 1)), half);
-  const __m512i idx = _mm512_cvttps_epi32(v);
-  const __m512i g = _mm512_and_si512(_mm512_i32gather_epi32(idx, (const int *)table, 1), _mm512_set1_epi32(0xff));
-  _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(g));
-}
+SIMD_TARGET BNB_MS_INLINE void grid_index(F v, uint32_t *idx) { _mm512_store_si512((__m512i *)idx, quant_grid_index16(v)); }
 SIMD_TARGET BNB_MS_INLINE float hmax(F v) { return _mm512_reduce_max_ps(v); }
 #include "cpu/optim_simd.inc"
 #undef SIMD_TARGET
