@@ -82,11 +82,12 @@ BNB_MS_INLINE void dequantize_blocks_generic(const float *code, const uint8_t *A
 }
 
 // ---- SIMD paths -------------------------------------------------------------------------------
-// Quantize: absmax over the block in 4 vector accumulators (the max of the non-NaN |x| in any order:
-// MAXPS returns its 2nd operand, the accumulator, for a NaN lane, as std::max(amax, |x|) keeps amax), then
-// grid indices in vectors (quant_grid_index8/16), 32 at a time, and the codes by scalar loads (lut_codes).
-// Dequantize: blocks of kTableMin+ elements through a per-block table of the 256 results
-// from_f32<T>(code[c] * absmax) (table_lookup), smaller blocks gather code[q] and multiply.
+// Quantize: absmax over the block in vector accumulators (the max of the non-NaN |x| in any order: MAXPS
+// returns its 2nd operand, the accumulator, for a NaN lane, as std::max(amax, |x|) keeps amax), then grid
+// indices in vectors (quant_grid_index8/16) and the codes by scalar loads, 32 at a time (AVX2, lut_codes)
+// or by a gather (AVX-512, lut_gather16): see cpu/quant_lut.h for why each.
+// Dequantize (AVX2): blocks of kTableMin+ elements through a per-block table of the 256 results
+// from_f32<T>(code[c] * absmax) (table_lookup), smaller blocks gather code[q] and multiply; AVX-512 gathers.
 constexpr int kGroup8 = 32;
 constexpr int64_t kTableMin = 256;
 
@@ -153,13 +154,12 @@ BNB_MS_TARGET_AVX2 void dequantize_blocks_avx2(const float *code, const uint8_t 
 template <class T>
 BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,
                                                  int64_t bs, int64_t n, int64_t b0, int64_t b1) {
-  alignas(64) uint32_t idx[kGroup8];
   for (int64_t b = b0; b < b1; ++b) {
-    const int64_t s = b * bs, len = std::min(s + bs, n) - s, len32 = len / kGroup8 * kGroup8;
+    const int64_t s = b * bs, len = std::min(s + bs, n) - s;
     const T *a = A + s;
     __m512 m0 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
     int64_t i = 0;
-    for (; i < len32; i += kGroup8) {
+    for (; i + 32 <= len; i += 32) {
       m0 = _mm512_max_ps(_mm512_abs_ps(load16<T>(a + i)), m0);
       m1 = _mm512_max_ps(_mm512_abs_ps(load16<T>(a + i + 16)), m1);
     }
@@ -174,11 +174,8 @@ BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A
     }
     const float inv = 1.0f / amax;
     const __m512 vinv = _mm512_set1_ps(inv);
-    for (i = 0; i < len32; i += kGroup8) {
-      for (int k = 0; k < 2; ++k)
-        _mm512_store_si512((__m512i *)(idx + 16 * k), quant_grid_index16(_mm512_mul_ps(load16<T>(a + i + 16 * k), vinv)));
-      lut_codes<kGroup8>(lut->table, idx, o + i);
-    }
+    for (i = 0; i + 16 <= len; i += 16)
+      _mm_storeu_si128((__m128i *)(o + i), lut_gather16(lut, quant_grid_index16(_mm512_mul_ps(load16<T>(a + i), vinv))));
     for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * inv)];
   }
 }
@@ -186,18 +183,12 @@ BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A
 template <class T>
 BNB_MS_TARGET_AVX512 void dequantize_blocks_avx512(const float *code, const uint8_t *A, const float *absmax, T *out,
                                                    int64_t bs, int64_t n, int64_t b0, int64_t b1) {
-  alignas(64) T tab[kQuantCode];
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t s = b * bs, e = std::min(s + bs, n), len = e - s;
     const float scale = absmax[b];
     const __m512 vs = _mm512_set1_ps(scale);
     const uint8_t *q = A + s;
     T *o = out + s;
-    if (bs >= kTableMin) {
-      for (int k = 0; k < kQuantCode; k += 16) store16<T>(tab + k, _mm512_mul_ps(_mm512_loadu_ps(code + k), vs));
-      table_lookup(tab, q, o, len);
-      continue;
-    }
     int64_t i = 0;
     for (; i + 16 <= len; i += 16) {
       __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i)));

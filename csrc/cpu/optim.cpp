@@ -16,8 +16,8 @@
 // 8-bit state: one pass per 256-element block -- dequantize (code[q] * absmax), update the
 // parameter and the state in float32, then requantize the block with the same 65536-bin lookup
 // table as quantize_blockwise (blockwise.cpp / upstream's CPU kernel), so the state bytes equal
-// upstream's.  The SIMD paths dequantize through a per-block table of code * absmax and requantize
-// with vector grid indices and scalar table loads, as blockwise.cpp does (cpu/quant_lut.h).
+// upstream's.  The SIMD paths compute the grid indices in vectors and look codes up as blockwise.cpp does
+// (AVX2: scalar loads, dequantization through a per-block table of code * absmax; AVX-512: gathers).
 //
 // Non-finite gradients. 8-bit state: an element whose gradient is inf or NaN is skipped (p kept,
 // its states reset to 0, so they do not enter the block's absmax), as upstream's CUDA blockwise
@@ -300,7 +300,18 @@ template <> SIMD_TARGET BNB_MS_INLINE void store<bf16_t>(bf16_t *p, F v) {
   r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40)), nan);
   _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
 }
-SIMD_TARGET BNB_MS_INLINE void grid_index(F v, uint32_t *idx) { _mm256_store_si256((__m256i *)idx, quant_grid_index8(v)); }
+// The state lookups (cpu/quant_lut.h says why AVX2 uses scalar loads): out[i] = code[q[i]] * absmax for i < len
+// through a table of the 256 products, and the 32 codes of v[0..32) * inv.
+SIMD_TARGET BNB_MS_INLINE void dequant_state(const float *code, float absmax, const uint8_t *q, int64_t len, float *out) {
+  alignas(32) float tab[kQuantCode];
+  for (int c = 0; c < kQuantCode; c += W) store<float>(tab + c, vmul(load<float>(code + c), set1(absmax)));
+  table_lookup(tab, q, out, len);
+}
+SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F inv, uint8_t *q) {
+  alignas(32) uint32_t idx[32];
+  for (int j = 0; j < 32; j += W) _mm256_store_si256((__m256i *)(idx + j), quant_grid_index8(vmul(load<float>(v + j), inv)));
+  lut_codes<32>(lut->table, idx, q);
+}
 SIMD_TARGET BNB_MS_INLINE float hmax(F v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -356,7 +367,18 @@ template <> SIMD_TARGET BNB_MS_INLINE void store<bf16_t>(bf16_t *p, F v) {
   r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40)));
   _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
 }
-SIMD_TARGET BNB_MS_INLINE void grid_index(F v, uint32_t *idx) { _mm512_store_si512((__m512i *)idx, quant_grid_index16(v)); }
+// The state lookups by gathers (cpu/quant_lut.h says why AVX-512 gathers).
+SIMD_TARGET BNB_MS_INLINE void dequant_state(const float *code, float absmax, const uint8_t *q, int64_t len, float *out) {
+  int64_t i = 0;
+  for (; i + W <= len; i += W)
+    store<float>(out + i, vmul(_mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i))), code, 4),
+                               set1(absmax)));
+  for (; i < len; ++i) out[i] = code[q[i]] * absmax;
+}
+SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F inv, uint8_t *q) {
+  for (int j = 0; j < 32; j += W)
+    _mm_storeu_si128((__m128i *)(q + j), lut_gather16(lut, quant_grid_index16(vmul(load<float>(v + j), inv))));
+}
 SIMD_TARGET BNB_MS_INLINE float hmax(F v) { return _mm512_reduce_max_ps(v); }
 #include "cpu/optim_simd.inc"
 #undef SIMD_TARGET
