@@ -300,13 +300,22 @@ template <> SIMD_TARGET BNB_MS_INLINE void store<bf16_t>(bf16_t *p, F v) {
   r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40)), nan);
   _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
 }
-// The state lookups (cpu/quant_lut.h says why AVX2 uses scalar loads): out[i] = code[q[i]] * absmax for i < len
-// through a table of the 256 products, and the 32 codes of v[0..32) * inv.
-SIMD_TARGET BNB_MS_INLINE void dequant_state(const float *code, float absmax, const uint8_t *q, int64_t len, float *out) {
-  alignas(32) float tab[kQuantCode];
-  for (int c = 0; c < kQuantCode; c += W) store<float>(tab + c, vmul(load<float>(code + c), set1(absmax)));
-  table_lookup(tab, q, out, len);
-}
+// The state lookups (cpu/quant_lut.h says why AVX2 uses scalar loads).  StateSrc: one block's dequantized
+// state, code[q[i]] * absmax, here written into the block buffer through a table of the 256 products
+// (prepare), then read by lane groups (at) or elements (at1); requant32: the 32 codes of v[0..32) * inv.
+// kAhead: software prefetch distance in blocks (the scalar lookups leave the hardware prefetchers idle for
+// long stretches; Adam8bit on Zen 3: 3-5% less thread time).
+constexpr int64_t kAhead = 4;
+struct StateSrc {
+  float *buf;
+  SIMD_TARGET BNB_MS_INLINE void prepare(const float *code, float absmax, const uint8_t *q, int64_t len) {
+    alignas(32) float tab[kQuantCode];
+    for (int c = 0; c < kQuantCode; c += W) store<float>(tab + c, vmul(load<float>(code + c), set1(absmax)));
+    table_lookup(tab, q, buf, len);
+  }
+  SIMD_TARGET BNB_MS_INLINE F at(int64_t i) const { return load<float>(buf + i); }
+  BNB_MS_INLINE float at1(int64_t i) const { return buf[i]; }
+};
 SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F inv, uint8_t *q) {
   alignas(32) uint32_t idx[32];
   for (int j = 0; j < 32; j += W) _mm256_store_si256((__m256i *)(idx + j), quant_grid_index8(vmul(load<float>(v + j), inv)));
@@ -367,14 +376,21 @@ template <> SIMD_TARGET BNB_MS_INLINE void store<bf16_t>(bf16_t *p, F v) {
   r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40)));
   _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
 }
-// The state lookups by gathers (cpu/quant_lut.h says why AVX-512 gathers).
-SIMD_TARGET BNB_MS_INLINE void dequant_state(const float *code, float absmax, const uint8_t *q, int64_t len, float *out) {
-  int64_t i = 0;
-  for (; i + W <= len; i += W)
-    store<float>(out + i, vmul(_mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i))), code, 4),
-                               set1(absmax)));
-  for (; i < len; ++i) out[i] = code[q[i]] * absmax;
-}
+// The state lookups by gathers (cpu/quant_lut.h says why AVX-512 gathers), in the update loop itself (no
+// block buffer, no prefetch: measured faster on the Sapphire Rapids host).
+constexpr int64_t kAhead = 0;
+struct StateSrc {
+  float *buf;
+  const float *code = nullptr;
+  const uint8_t *q = nullptr;
+  float absmax = 0.0f;
+  BNB_MS_INLINE void prepare(const float *c, float a, const uint8_t *qq, int64_t) { code = c; absmax = a; q = qq; }
+  SIMD_TARGET BNB_MS_INLINE F at(int64_t i) const {
+    return vmul(_mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i))), code, 4),
+                set1(absmax));
+  }
+  BNB_MS_INLINE float at1(int64_t i) const { return code[q[i]] * absmax; }
+};
 SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F inv, uint8_t *q) {
   for (int j = 0; j < 32; j += W)
     _mm_storeu_si128((__m128i *)(q + j), lut_gather16(lut, quant_grid_index16(vmul(load<float>(v + j), inv))));
