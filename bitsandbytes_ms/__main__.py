@@ -73,6 +73,10 @@ def diagnostics() -> int:
     print("  related packages  " + ", ".join(f"{d} {_version(d)}" for d in RELATED_PACKAGES))
     print(f"  device target     {ms.get_context('device_target')}")
     print(f"  backend           {cextension.BNB_BACKEND}")
+    if cextension.LIBRARY_ERROR is not None:
+        print(f"  native library    NOT LOADED: {cextension.LIBRARY_ERROR}")
+        print("FAILED: the native library did not load; nothing can be quantized until it is built")
+        return 1
     print(f"  native library    {cextension.LIBRARY_PATH}")
     feats = cextension.cpu_features()
     print(f"  CPU features      {' '.join(feats) if feats else '(none beyond baseline x86-64)'}")
@@ -480,6 +484,11 @@ def main(argv=None) -> int:
     ms.runtime.launch_blocking()
     if args.cmd in (None, "diagnostics"):
         return diagnostics()
+    from bitsandbytes_ms import cextension
+
+    if cextension.LIBRARY_ERROR is not None:
+        print(f"bnb-ms {args.cmd}: error: {cextension.LIBRARY_ERROR}", file=sys.stderr)
+        return 1
     if args.cmd == "demo":
         return demo()
     if args.cmd == "quantize":

@@ -47,7 +47,8 @@ from . import _ms_threads, _ops, cextension
 _ARGTYPES = [ct.c_int, ct.POINTER(ct.c_void_p), ct.POINTER(ct.c_int), ct.POINTER(ct.POINTER(ct.c_int64)),
              ct.POINTER(ct.c_char_p), ct.c_void_p, ct.c_void_p]
 _NONE = b"none"
-_enabled = os.environ.get("BNB_MS_HOSTCALL", "1") != "0" and cextension.BNB_BACKEND == "CPU"
+_enabled = (os.environ.get("BNB_MS_HOSTCALL", "1") != "0" and cextension.BNB_BACKEND == "CPU"
+            and cextension.LIBRARY_ERROR is None)
 # ms.get_context("mode") costs ~16 us a call; the context object's own getter ~1.5 us
 _ctx, _MODE = _ms_context._context, _ms_context.ms_ctx_param.mode
 _MAX_RANK = 8
@@ -58,7 +59,7 @@ def set_enabled(flag: bool) -> bool:
     """Switches host calls on or off (off: every op runs through ops.Custom). Returns the old value."""
     global _enabled
     old = _enabled
-    _enabled = bool(flag) and cextension.BNB_BACKEND == "CPU"
+    _enabled = bool(flag) and cextension.BNB_BACKEND == "CPU" and cextension.LIBRARY_ERROR is None
     return old
 
 

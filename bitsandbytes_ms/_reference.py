@@ -63,25 +63,41 @@ def quantize_lut(code: np.ndarray) -> np.ndarray:
 
 
 def grid_index(v: np.ndarray) -> np.ndarray:
-    """idx = trunc(fma((clamp(v) + 1) * 0.5, 65535, 0.5)) in float32 arithmetic."""
+    """idx = trunc(fma((clamp(v) + 1) * 0.5, 65535, 0.5)) in float32 arithmetic; NaN clamps to -1 (the
+    kernels' max(v, -1) returns -1 for NaN, as upstream's std::max does)."""
     v = np.clip(v.astype(np.float32), np.float32(-1.0), np.float32(1.0))
+    v[np.isnan(v)] = np.float32(-1.0)
     t = ((v + np.float32(1.0)) * np.float32(0.5)).astype(np.float32)
     fused = (t.astype(np.float64) * (LUT_SIZE - 1) + 0.5).astype(np.float32)  # exact, then one rounding
     return fused.astype(np.int64)
 
 
+def block_scale(absmax: np.ndarray):
+    """(pre, inv) per block: values are scaled as ``(x * pre) * inv``. pre = 1, inv = 1/absmax (upstream's);
+    where 1/absmax overflows (absmax < 2^-128) the block is first scaled by 2^64 (exact), so it quantizes as
+    at a normal magnitude (upstream's x * inf maps 0 to NaN, i.e. code 0). absmax 0 gives inv 1."""
+    absmax = np.asarray(absmax, dtype=np.float32)
+    with np.errstate(over="ignore", divide="ignore"):
+        inv = (np.float32(1.0) / np.where(absmax == 0, np.float32(1.0), absmax)).astype(np.float32)
+    tiny = np.isinf(inv)
+    pre = np.where(tiny, np.float32(2.0**64), np.float32(1.0)).astype(np.float32)
+    inv[tiny] = (np.float32(1.0) / (absmax[tiny] * np.float32(2.0**64))).astype(np.float32)
+    return pre, inv
+
+
 def quantize_blockwise(A: np.ndarray, code: np.ndarray, blocksize: int):
-    """Returns (uint8 codes shaped like A, float32 absmax[ceil(n/blocksize)])."""
+    """Returns (uint8 codes shaped like A, float32 absmax[ceil(n/blocksize)]). absmax ignores NaN (as the
+    kernels' and upstream's max(absmax, |x|)); NaN takes code 0 as in the kernels."""
     flat = np.asarray(A, dtype=np.float32).reshape(-1)
     n = flat.size
     nblocks = -(-n // blocksize)
     pad = np.zeros(nblocks * blocksize, dtype=np.float32)
     pad[:n] = flat
     blocks = pad.reshape(nblocks, blocksize)
-    absmax = np.abs(blocks).max(axis=1).astype(np.float32) if n else np.zeros(0, np.float32)
-    safe = np.where(absmax == 0, np.float32(1.0), absmax)
-    inv = (np.float32(1.0) / safe).astype(np.float32)
-    scaled = (blocks * inv[:, None]).astype(np.float32)
+    absmax = np.nanmax(np.abs(blocks), axis=1, initial=0.0).astype(np.float32) if n else np.zeros(0, np.float32)
+    pre, inv = block_scale(absmax)
+    with np.errstate(invalid="ignore", over="ignore"):
+        scaled = ((blocks * pre[:, None]).astype(np.float32) * inv[:, None]).astype(np.float32)
     q = quantize_lut(code)[grid_index(scaled)]
     q[absmax == 0] = 0
     return q.reshape(-1)[:n].reshape(np.shape(A)), absmax
@@ -512,15 +528,17 @@ from typing import Tuple  # noqa: E402
 def quantize_weight_only(W: np.ndarray, bits: int) -> Tuple[np.ndarray, np.ndarray]:
     """Per-row symmetric absmax: scale = max|W[n]| / qmax (qmax 127 or 7, fp32), q = round-half-even(W / scale)
     clamped (0 where scale == 0). int8 -> int8 [N, K]; int4 -> uint8 [N, (K+1)//2], two's-complement nibbles,
-    k even in the high nibble, odd K padded with 0."""
+    k even in the high nibble, odd K padded with 0. Non-finite rows as torch: NaN propagates into the scale
+    (the quiet NaN 0x7fc00000), and every code whose quotient is NaN (inf / inf, a NaN scale) is 0."""
     W = np.asarray(W, dtype=np.float32)
     N, K = W.shape
     qmax = np.float32(127.0 if bits == 8 else 7.0)
     scale = (np.abs(W).max(axis=1) if K else np.zeros(N)).astype(np.float32) / qmax
     scale = scale.astype(np.float32)
+    scale[np.isnan(scale)] = np.float32("nan")
     with np.errstate(all="ignore"):
         q = np.where(scale[:, None] > 0, np.rint(W / scale[:, None]), 0.0)
-    q = np.clip(q, -qmax, qmax).astype(np.int8)
+    q = np.clip(np.nan_to_num(q, nan=0.0), -qmax, qmax).astype(np.int8)
     if bits == 8:
         return q, scale
     if K % 2:

@@ -14,6 +14,10 @@ Two calling styles are accepted:
   order (``NativeOp.bnb_args``); results are copied into the tensors behind the ``get_ptr`` handles
   of the output arguments, and the call returns 0.
 
+Without the library (missing, unloadable, or older than the package) the module still imports with one
+``RuntimeWarning``: ``LIBRARY_ERROR`` says why, ``lib`` is an :class:`ErrorHandlerMockBNBNativeLibrary` whose
+entry points raise :class:`NativeLibraryError`, and ``python -m bitsandbytes_ms`` reports it (exit code 1).
+
 Errors: a native entry point returns a nonzero status for a malformed call and MindSpore raises
 ``RuntimeError``; :mod:`bitsandbytes_ms.functional` validates arguments before that can happen.
 Kernels that can fail on valid input (declared ``has_error=True``) write an int32 status as their
@@ -40,8 +44,9 @@ CUDA_LIBRARY_NAME = "libbitsandbytes_ms_cuda.so"
 BUILD_COMMAND = "bash tools/setup.sh   (or: pip install --no-build-isolation -e .)"
 
 
-class NativeLibraryError(ImportError):
-    """The native library is missing or cannot be loaded."""
+class NativeLibraryError(ImportError, RuntimeError):
+    """The native library is missing or cannot be loaded (an ImportError; also a RuntimeError, what upstream
+    raises when a native function is called without its library)."""
 
 
 def _device_target() -> str:
@@ -87,7 +92,20 @@ def _load() -> Tuple[Path, str, ct.CDLL]:
     return path, backend, dll
 
 
-LIBRARY_PATH, BNB_BACKEND, _dll = _load()
+try:
+    LIBRARY_PATH, BNB_BACKEND, _dll = _load()
+    #: Why the native library did not load (None when it did).
+    LIBRARY_ERROR: Optional[str] = None
+except NativeLibraryError as _e:
+    # As upstream on CPU: the package still imports (one warning); every native entry point then raises
+    # NativeLibraryError with the reason, and `python -m bitsandbytes_ms` reports it.
+    LIBRARY_PATH, BNB_BACKEND = _library_path()
+    _dll = None
+    LIBRARY_ERROR = str(_e)
+    import warnings as _warnings
+
+    _warnings.warn(f"{LIBRARY_ERROR} Quantization functions raise NativeLibraryError until it is built.",
+                   RuntimeWarning, stacklevel=2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,7 +118,7 @@ _SIMD_LEVELS = ("scalar", "avx2", "avx512")
 
 def cpu_features() -> Tuple[str, ...]:
     """CPU features the native library detected at run time (CPUID + OS support)."""
-    if not hasattr(_dll, "bnb_ms_cpu_features"):
+    if _dll is None or not hasattr(_dll, "bnb_ms_cpu_features"):
         return ()
     _dll.bnb_ms_cpu_features.restype = ct.c_uint32
     bits = _dll.bnb_ms_cpu_features()
@@ -109,7 +127,7 @@ def cpu_features() -> Tuple[str, ...]:
 
 def simd_level() -> str:
     """The SIMD kernel variant the CPU library dispatches to (``BNB_MS_SIMD`` can lower it)."""
-    if not hasattr(_dll, "bnb_ms_simd_level"):
+    if _dll is None or not hasattr(_dll, "bnb_ms_simd_level"):
         return "n/a"
     return _SIMD_LEVELS[_dll.bnb_ms_simd_level()]
 
@@ -118,6 +136,8 @@ def int8_gemm_path(rows: Optional[int] = None) -> str:
     """The int8 GEMM kernel path of the CPU library (``int8_linear_matmul``): scalar, avx2, avx512, avxvnni,
     avx512vnni or amx. ``BNB_MS_INT8_GEMM=<path>`` forces one the CPU has (for every M); otherwise the
     best within the SIMD level is used, AMX only from 8 rows of A on (``rows`` asks for a given M)."""
+    if _dll is None:
+        return "n/a"
     if rows is not None and hasattr(_dll, "bnb_ms_int8_gemm_path_for_rows"):
         f = _dll.bnb_ms_int8_gemm_path_for_rows
         f.restype, f.argtypes = ct.c_char_p, [ct.c_int64]
@@ -133,7 +153,7 @@ def get_num_threads() -> int:
     (``sched_getaffinity``, capped by a cgroup CPU quota), or ``BNB_MS_NUM_THREADS``, or what
     :func:`set_num_threads` set. The library's own pool (no OpenMP): its workers sleep between calls, so
     they do not compete with MindSpore's CPU thread pool."""
-    if not hasattr(_dll, "bnb_ms_get_num_threads"):
+    if _dll is None or not hasattr(_dll, "bnb_ms_get_num_threads"):
         return 1
     return int(_dll.bnb_ms_get_num_threads())
 
@@ -141,7 +161,7 @@ def get_num_threads() -> int:
 def set_num_threads(n: int) -> int:
     """Sets the threads the CPU kernels use (``n <= 0``: back to the default); returns the count in
     effect. Results do not depend on it (every kernel gives the same bytes for any thread count)."""
-    if not hasattr(_dll, "bnb_ms_set_num_threads"):
+    if _dll is None or not hasattr(_dll, "bnb_ms_set_num_threads"):
         return 1
     _dll.bnb_ms_set_num_threads.argtypes = [ct.c_int]
     return int(_dll.bnb_ms_set_num_threads(int(n)))
@@ -296,7 +316,33 @@ class NativeLibrary:
         return sorted(_ops.OPS)
 
 
-lib = NativeLibrary(LIBRARY_PATH, BNB_BACKEND)
+class ErrorHandlerMockBNBNativeLibrary:
+    """``lib`` when the native library did not load (upstream's name for the same stand-in): attribute access
+    works, and calling an entry point raises :class:`NativeLibraryError` naming it, the library and why."""
+
+    def __init__(self, error_msg: str):
+        self.error_msg = error_msg
+        self.path = LIBRARY_PATH
+        self.backend = BNB_BACKEND
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name not in _ops.OPS:
+            raise AttributeError(f"bitsandbytes_ms native library has no entry point {name!r}")
+        msg = self.error_msg
+
+        def missing(*args, **kwargs):
+            raise NativeLibraryError(f"lib.{name} needs the native library, which did not load: {msg}")
+
+        missing.__name__ = name
+        return missing
+
+    def __dir__(self):
+        return sorted(_ops.OPS)
+
+
+lib = NativeLibrary(LIBRARY_PATH, BNB_BACKEND) if _dll is not None else ErrorHandlerMockBNBNativeLibrary(LIBRARY_ERROR)
 
 
 def check_status(status: Tensor, what: str) -> None:

@@ -302,6 +302,8 @@ class QuantState:
     valid_qs_type_keys = [f"bitsandbytes__{x}" for x in valid_quant_types]
     valid_qs_keys = ["absmax", "quant_map", "nested_absmax", "nested_quant_map", "quant_state", "quant_type",
                      "blocksize", "dtype", "shape", "nested_blocksize", "nested_dtype", "nested_offset"]
+    _FROM_DICT_KEYS = ("quant_type", "absmax", "quant_map", "blocksize", "dtype", "shape")
+    _FROM_DICT_NESTED_KEYS = ("nested_absmax", "nested_quant_map", "nested_blocksize", "nested_dtype", "nested_offset")
 
     def __init__(self, absmax, shape=None, code=None, blocksize=None, quant_type=None, dtype=None, offset=None,
                  state2=None):
@@ -334,8 +336,12 @@ class QuantState:
         (e.g. ``weight.absmax``). ``device`` is accepted for upstream compatibility.
 
         Raises:
-            ValueError: no or several ``quant_state.bitsandbytes__*`` entries, or unknown keys.
+            ValueError: no or several ``quant_state.bitsandbytes__*`` entries, unknown or missing keys (named,
+                with the keys a state needs), a packed entry that is not a packed dict, or a bad ``dtype`` name.
         """
+        fn = "QuantState.from_dict"
+        if not isinstance(qs_dict, dict):
+            raise TypeError(f"{fn}: `qs_dict` must be a dict, got {type(qs_dict).__name__}")
         qs_dict = dict(qs_dict)
         qs_keys = [k for k, v in qs_dict.items() if "quant_state" in k and isinstance(v, (Tensor, np.ndarray))]
         if "quant_type" not in qs_dict:
@@ -345,23 +351,45 @@ class QuantState:
                 raise ValueError(f"There should be exactly one `quant_state` item with ending from "
                                  f"{cls.valid_qs_type_keys}. Detected {qs_keys}.")
         if len(qs_keys) == 1:
-            qs_dict.update(unpack_tensor_to_dict(qs_dict.pop(qs_keys[0])))
+            try:
+                packed = unpack_tensor_to_dict(qs_dict.pop(qs_keys[0]))
+            except (ValueError, UnicodeDecodeError) as e:
+                raise ValueError(f"{fn}: `{qs_keys[0]}` must hold the JSON-packed dict of as_dict(packed=True) "
+                                 f"({e})") from None
+            if not isinstance(packed, dict):
+                raise ValueError(f"{fn}: `{qs_keys[0]}` must hold a packed dict; got {type(packed).__name__}")
+            qs_dict.update(packed)
         qs_dict = {k.split(".")[-1]: v for k, v in qs_dict.items()}
         unknown = set(qs_dict) - set(cls.valid_qs_keys)
         if unknown:
             raise ValueError(f"QuantState.from_dict: unexpected keys {sorted(unknown)}")
+        nested = any(k.startswith("nested_") for k in qs_dict)
+        needed = cls._FROM_DICT_KEYS + (cls._FROM_DICT_NESTED_KEYS if nested else ())
+        missing = [k for k in needed if k not in qs_dict]
+        if missing:
+            raise ValueError(f"{fn}: missing keys {missing}; a quant state needs {list(cls._FROM_DICT_KEYS)}"
+                             f"{' and, nested, ' + str(list(cls._FROM_DICT_NESTED_KEYS)) if nested else ''}")
 
         def tensor(v):
             return v if isinstance(v, Tensor) else Tensor(np.asarray(v))
 
-        if "nested_absmax" in qs_dict:
+        def dtype(key):
+            try:
+                return dtype_from_name(str(qs_dict[key]))
+            except ValueError:
+                raise ValueError(f"{fn}: `{key}` must name a dtype (e.g. 'float32'); got {qs_dict[key]!r}") from None
+
+        for key in ("blocksize", "nested_blocksize") if nested else ("blocksize",):
+            if isinstance(qs_dict[key], bool) or not isinstance(qs_dict[key], (int, np.integer)):
+                raise ValueError(f"{fn}: `{key}` must be an int; got {qs_dict[key]!r}")
+        if nested:
             offset = Tensor(np.float32(qs_dict["nested_offset"]))
             state2 = cls(absmax=tensor(qs_dict["nested_absmax"]), blocksize=qs_dict["nested_blocksize"],
-                         code=tensor(qs_dict["nested_quant_map"]), dtype=dtype_from_name(qs_dict["nested_dtype"]))
+                         code=tensor(qs_dict["nested_quant_map"]), dtype=dtype("nested_dtype"))
         else:
             offset, state2 = None, None
         return cls(quant_type=qs_dict["quant_type"], absmax=tensor(qs_dict["absmax"]), blocksize=qs_dict["blocksize"],
-                   code=tensor(qs_dict["quant_map"]), dtype=dtype_from_name(qs_dict["dtype"]),
+                   code=tensor(qs_dict["quant_map"]), dtype=dtype("dtype"),
                    shape=tuple(qs_dict["shape"]) if qs_dict["shape"] is not None else None,
                    offset=offset, state2=state2)
 
@@ -684,6 +712,7 @@ def optimizer_update_32bit(optimizer_name: str, g: Tensor, p: Tensor, state1: Te
         state2 = None
     if unorm_vec is not None:
         _check_dtype(unorm_vec, (ms.float32,), fn, "unorm_vec")
+        _check_numel(unorm_vec, 1, fn, "unorm_vec")  # upstream's float32[1]: receives ||update||
     if int(step) < 1:
         raise ValueError(f"{_fn_name(fn, 'step')} must be >= 1; got {step}")
     if n == 0:
@@ -1013,6 +1042,8 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
     _check_out(out, out_shape, A.dtype, fn)
     code = state.code
     _check_dtype(code, (ms.float32,), fn, "state.code")
+    if _numel(code) != 16:
+        raise ValueError(f"{fn}: `state.code` must have 16 entries (a 4-bit code); got {_numel(code)}")
     raw = _as_uint8(_contiguous(B))
     if _numel(raw) < (N * K + 1) // 2:
         raise ValueError(f"{fn}: `B` holds {_numel(raw)} bytes; a [{N}, {K}] weight needs {(N * K + 1) // 2}")
@@ -1021,6 +1052,7 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
         # dequantizing it first, without the separate MindSpore ops)
         return _write(out, linear_4bit(A, B, state))
     amax = _contiguous(_absmax_4bit(state))
+    _check_dtype(amax, (ms.float32,), fn, "state.absmax")
     if _numel(amax) < -(-N * K // bs):
         raise ValueError(f"{fn}: state.absmax must have {-(-N * K // bs)} entries; got {_numel(amax)}")
     if _numel(A) == 0 or N == 0:
@@ -1536,9 +1568,28 @@ def int8_linear_matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, dtype
     _check_out(out, shape, ms.int32, fn, "out")
     if math.prod(shape) == 0:
         return _write(out, _empty_np(shape, ms.int32))
-    if A.shape[-1] == 0:
+    K = int(A.shape[-1])
+    if K == 0:
         return _write(out, _empty_np(shape, ms.int32))
+    if K > checks_int8_max_K:
+        return _write(out, _int8_matmul_long_k(A, B, shape))
     return _write(out, lib.cigemmlt_32(_contiguous(A), _contiguous(B)))
+
+
+def _int8_matmul_long_k(A: Tensor, B: Tensor, shape) -> Tensor:
+    """``A @ B.T`` for K beyond the kernel's exact int32 range (upstream accepts any K): the kernel on slices
+    of at most :data:`checks_int8_max_K` columns, each exact, summed with int32 wrap-around -- the sum modulo
+    2^32 whatever the order, which is what upstream's int32-accumulating ``torch._int_mm`` returns."""
+    a, b = _to_numpy(A), _to_numpy(B)
+    K = a.shape[-1]
+    total = None
+    for k in range(0, K, checks_int8_max_K):
+        part = lib.cigemmlt_32(Tensor(np.ascontiguousarray(a[..., k:k + checks_int8_max_K])),
+                               Tensor(np.ascontiguousarray(b[:, k:k + checks_int8_max_K]))).asnumpy()
+        total = part if total is None else total + part  # int32 + int32 wraps in numpy
+    res = Tensor(total.reshape(shape))
+    tag_device(res, like=(A,))
+    return res
 
 
 def _mm_dequant(A, row_stats, col_stats, bias, dtype, fn, mixed=None):
@@ -1944,7 +1995,7 @@ def dequantize_weight_only(q: Tensor, scale: Tensor, in_features: Optional[int] 
 
 
 def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: Optional[Tensor] = None,
-                     out: Optional[Tensor] = None) -> Tensor:
+                     out: Optional[Tensor] = None, in_features: Optional[int] = None) -> Tensor:
     """Weight-only linear ``A @ (q * scale[:, None]).T (+ bias)`` in A's dtype (W8A16 / W4A16).
 
     Up to :data:`WEIGHT_ONLY_NATIVE_MAX_ROWS` rows of ``A`` the native kernel streams the int weight once,
@@ -1955,6 +2006,8 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
         A: [..., K] float32/float16/bfloat16 activations.
         q, scale: from :func:`quantize_weight_only` ([N, K] int8 or [N, (K+1)//2] uint8; [N] scale).
         bits: 8 or 4. bias: optional [N] (added in fp32). out: optional [..., N] tensor of A's dtype.
+        in_features: the weight's K, when known (int4 packs K = 2j - 1 and 2j into the same j bytes a row, so
+            ``q`` alone cannot tell them apart); A's last dimension must equal it.
 
     Raises:
         ValueError: wrong dtypes/shapes, bits not 8/4.
@@ -1967,6 +2020,9 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
     if len(A.shape) == 0:
         raise ValueError(f"{fn}: `A` must have at least one dimension")
     K = int(A.shape[-1])
+    if in_features is not None and K != int(in_features):
+        raise ValueError(f"{fn}: `A` must have last dimension in_features = {int(in_features)}; got shape "
+                         f"{tuple(A.shape)}")
     _check_weight_only(q, scale, K, bits, fn)
     tag_device([t for t in (A, q, scale, bias) if t is not None])  # tensors made before mindtorch was imported
     N = _numel(scale)

@@ -177,6 +177,22 @@ def _rebuild_params4bit(cls, data, requires_grad):
     return cls(data, requires_grad=requires_grad)
 
 
+_LINEAR_DTYPES = (_ms.float32, _ms.float16, _ms.bfloat16)
+
+
+def _check_linear_input(layer, x) -> None:
+    """What torch's ``linear`` requires of its input, checked before any kernel runs (torch raises
+    RuntimeError for an integer or a 0-d input; without this an int64 input came back as truncated int64)."""
+    name = type(layer).__name__
+    if not isinstance(x, _ms.Tensor):
+        raise TypeError(f"{name}: `x` must be a tensor, got {type(x).__name__}")
+    if x.dtype not in _LINEAR_DTYPES:
+        raise RuntimeError(f"{name}: `x` must have dtype float32, float16 or bfloat16 (the layer's weight is "
+                           f"floating point); got {_F.dtype_name(x.dtype)}")
+    if x.ndim == 0:
+        raise RuntimeError(f"{name}: `x` must have at least 1 dimension, [..., {layer.in_features}]; got a 0-d tensor")
+
+
 def fix_4bit_weight_quant_state_from_module(module) -> None:
     """Restores ``weight.quant_state`` from ``module.quant_state`` when a framework replaced the
     parameter object (upstream helper of the same name)."""
@@ -254,6 +270,7 @@ class Linear4bit(torch.nn.Linear):
                                       error_msgs)
 
     def forward(self, x):
+        _check_linear_input(self, x)
         w = self.weight
         qs = getattr(w, "quant_state", None)
         if qs is not None and self.compute_type_is_set and x.dtype == (self.compute_dtype or x.dtype):
@@ -655,8 +672,35 @@ class StableEmbedding(torch.nn.Embedding):
         _zero_padding_row(self.weight, self.padding_idx)
 
     def forward(self, input):
+        if _math.prod(input.shape) == 0:  # MindSpore's CPU LayerNorm rejects an empty batch
+            _check_indices(self, input)
+            return torch.zeros(tuple(input.shape) + (int(self.embedding_dim),), dtype=self.weight.dtype)
         emb = _embedding(self, input).to(torch.float32)  # layer norm always in full precision, as upstream
         return self.norm(emb).to(self.weight.dtype)
+
+
+_INDEX_DTYPES = (_ms.int32, _ms.int64)
+
+
+def _check_indices(mod, input) -> None:
+    """torch's checks of embedding indices, before the lookup: an int32/int64 tensor (RuntimeError, as torch;
+    the 8-/4-bit tables truncated float indices) holding indices in [0, num_embeddings) (IndexError, as torch;
+    MindSpore's gather returned the last row for -1 and raised a C++ error past the end). The values are read
+    in PyNative mode only (graph mode has none to read)."""
+    name = type(mod).__name__
+    if not isinstance(input, _ms.Tensor):
+        raise TypeError(f"{name}: `input` must be a tensor of indices, got {type(input).__name__}")
+    if input.dtype not in _INDEX_DTYPES:
+        raise RuntimeError(f"{name}: expected tensor for argument #1 'indices' (`input`) to have one of the following "
+                           f"scalar types: Long, Int (int64, int32); but got {_F.dtype_name(input.dtype)}")
+    if _math.prod(input.shape) == 0 or _ms.get_context("mode") != _ms.PYNATIVE_MODE:
+        return
+    idx = input.asnumpy()
+    num = int(mod.num_embeddings)
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= num:
+        raise IndexError(f"{name}: index out of range in self: `input` holds index {lo if lo < 0 else hi}; expected "
+                         f"indices in [0, {num})")
 
 
 def _embedding(mod, input):
@@ -664,6 +708,7 @@ def _embedding(mod, input):
     gathered in float32 and the rows rounded back, which gives the same values (bf16 -> fp32 -> bf16 is exact)
     and keeps the gradient; with ``max_norm`` the renormalisation then applies to the looked-up rows only (it
     cannot write back into a bf16 weight)."""
+    _check_indices(mod, input)
     w = mod.weight
     if w.dtype == torch.bfloat16:
         out = torch.nn.functional.embedding(input, w.to(torch.float32), mod.padding_idx, mod.max_norm, mod.norm_type,
@@ -750,6 +795,7 @@ class Embedding8bit(torch.nn.Embedding):
     def forward(self, input):
         if getattr(self.weight, "SCB", None) is None:
             raise RuntimeError("Embedding layer is not quantized. Please call .cuda() or .to(device) first.")
+        _check_indices(self, input)
         rows = _gather_rows(self.weight.data, input).astype(_ms.float32)
         stats = _gather_rows(self.weight.SCB.reshape(-1, 1), input).astype(_ms.float32)
         out = (rows * (stats / 127.0)).astype(self.dtype)
@@ -808,6 +854,7 @@ class Embedding4bit(torch.nn.Embedding):
         return out.to(self.dtype)
 
     def forward(self, input):
+        _check_indices(self, input)
         if not self.weight.bnb_quantized:
             self.weight.quantize()
         fix_4bit_weight_quant_state_from_module(self)
@@ -903,10 +950,11 @@ class LinearWeightOnly(torch.nn.Linear):
                                       error_msgs)
 
     def forward(self, x):
+        _check_linear_input(self, x)
         self.quantize()
         bias = self.bias
         return _F.gemm_weight_only(x, self.weight.data, self.weight_scale, bits=self.bits,
-                                   bias=None if bias is None else bias.data)
+                                   bias=None if bias is None else bias.data, in_features=self.in_features)
 
 
 class OutlierAwareLinear(torch.nn.Linear):

@@ -6,7 +6,8 @@
 // bytes match: per block absmax = max|x|; x * (1/absmax) is clamped to [-1, 1] and mapped onto a
 // 65536-bin grid, idx = (v + 1) * 0.5 * 65535 + 0.5 (truncated), and a precomputed 65536-entry
 // table gives the nearest code entry for each bin (ties between codes go to the lower index).
-// An all-zero block stores absmax 0 and codes 0.
+// An all-zero block stores absmax 0 and codes 0; a block whose 1/absmax overflows (absmax < 2^-128) is
+// scaled by 2^64 first (quant_block_scale in quant_lut.h; upstream maps it to +-1 and 0 to code 0).
 // Dequantize: out = code[q] * absmax[block], rounded to the output dtype.
 #include <immintrin.h>
 
@@ -69,8 +70,8 @@ BNB_MS_INLINE void quantize_blocks_generic(const QuantLut *lut, const T *A, floa
       std::memset(out + s, 0, (size_t)(e - s));
       continue;
     }
-    const float inv = 1.0f / amax;
-    for (int64_t i = s; i < e; ++i) out[i] = lut->table[grid_index(to_f32(A[i]) * inv)];
+    const QuantScale k = quant_block_scale(amax);
+    for (int64_t i = s; i < e; ++i) out[i] = lut->table[grid_index(to_f32(A[i]) * k.pre * k.inv)];
   }
 }
 
@@ -112,11 +113,11 @@ BNB_MS_TARGET_AVX2 void quantize_blocks_avx2(const QuantLut *lut, const T *A, fl
       std::memset(o, 0, (size_t)len);
       continue;
     }
-    const float inv = 1.0f / amax;
-    const __m256 vinv = _mm256_set1_ps(inv);
+    const QuantScale k = quant_block_scale(amax);
+    const __m256 vpre = _mm256_set1_ps(k.pre), vinv = _mm256_set1_ps(k.inv);
     i = 0;
     for (; i + 8 <= len; i += 8) {
-      __m256 v = _mm256_mul_ps(load8<T>(a + i), vinv);
+      __m256 v = _mm256_mul_ps(_mm256_mul_ps(load8<T>(a + i), vpre), vinv);
       v = _mm256_min_ps(_mm256_max_ps(v, neg_one), one);  // NaN -> -1 (MAXPS returns its 2nd operand), never an out-of-range index
       v = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_add_ps(v, one), half), scale, half);
       __m256i idx = _mm256_cvttps_epi32(v);
@@ -127,7 +128,7 @@ BNB_MS_TARGET_AVX2 void quantize_blocks_avx2(const QuantLut *lut, const T *A, fl
       std::memcpy(o + i, &lo, 4);
       std::memcpy(o + i + 4, &hi, 4);
     }
-    for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * inv)];
+    for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * k.pre * k.inv)];
   }
 }
 
@@ -173,11 +174,11 @@ BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A
       std::memset(o, 0, (size_t)len);
       continue;
     }
-    const float inv = 1.0f / amax;
-    const __m512 vinv = _mm512_set1_ps(inv);
+    const QuantScale k = quant_block_scale(amax);
+    const __m512 vpre = _mm512_set1_ps(k.pre), vinv = _mm512_set1_ps(k.inv);
     i = 0;
     for (; i + 16 <= len; i += 16) {
-      __m512 v = _mm512_mul_ps(load16<T>(a + i), vinv);
+      __m512 v = _mm512_mul_ps(_mm512_mul_ps(load16<T>(a + i), vpre), vinv);
       // NaN (also inf * 0) -> -1 as in the portable path; the other operand order would give NaN and
       // an out-of-range gather index
       v = _mm512_min_ps(_mm512_max_ps(v, neg_one), one);
@@ -186,7 +187,7 @@ BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A
       __m512i g = _mm512_i32gather_epi32(idx, (const void *)lut->table, 1);
       _mm_storeu_si128((__m128i *)(o + i), _mm512_cvtepi32_epi8(_mm512_and_si512(g, low_byte)));
     }
-    for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * inv)];
+    for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * k.pre * k.inv)];
   }
 }
 

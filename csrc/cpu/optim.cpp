@@ -216,8 +216,8 @@ BNB_MS_INLINE void requant_block(const OptLut *lut, const float *v, int64_t len,
   for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(v[i]));
   *absmax = amax;
   if (amax == 0.0f) { std::memset(q, 0, (size_t)len); return; }
-  const float inv = 1.0f / amax;
-  for (int64_t i = 0; i < len; ++i) q[i] = lut_quant(lut, v[i] * inv);
+  const QuantScale k = quant_block_scale(amax);
+  for (int64_t i = 0; i < len; ++i) q[i] = lut_quant(lut, v[i] * k.pre * k.inv);
 }
 
 struct State8 {
