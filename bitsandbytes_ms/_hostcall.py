@@ -185,7 +185,7 @@ class Bound:
     def __call__(self) -> None:
         rc = self._fn(self._n, self._params, self._ndims, self._shapes, self._dtypes, None, None)
         if rc:
-            raise RuntimeError(f"bitsandbytes_ms: native entry point {self._name} returned status {rc}")
+            raise cextension.status_error(self._name, rc)
 
     def run_rows(self, ia: int, a_ptr: int, rows: int, cols: int, io: int, out: np.ndarray, ix: int = -1,
                  extra: Optional[np.ndarray] = None) -> None:
@@ -214,7 +214,7 @@ class Bound:
         if ix >= 0:
             p[ix] = None
         if rc:
-            raise RuntimeError(f"bitsandbytes_ms: native entry point {self._name} returned status {rc}")
+            raise cextension.status_error(self._name, rc)
 
 
 class Entry:

@@ -397,7 +397,7 @@ def int8_vector_quant(A: np.ndarray, threshold: float = 0.0, dtype: str = "float
     input dtype, to which the threshold is rounded before comparing (as torch compares)."""
     A = np.asarray(A, dtype=np.float32)
     K = A.shape[-1]
-    a = A.reshape(-1, K)
+    a = A.reshape(int(np.prod(A.shape[:-1])), K)
     rows = a.shape[0]
     absa = np.abs(a)
     flags = np.zeros(K, np.uint8)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
@@ -200,6 +201,29 @@ def _shape_of(s) -> Tuple[int, ...]:
     return tuple(int(x) for x in s) if s is not None else ()
 
 
+#: What the entry points' nonzero statuses mean (csrc/aot.h).
+STATUS_MEANING = {1: "wrong number of params", 2: "a param has the wrong dtype",
+                  3: "a param has the wrong shape or element count", 4: "a scalar param has a value that is not allowed",
+                  5: "a required param is missing (null)", 6: "not available on this CPU/GPU",
+                  7: "device runtime error", 100: "not implemented for these arguments"}
+
+
+def status_error(name: str, status: int, op: Optional[_ops.NativeOp] = None, args=None) -> RuntimeError:
+    """The RuntimeError for entry point ``name`` refusing a call with ``status``: what the status means and, with
+    ``op``/``args``, the table row's inputs next to what was passed (shape and dtype of each)."""
+    what = STATUS_MEANING.get(int(status), "unknown status")
+    msg = f"lib.{name}: native entry point {name} returned status {status} ({what})"
+    if op is not None and args is not None:
+        def desc(v):
+            if isinstance(v, Tensor):
+                return f"{v.dtype} {tuple(v.shape)}"
+            return "None" if v is None else f"{type(v).__name__} {v!r}"
+
+        given = ", ".join(f"`{n}` {desc(v)}" for n, v in zip(op.inputs, args))
+        msg += f"; its inputs must match the table row (bitsandbytes_ms/_ops.py): {given}"
+    return RuntimeError(msg)
+
+
 class NativeFunction:
     """Callable for one :class:`~bitsandbytes_ms._ops.NativeOp`."""
 
@@ -240,7 +264,13 @@ class NativeFunction:
         values.update(kwargs)
         static = {k: values[k] for k in op.static}
         inputs = [values[n] for n in op.inputs]
-        out = self._custom(static)(*inputs)
+        try:
+            out = self._custom(static)(*inputs)
+        except RuntimeError as e:  # MindSpore's "Return value from CPU AOT kernel(...)'s function(...) is 3"
+            m = _AOT_STATUS.search(str(e))
+            if m is None:
+                raise
+            raise status_error(op.name, int(m.group(1)), op, inputs) from None
         tag_device(out, like=inputs)
         return out
 
@@ -268,6 +298,9 @@ class NativeFunction:
             if isinstance(target, TensorPointer):
                 target.tensor.copy_(res.reshape(target.tensor.shape))
         return 0
+
+
+_AOT_STATUS = re.compile(r"Return value from \w+ AOT kernel\(.*?\)'s function\(\w+\) is (-?\d+)")
 
 
 def tag_device(out, like=()) -> None:

@@ -889,7 +889,8 @@ def quantize_4bit(A: Tensor, absmax: Optional[Tensor] = None, out: Optional[Tens
     nbytes = (n + 1) // 2
     item = {ms.uint8: 1, ms.int8: 1, ms.float16: 2, ms.bfloat16: 2, ms.int16: 2, ms.float32: 4, ms.int32: 4}[quant_storage]
     if nbytes % item:
-        raise ValueError(f"{fn}: {nbytes} packed bytes cannot be stored as {dtype_name(quant_storage)}")
+        raise ValueError(f"{fn}: `quant_storage` {dtype_name(quant_storage)} must hold a whole number of "
+                         f"{item}-byte words; `A` ({n} elements) packs into {nbytes} bytes")
     code = _code4(quant_type)
     if n == 0:
         packed, amax = _empty_np((0, 1), ms.uint8), _empty_np((0,), ms.float32)

@@ -16,3 +16,26 @@ def _seed():
     random.seed(0)
     np.random.seed(0)
     yield
+
+
+# ---- the bad-input suite (tests/test_fuzz_*.py): one worker pool per session, its summary line ----
+@pytest.fixture(scope="session")
+def fuzz_pool():
+    from fuzz_pool import Pool
+
+    pool = Pool()
+    yield pool
+    pool.close()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    import sys
+
+    mod = sys.modules.get("fuzz_pool")
+    if mod is None or not mod.TALLY.total():
+        return
+    tally = mod.TALLY
+    terminalreporter.section("bad-input suite")
+    for area in tally.areas():
+        terminalreporter.write_line(tally.area_line(area))
+    terminalreporter.write_line(tally.summary())
