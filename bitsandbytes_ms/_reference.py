@@ -39,6 +39,11 @@ def torch_linspace_f32(start: float, end: float, steps: int) -> np.ndarray:
     return np.where(idx < steps // 2, lo, hi).astype(f32)
 
 
+def rows_2d(a: np.ndarray, K: int) -> np.ndarray:
+    """``a [..., K]`` as ``[rows, K]`` (``reshape(-1, K)`` is ambiguous when K is 0)."""
+    return a.reshape(int(math.prod(a.shape[:-1])), K)
+
+
 def cast_out(x: np.ndarray, dtype: str) -> np.ndarray:
     """Rounds float32 values to ``dtype`` ("float32" | "float16" | "bfloat16")."""
     if dtype == "float32":
@@ -309,7 +314,7 @@ def gemv_4bit(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.nd
     A = np.asarray(A, dtype=np.float32)
     K = A.shape[-1]
     W = dequantize_4bit(packed, absmax, code, blocksize, N * K).reshape(N, K).astype(np.float64)
-    out = A.reshape(-1, K).astype(np.float64) @ W.T
+    out = rows_2d(A, K).astype(np.float64) @ W.T
     return cast_out(out.astype(np.float32), dtype).reshape(A.shape[:-1] + (N,))
 
 def linear_4bit(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int, N: int,
@@ -367,7 +372,7 @@ def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, c
     A = np.asarray(A, np.float32)
     K = A.shape[-1]
     lead = A.shape[:-1]
-    x = bf16_bits_f32(bf16_round_bits(A.reshape(-1, K), flush=True))
+    x = bf16_bits_f32(bf16_round_bits(rows_2d(A, K), flush=True))
     w = bf16_bits_f32(bf16_round_bits(dequantize_4bit(packed, absmax, code, blocksize, N * K), flush=True))
     M, K32 = x.shape[0], -(-K // 32) * 32
     xp = np.zeros((M, K32), np.float32)
@@ -510,7 +515,7 @@ def int8_linear(A: np.ndarray, CB: np.ndarray, SCB: np.ndarray, bias=None, thres
     ``threshold > 0``, :func:`int8_mixed_mm_dequant` on the unrounded activations, else :func:`int8_mm_dequant`."""
     A = np.asarray(A, np.float32)
     K = A.shape[-1]
-    a = A.reshape(-1, K)
+    a = rows_2d(A, K)
     if dtype == "float32":
         q_in, q_dtype = a.astype(np.float16).astype(np.float32), "float16"
     else:
@@ -570,7 +575,7 @@ def gemm_weight_only(A: np.ndarray, q: np.ndarray, scale: np.ndarray, bits: int,
     A = np.asarray(A, dtype=np.float32)
     K = A.shape[-1]
     qi = np.asarray(q, np.int8) if bits == 8 else unpack_weight_only_int4(q, K)
-    out = (A.reshape(-1, K).astype(np.float64) @ qi.astype(np.float64).T) * np.asarray(scale, np.float64)[None, :]
+    out = (rows_2d(A, K).astype(np.float64) @ qi.astype(np.float64).T) * np.asarray(scale, np.float64)[None, :]
     return cast_out(out.astype(np.float32), dtype).reshape(A.shape[:-1] + (qi.shape[0],))
 
 
@@ -599,9 +604,9 @@ def linear_spec(x: np.ndarray, spec, N: int) -> np.ndarray:
     if W.dtype == np.int8:
         thr = 0.0 if spec[5] is None else float(np.asarray(spec[5], np.float32))
         bias = None if spec[6] is None else np.asarray(spec[6]).astype(np.float32)
-        out, _ = int8_linear(x.reshape(-1, K), W.reshape(N, K), np.asarray(spec[1], np.float32).reshape(N), bias, thr)
+        out, _ = int8_linear(rows_2d(x, K), W.reshape(N, K), np.asarray(spec[1], np.float32).reshape(N), bias, thr)
         return np.asarray(out, np.float32).reshape(x.shape[:-1] + (N,))
-    out = x.reshape(-1, K).astype(np.float64) @ linear_spec_weight(spec, N, K).astype(np.float64).T
+    out = rows_2d(x, K).astype(np.float64) @ linear_spec_weight(spec, N, K).astype(np.float64).T
     if spec[6] is not None:
         out = out + np.asarray(spec[6]).astype(np.float64)
     return out.astype(np.float32).reshape(x.shape[:-1] + (N,))
@@ -713,7 +718,7 @@ def gemm_fp(A: np.ndarray, W: np.ndarray, bias=None, dtype: str = "float32") -> 
     W = np.asarray(W, dtype=np.float32)
     K = A.shape[-1]
     N = W.shape[0]
-    a = A.reshape(-1, K)
+    a = rows_2d(A, K)
     acc = np.zeros((a.shape[0], N, 16), np.float32)
     for k0 in range(0, K, 16):
         L = min(16, K - k0)

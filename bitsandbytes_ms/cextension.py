@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import mindspore as ms
+import numpy as np
 from mindspore import Tensor, ops
 
 from . import _ops
@@ -263,7 +264,19 @@ class NativeFunction:
         values = dict(zip(op.inputs, args))
         values.update(kwargs)
         static = {k: values[k] for k in op.static}
+        for k, v in static.items():  # they size the outputs: checked here, not as a failure inside MindSpore
+            if isinstance(v, Tensor) and v.ndim == 0 and v.dtype in (ms.int32, ms.int64):
+                v = static[k] = int(v.asnumpy())
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise TypeError(f"lib.{op.name}: `{k}` must be a non-negative int (it sizes the outputs); got "
+                                f"{type(v).__name__} {v!r}")
         inputs = [values[n] for n in op.inputs]
+        try:
+            op.infer({n: _shape_of(getattr(a, "shape", None)) for n, a in zip(op.inputs, inputs)}, {}, static)
+        except (IndexError, KeyError, TypeError, ValueError) as e:
+            raise TypeError(f"lib.{op.name}: the inputs do not fit its table row (bitsandbytes_ms/_ops.py: inputs "
+                            f"{op.inputs}); the output shapes cannot be derived from shapes "
+                            f"{[_shape_of(getattr(a, 'shape', None)) for a in inputs]} ({type(e).__name__}: {e})") from None
         try:
             out = self._custom(static)(*inputs)
         except RuntimeError as e:  # MindSpore's "Return value from CPU AOT kernel(...)'s function(...) is 3"

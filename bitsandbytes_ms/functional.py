@@ -1946,7 +1946,7 @@ def quantize_weight_only(W: Tensor, bits: int = 8) -> Tuple[Tensor, Tensor]:
     N, K = (int(s) for s in W.shape)
     if N * K == 0:
         q = _empty_np((N, K if bits == 8 else (K + 1) // 2), ms.int8 if bits == 8 else ms.uint8)
-        return q, _empty_np((N,), ms.float32) if N == 0 else tag_device(Tensor(np.zeros(N, np.float32)))
+        return q, _empty_np((N,), ms.float32)  # a K = 0 weight: scale 0 per row (what the kernel writes)
     return getattr(lib, f"cquantize_weight_only_int{bits}_{_SUFFIX[W.dtype]}")(_contiguous(W))
 
 
@@ -2036,7 +2036,12 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
     rows = _numel(A) // K if K else int(math.prod(A.shape[:-1]))
     if rows * N == 0:
         return _write(out, _empty_np(out_shape, A.dtype))
-    if rows <= WEIGHT_ONLY_NATIVE_MAX_ROWS or K == 0:
+    if K == 0:  # empty dot products: 0 (+ bias); the entry point counts no rows in a [..., 0] A
+        res = _empty_np(out_shape, ms.float32)
+        if bias is not None:
+            res = res + bias.reshape(-1).astype(ms.float32)
+        res = res.astype(A.dtype)
+    elif rows <= WEIGHT_ONLY_NATIVE_MAX_ROWS:
         res = getattr(lib, f"cgemm_weight_only_int{bits}_{_SUFFIX[A.dtype]}")(_contiguous(A), _contiguous(q), scale)
         if bias is not None:
             res = (res.astype(ms.float32) + bias.reshape(-1).astype(ms.float32)).astype(A.dtype)

@@ -21,11 +21,19 @@ def _seed():
 # ---- the bad-input suite (tests/test_fuzz_*.py): one worker pool per session, its summary line ----
 @pytest.fixture(scope="session")
 def fuzz_pool():
-    from fuzz_pool import Pool
+    from fuzz_pool import POOL
 
-    pool = Pool()
-    yield pool
-    pool.close()
+    yield POOL
+    POOL.close()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    # the workers (MindSpore + mindnlp each) are let go as soon as the run leaves the fuzz tests
+    import sys
+
+    mod = sys.modules.get("fuzz_pool")
+    if mod is not None and mod.POOL.started and (nextitem is None or "fuzz_pool" not in nextitem.fixturenames):
+        mod.POOL.close()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

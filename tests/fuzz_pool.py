@@ -69,6 +69,9 @@ class Tally:
     def add(self, area: str, case: str, kind: str, detail: str) -> None:
         assert kind in KINDS, kind
         with self.lock:
+            if self is TALLY and os.environ.get("BNB_MS_FUZZ_LOG"):  # every outcome, one line each
+                with open(os.environ["BNB_MS_FUZZ_LOG"], "a") as fh:
+                    fh.write(f"{area}\t{kind}\t{case}\t{detail[:300]!r}\n")
             self.counts[(area, kind)] += 1
             if kind in ("wrong", "crash"):
                 self.bad.append((area, kind, case, detail))
@@ -84,7 +87,7 @@ class Tally:
         return sorted({a for a, _ in self.counts})
 
     def area_line(self, area: str) -> str:
-        return (f"  {area:<10} tried {self.total(area=area):>5}: ok {self.total('ok', area)}, clear error "
+        return (f"  {area:<11} tried {self.total(area=area):>5}: ok {self.total('ok', area)}, clear error "
                 f"{self.total('clear', area)}, wrong {self.total('wrong', area)}, crash {self.total('crash', area)}")
 
 
@@ -126,11 +129,15 @@ class _Worker:
             self.proc.wait()
         self.proc = None
 
-    def log_tail(self, n: int = 600) -> str:
+    def log_tail(self, n: int = 700) -> str:
+        """The end of the worker's log: from faulthandler's last report (``Fatal Python error: ...`` and the
+        stack) when there is one."""
         try:
-            return self.log.read_text(errors="replace")[-n:]
+            text = self.log.read_text(errors="replace")
         except OSError:
             return ""
+        i = text.rfind("Fatal Python error")
+        return text[i:i + n] if i >= 0 else text[-n:]
 
     def run(self, name: str, params: Dict[str, Any], timeout: float) -> Tuple[str, str]:
         """(kind, detail) of one case; a dead or hung worker gives ``crash`` and is restarted."""
@@ -180,6 +187,7 @@ class Pool:
     def close(self) -> None:
         for w in self.workers:
             w.stop()
+        self.started = False
 
     def run(self, area: str, cases: Sequence[Tuple[str, Dict[str, Any]]], tally: Tally = TALLY,
             timeout: float = CASE_TIMEOUT) -> List[Tuple[str, str]]:
@@ -226,6 +234,11 @@ def failures(area: str, tally: Tally = TALLY, limit: Optional[int] = None) -> st
     lines = [f"{kind}: {case}\n    {detail[:700]}" for _, kind, case, detail in bad[:limit]]
     more = f"\n... and {len(bad) - limit} more" if len(bad) > limit else ""
     return "\n".join(lines) + more
+
+
+#: The session's pool (tests/conftest.py hands it to the tests and closes it once the fuzz tests are done; it
+#: starts its workers again if a later test asks).
+POOL = Pool()
 
 
 def collect(strategy, max_examples: int) -> List[Dict[str, Any]]:

@@ -42,7 +42,7 @@ def test_fuzz_fourbit(fuzz_pool):
         special=specials(), seed=seeds))
     cases = [("fourbit", p) for p in collect(s, 240)]
     g = st.fixed_dictionaries(dict(
-        N=st.integers(1, 96), K=st.sampled_from([16, 32, 33, 64, 100, 128, 256, 512, 1000]), rows=st.sampled_from([1, 1, 2, 3, 5, 33]),
+        N=st.integers(1, 96), K=st.sampled_from([0, 16, 32, 33, 64, 100, 128, 256, 512, 1000]), rows=st.sampled_from([1, 1, 2, 3, 5, 33]),
         dtype=st.sampled_from(FLOATS), blocksize=st.sampled_from((32, 64, 128, 256)), quant_type=st.sampled_from(("nf4", "fp4")),
         compress=st.booleans(), k_delta=mostly((0,), (-1, 1, 7), 10), code_len=mostly((16,), (256, 15), 14),
         absmax_dtype=mostly(("float32",), ("float16",), 14), seed=seeds,
