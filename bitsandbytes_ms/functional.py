@@ -1168,7 +1168,7 @@ class _Linear4bitPlan:
         f = entry[2][0]
         if f is None or f[0] is not B or f[1] is not bias:
             return None
-        xa, xp = _hostcall.host_ptr(A)  # first: waits for everything queued before (in-place updates too)
+        xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
         for t, ptr in f[2]:
             if t._data_ptr() != ptr:
                 return None
@@ -1726,7 +1726,7 @@ class Int8LinearPlan:
         rows = math.prod(shape[:-1])
         if rows == 0 or self.N == 0:
             return None
-        xa, xp = _hostcall.host_ptr(A)  # first: waits for everything queued before (in-place updates too)
+        xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
         for t, ptr in f[1]:
             if t._data_ptr() != ptr:
                 return None
