@@ -139,6 +139,18 @@ def act_ptr(t) -> tuple:
     return host_ptr(t)
 
 
+def act_array(t) -> np.ndarray:
+    """:func:`act_ptr`'s data as a numpy array (over the tensor's device memory where it is read in place; valid
+    while ``t`` lives), for callers that convert it."""
+    keep, ptr = act_ptr(t)
+    if isinstance(keep, np.ndarray):
+        return keep
+    dtype = np_dtype(t.dtype)
+    shape = tuple(int(s) for s in t.shape)
+    n = int(math.prod(shape))
+    return np.frombuffer((ct.c_char * max(n * dtype.itemsize, 1)).from_address(ptr), dtype=dtype, count=n).reshape(shape)
+
+
 def host_view(view: "DeviceView", t: Tensor) -> np.ndarray:
     """``view.get(t)`` (the tensor's own memory), or :func:`host`'s copy where it cannot be viewed."""
     a = view.get(t)
@@ -292,4 +304,4 @@ def empty(shape, dtype) -> np.ndarray:
     return np.empty(shape, dtype=_NP_DTYPES[dtype])
 
 
-__all__ = ["active", "set_enabled", "host", "host_view", "host_ptr", "act_ptr", "DeviceView", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype"]
+__all__ = ["active", "set_enabled", "host", "host_view", "host_ptr", "act_ptr", "act_array", "DeviceView", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype"]

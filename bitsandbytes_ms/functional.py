@@ -1293,7 +1293,7 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     dot = compute_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
     call, bound, _ = plan.host_call(compute_dtype, dot)
     npdt = _hostcall.np_dtype(compute_dtype)
-    xa = _hostcall.host(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
+    xa = _hostcall.act_array(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
     for i, arr in enumerate(plan.host_args(B, quant_state, bias, compute_dtype), 1):
         if arr is not bound[i]:
             call.set(i, arr)

@@ -188,3 +188,17 @@ def test_act_ptr_without_the_log_symbol_takes_the_copy(monkeypatch):
     dev = torch.ones(3, 8) * 2.0
     keep, ptr = H.act_ptr(dev)
     assert isinstance(keep, np.ndarray) and ptr == keep.ctypes.data and (keep == 2.0).all()
+
+
+@pytest.mark.parametrize("cd", [torch.bfloat16, torch.float16])
+def test_fp32_input_16bit_compute_reads_each_kind_of_activation_right(cd, capfd):
+    rng = np.random.default_rng(6)
+    W = (rng.standard_normal((24, 64)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    m = _layer4(W, b, cd)
+    with torch.no_grad():
+        for name, (x, ref_in) in _kinds_of_input(rng, 64).items():
+            got = m(x).numpy().copy()
+            want = m(torch.tensor(np.ascontiguousarray(ref_in))).numpy()
+            np.testing.assert_array_equal(got, want, err_msg=name)
+    assert "device address is null" not in capfd.readouterr().err
