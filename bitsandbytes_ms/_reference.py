@@ -378,7 +378,8 @@ def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, c
 def int8_vector_quant(A: np.ndarray, threshold: float = 0.0, dtype: str = "float32"):
     """Twin of ``cint8_vector_quant``: returns (int8 CA shaped like A, float32 row_stats[rows],
     uint8 col_flags[K]). ``A`` holds the values (float32 widening of the input); ``dtype`` is the
-    input dtype, to which the threshold is rounded before comparing (as torch compares)."""
+    input dtype, to which the threshold is rounded before comparing (as torch compares). A row holding
+    a NaN has a NaN row_stat and all-zero codes (upstream: torch.max propagates NaN)."""
     A = np.asarray(A, dtype=np.float32)
     K = A.shape[-1]
     a = A.reshape(-1, K)
@@ -392,6 +393,8 @@ def int8_vector_quant(A: np.ndarray, threshold: float = 0.0, dtype: str = "float
         flags = outl.any(axis=0).astype(np.uint8)
     masked = np.where(outl, np.float32(0), absa)
     stats = masked.max(axis=1).astype(np.float32) if K else np.zeros(rows, np.float32)
+    # a NaN (never an outlier) makes the row's absmax NaN, as torch.max: the one quiet NaN 0x7fc00000
+    stats[np.isnan(stats)] = np.float32(np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         # torch's `127.0 / row_stats` (scalar / tensor) is reciprocal(row_stats) * 127: two roundings
         scale = ((np.float32(1.0) / stats).astype(np.float32) * np.float32(127.0)).astype(np.float32)

@@ -9,7 +9,9 @@
 //    left out of the row absmax and quantize to 0, and when there is more than one row every column
 //    that holds an outlier is zeroed in the output.  q = round_half_even(x * ((1 / absmax) * 127)) in
 //    fp32 (torch computes the scalar / tensor `127.0 / row_stats` as a reciprocal times 127);
-//    a row whose absmax is 0 gives 0 (upstream: NaN converted to int8, which is 0 on x86).
+//    a row whose absmax is 0 gives 0 (upstream: NaN converted to int8, which is 0 on x86).  A NaN in a row
+//    (never an outlier) makes its absmax NaN, as torch.max propagates it, and its codes 0, so the row's
+//    outputs are NaN after the dequant.
 //  * GEMM: out[m, n] = sum_k A[m, k] * B[n, k] exactly in int32 (upstream's AVX2 path uses an fp32
 //    matmul, inexact once partial sums pass 2^24; its AVX-512 path uses torch._int_mm, exact).
 //  * mm dequant: out = float(A) * (row * col) * 6.200124e-05f (+ float(bias)), each step rounded in
@@ -34,6 +36,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -57,24 +60,35 @@ BNB_MS_INLINE int8_t vq_elem(float x, float s, bool any, float thr) {
   return (int8_t)(int)std::nearbyint(x * s);
 }
 
-// One row: absmax (outliers and NaN left out) into *stat, then the int8 codes; `zf` (the column
+// A row's absmax as upstream's torch.max: a NaN anywhere in the row (NaN is never an outlier) makes it NaN
+// (the quiet NaN 0x7fc00000, whatever the input's NaN bits).  Stores it; true when the codes still have
+// to be computed, false when they are all 0 (absmax 0, or NaN: x * NaN converts to 0, as upstream's).
+BNB_MS_INLINE bool vq_row_stat(float amax, bool nan, int8_t *o, int64_t cols, float *stat) {
+  if (nan) amax = std::numeric_limits<float>::quiet_NaN();
+  *stat = amax;
+  if (amax > 0.0f) return true;
+  std::memset(o, 0, (size_t)cols);
+  return false;
+}
+
+// The absmax of columns [c, cols) folded into *amax (outliers left out), NaN seen into *nan.
+template <class T>
+BNB_MS_INLINE void vq_absmax_tail(const T *a, int64_t c, int64_t cols, bool any, float thr, float *amax, bool *nan) {
+  for (; c < cols; ++c) {
+    const float v = std::fabs(to_f32<T>(a[c]));
+    *nan |= v != v;
+    if (!(any && v >= thr) && v > *amax) *amax = v;
+  }
+}
+
+// One row: absmax (outliers left out, NaN propagated) into *stat, then the int8 codes; `zf` (the column
 // flags, or null) zeroes whole outlier columns.
 template <class T>
 void vq_row_generic(const T *a, int8_t *o, int64_t cols, bool any, float thr, const uint8_t *zf, float *stat) {
   float amax = 0.0f;
-  if (any) {
-    for (int64_t c = 0; c < cols; ++c) {
-      const float v = std::fabs(to_f32<T>(a[c]));
-      if (!(v >= thr) && v > amax) amax = v;
-    }
-  } else {
-    for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(to_f32<T>(a[c])));
-  }
-  *stat = amax;
-  if (amax == 0.0f) {
-    std::memset(o, 0, (size_t)cols);
-    return;
-  }
+  bool nan = false;
+  vq_absmax_tail<T>(a, 0, cols, any, thr, &amax, &nan);
+  if (!vq_row_stat(amax, nan, o, cols, stat)) return;
   // torch evaluates `127.0 / row_stats` (scalar / tensor) as reciprocal(row_stats) * 127: two roundings.
   const float s = (1.0f / amax) * 127.0f;
   for (int64_t c = 0; c < cols; ++c) o[c] = vq_elem(to_f32<T>(a[c]), s, any, thr);
@@ -94,27 +108,18 @@ template <class T>
 BNB_MS_TARGET_AVX2 void vq_row_avx2(const T *a, int8_t *o, int64_t cols, bool any, float thr, const uint8_t *zf,
                                     float *stat) {
   const __m256 sign = _mm256_set1_ps(-0.0f), vthr = _mm256_set1_ps(thr);
-  __m256 vmax = _mm256_setzero_ps();
+  __m256 vmax = _mm256_setzero_ps(), vnan = _mm256_setzero_ps();
   int64_t c = 0;
   for (; c + 8 <= cols; c += 8) {
     __m256 v = _mm256_andnot_ps(sign, load8<T>(a + c));
+    vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     if (any) v = _mm256_and_ps(v, _mm256_cmp_ps(v, vthr, _CMP_LT_OQ));  // outliers and NaN -> 0
-    vmax = _mm256_max_ps(v, vmax);  // NaN lanes keep vmax (MAXPS returns its second operand)
+    vmax = _mm256_max_ps(v, vmax);  // NaN lanes keep vmax (MAXPS returns its second operand); vnan has them
   }
   float amax = hmax8(vmax);
-  for (; c < cols; ++c) {
-    const float v = std::fabs(to_f32<T>(a[c]));
-    if (any) {
-      if (!(v >= thr) && v > amax) amax = v;
-    } else {
-      amax = std::max(amax, v);
-    }
-  }
-  *stat = amax;
-  if (amax == 0.0f) {
-    std::memset(o, 0, (size_t)cols);
-    return;
-  }
+  bool nan = !_mm256_testz_ps(vnan, vnan);
+  vq_absmax_tail<T>(a, c, cols, any, thr, &amax, &nan);
+  if (!vq_row_stat(amax, nan, o, cols, stat)) return;
   const float s = (1.0f / amax) * 127.0f;
   const __m256 vs = _mm256_set1_ps(s);
   const __m256i low = _mm256_set1_epi32(0xff);
@@ -137,26 +142,18 @@ BNB_MS_TARGET_AVX512 void vq_row_avx512(const T *a, int8_t *o, int64_t cols, boo
                                         float *stat) {
   const __m512 vthr = _mm512_set1_ps(thr);
   __m512 vmax = _mm512_setzero_ps();
+  __mmask16 mnan = 0;
   int64_t c = 0;
   for (; c + 16 <= cols; c += 16) {
     __m512 v = _mm512_abs_ps(load16<T>(a + c));
+    mnan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     if (any) v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, vthr, _CMP_LT_OQ), v);  // outliers and NaN -> 0
-    vmax = _mm512_max_ps(v, vmax);  // NaN lanes keep vmax
+    vmax = _mm512_max_ps(v, vmax);  // NaN lanes keep vmax; mnan has them
   }
   float amax = _mm512_reduce_max_ps(vmax);
-  for (; c < cols; ++c) {
-    const float v = std::fabs(to_f32<T>(a[c]));
-    if (any) {
-      if (!(v >= thr) && v > amax) amax = v;
-    } else {
-      amax = std::max(amax, v);
-    }
-  }
-  *stat = amax;
-  if (amax == 0.0f) {
-    std::memset(o, 0, (size_t)cols);
-    return;
-  }
+  bool nan = mnan != 0;
+  vq_absmax_tail<T>(a, c, cols, any, thr, &amax, &nan);
+  if (!vq_row_stat(amax, nan, o, cols, stat)) return;
   const float s = (1.0f / amax) * 127.0f;
   const __m512 vs = _mm512_set1_ps(s);
   c = 0;
