@@ -511,7 +511,7 @@ def kernel_calls(layers, x1: np.ndarray) -> Dict[str, Callable]:
             plan = layer.weight.quant_state.__dict__.get("_linear_plan")
             if plan is None or not plan.calls:
                 continue
-            (dtype, _), (call, _, _) = next(iter(plan.calls.items()))
+            (dtype, *_), (call, _, _) = next(iter(plan.calls.items()))
             npdt = H.np_dtype(dtype)
             xa, out = x1.astype(npdt), np.empty((1, plan.N), npdt)
             res[name] = (lambda c, a, o: lambda: (c.set(0, a), c.set(11, o), c()))(call, xa, out)
