@@ -241,6 +241,11 @@ class Linear4bit(torch.nn.Linear):
         if wkey in state_dict and qkeys:
             stats = {k[len(wkey) + 1:]: state_dict[k] for k in qkeys}
             data = state_dict[wkey]
+            qs = _F.QuantState.from_dict(qs_dict=stats)
+            errs = self._quantized_weight_errors(qs, data, wkey)
+            if errs:  # the layer is left as it was
+                error_msgs.extend(errs)
+                return
             self.weight = Params4bit.from_prequantized(torch.Tensor(data), stats, requires_grad=False, module=self)
             self.quant_state = self.weight.quant_state
             rest = {k: v for k, v in state_dict.items() if k != wkey and k not in qkeys}
@@ -253,6 +258,27 @@ class Linear4bit(torch.nn.Linear):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
+    def _quantized_weight_errors(self, qs, data, wkey):
+        """Why a quantized checkpoint's weight (packed ``data`` and its QuantState) cannot be this layer's: the
+        quantized shape must be [out_features, in_features] (a transposed or other layer's weight would compute
+        garbage through matmul_4bit's deprecated [K, N] branch) and the packed bytes and absmax entries exactly
+        what that shape and the blocksize need. Messages name the state-dict keys, as torch's size mismatches."""
+        want = (int(self.out_features), int(self.in_features))
+        shape = None if qs.shape is None else tuple(int(d) for d in qs.shape)
+        src = f"{wkey}.quant_state.bitsandbytes__{qs.quant_type}"
+        if shape != want:
+            return [f"size mismatch for {wkey}: copying a 4-bit weight of shape {shape} ({src}), the shape in current "
+                    f"model is {want} (out_features, in_features)"]
+        try:
+            _F._check_blocksize(qs.blocksize, _F.FOURBIT_BLOCKSIZES, src)
+            if qs.nested:
+                _F._check_blocksize(qs.state2.blocksize, _F.BLOCKWISE_BLOCKSIZES, src)
+        except (TypeError, ValueError) as e:
+            return [str(e)]
+        nbytes = int(_math.prod(data.shape)) * _F._itemsize(data.dtype)
+        keys = (f"the shape in {src}", f"{wkey}.absmax", f"{wkey}.nested_absmax")
+        return [f"size mismatch: {e}" for e in _F._4bit_size_errors(qs, nbytes, wkey, keys=keys)]
+
     def forward(self, x):
         w = self.weight
         qs = getattr(w, "quant_state", None)
@@ -263,6 +289,10 @@ class Linear4bit(torch.nn.Linear):
                 res = plan.fast(x, w, self.bias, _F.LINEAR_4BIT_MAX_ROWS)
                 if res is not None:
                     return res
+        K = int(qs.shape[1]) if qs is not None and qs.shape is not None else int(self.in_features)
+        if x.ndim == 0 or x.shape[-1] != K:  # never matmul_4bit's deprecated [K, N] branch: the weight is [N, K]
+            raise ValueError(f"{type(self).__name__}: `x` must have last dimension {K} (in_features); got shape "
+                             f"{tuple(x.shape)}")
         if (qs is not None and self.compute_type_is_set and _hostcall.active() and isinstance(w, Params4bit)
                 and x.dtype == (self.compute_dtype or x.dtype) and x.ndim >= 1
                 and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
