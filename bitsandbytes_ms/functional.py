@@ -1202,7 +1202,7 @@ class _Linear4bitPlan:
         f = entry[2][0]
         if f is None or f[0] is not B or f[1] is not bias:
             return None
-        xa, xp = _hostcall.host_ptr(A)  # first: waits for everything queued before (in-place updates too)
+        xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
         for t, ptr in f[2]:
             if t._data_ptr() != ptr:
                 return None
@@ -1327,7 +1327,7 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     dot = compute_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
     call, bound, _ = plan.host_call(compute_dtype, dot)
     npdt = _hostcall.np_dtype(compute_dtype)
-    xa = _hostcall.host(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
+    xa = _hostcall.act_array(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
     for i, arr in enumerate(plan.host_args(B, quant_state, bias, compute_dtype), 1):
         if arr is not bound[i]:
             call.set(i, arr)
@@ -1760,7 +1760,7 @@ class Int8LinearPlan:
         rows = math.prod(shape[:-1])
         if rows == 0 or self.N == 0:
             return None
-        xa, xp = _hostcall.host_ptr(A)  # first: waits for everything queued before (in-place updates too)
+        xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
         for t, ptr in f[1]:
             if t._data_ptr() != ptr:
                 return None

@@ -123,6 +123,25 @@ def test_native_layer_matches_reference(mode, window, T):
     np.testing.assert_allclose(out, R.rms_norm(x, nw, 1e-5), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_dense_layer_is_the_full_precision_linear(mode, rows):
+    """A full-precision layer inside the fused decoder (decode: up to 8 rows) runs gemm_fp.cpp's kernel: the bytes
+    of _reference.gemm_fp on fp32 activations and the widened weight, i.e. LinearFP's (cgemm_fp_fp32) for fp32."""
+    rng = np.random.RandomState(11)
+    N, K = 40, 77
+    spec = _spec(rng, N, K, mode, bias=True)
+    x = rng.randn(rows, K).astype(np.float32)
+    out = np.empty((rows, N), np.float32)
+    HC.entry("cdecoder_linear_fp32")(x, *spec, N, out)
+    W32, b32 = spec[0].astype(np.float32), spec[6].astype(np.float32)
+    np.testing.assert_array_equal(out, R.gemm_fp(x, W32, b32))
+    if mode == "fp32":
+        ref = np.empty((rows, N), np.float32)
+        HC.entry("cgemm_fp_fp32")(x, spec[0], spec[6], ref)
+        np.testing.assert_array_equal(out, ref)
+
+
 def test_native_layer_simd_levels_agree():
     """BNB_MS_SIMD=scalar and this CPU's SIMD level give the same bytes for the decoder halves: decode (T = 1: the
     GEMV kernels, per-head attention) and prefill (T = 13: the panel GEMM of gemm_panel.h with its 6-row tail,
