@@ -17,7 +17,7 @@ import os
 import math
 import threading
 from threading import get_ident as _get_ident
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -79,9 +79,12 @@ def _contiguous(t: Tensor) -> Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+_ITEMSIZE = {ms.float16: 2, ms.bfloat16: 2, ms.int16: 2, ms.uint16: 2, ms.float32: 4, ms.int32: 4, ms.uint32: 4,
+             ms.float64: 8, ms.int64: 8}
+
+
 def _itemsize(dtype) -> int:
-    return 2 if dtype in (ms.float16, ms.bfloat16, ms.int16, ms.uint16) else 4 if dtype in (
-        ms.float32, ms.int32, ms.uint32) else 8 if dtype in (ms.float64, ms.int64) else 1
+    return _ITEMSIZE.get(dtype, 1)  # a dict lookup: comparing MindSpore dtypes one by one costs ~1 us each
 
 
 def _numel(t: Tensor) -> int:
@@ -935,6 +938,41 @@ def _absmax_4bit(state: QuantState) -> Tensor:
     return amax
 
 
+def _4bit_size_errors(state: QuantState, packed_bytes: Optional[int], packed: str = "`A`",
+                      st: str = "quant_state", keys: Optional[Tuple[str, str, str]] = None) -> List[str]:
+    """What disagrees, exactly, between a 4-bit weight's sizes and ``state.shape`` / ``state.blocksize``: the packed
+    bytes (``(n+1)//2``), the absmax entries (one a block) and, nested, the second-level absmax entries. A state
+    of another shape or blocksize decodes garbage, so longer is as wrong as shorter. ``packed`` / ``st`` name the
+    packed tensor and the state in the messages; ``keys`` (shape, absmax, nested absmax) name those instead (the
+    state-dict keys). The blocksizes must have been checked. Returns the messages (empty when all match)."""
+    k_shape, k_absmax, k_nested = keys or (f"{st}.shape", f"{st}.absmax", f"{st}.state2.absmax")
+    shape = tuple(int(d) for d in state.shape)
+    n = int(math.prod(shape))
+    bs = int(state.blocksize)
+    nb = -(-n // bs)
+    errs = []
+    if packed_bytes is not None and packed_bytes != (n + 1) // 2:
+        errs.append(f"{packed} holds {packed_bytes} bytes; {k_shape} {shape} needs exactly {(n + 1) // 2} "
+                    f"(two 4-bit codes a byte)")
+    if _numel(state.absmax) != nb:
+        errs.append(f"{k_absmax} has {_numel(state.absmax)} entries; {k_shape} {shape} at blocksize {bs} needs "
+                    f"exactly ceil({n}/{bs}) = {nb}")
+    if state.nested and isinstance(getattr(state.state2, "blocksize", None), (int, np.integer)):
+        bs2 = int(state.state2.blocksize)
+        nb2 = -(-nb // bs2)
+        if _numel(state.state2.absmax) != nb2:
+            errs.append(f"{k_nested} has {_numel(state.state2.absmax)} entries; {nb} absmax codes at nested "
+                        f"blocksize {bs2} need exactly ceil({nb}/{bs2}) = {nb2}")
+    return errs
+
+
+def _check_4bit_sizes(state: QuantState, packed_bytes: Optional[int], fn: str, packed: str = "`A`",
+                      st: str = "quant_state") -> None:
+    errs = _4bit_size_errors(state, packed_bytes, packed, st)
+    if errs:
+        raise ValueError(f"{fn}: {errs[0]}")
+
+
 def dequantize_4bit(A: Tensor, quant_state: Optional[QuantState] = None, absmax: Optional[Tensor] = None,
                     out: Optional[Tensor] = None, blocksize=None, quant_type: str = "fp4") -> Tensor:
     """Inverse of :func:`quantize_4bit` (upstream ``dequantize_4bit``): ``code[nibble] * absmax[block]``
@@ -947,12 +985,13 @@ def dequantize_4bit(A: Tensor, quant_state: Optional[QuantState] = None, absmax:
         absmax, out, blocksize (default 64), quant_type: as upstream.
 
     Returns:
-        The dequantized tensor. As upstream, a packed ``A`` of shape ``[1, m]`` (a transposed view)
-        gives the 2-D result transposed.
+        The dequantized tensor. As upstream, a packed ``A`` of shape ``[1, m]`` with ``m > 1`` (a transposed
+        view) gives the 2-D result transposed; a ``[1, 1]`` one (a weight of 1 or 2 values) is the weight itself
+        (upstream transposes it too, giving a [2, 1] result for a [1, 2] weight).
 
     Raises:
-        ValueError: neither quant_state nor absmax+out; bad blocksize/quant_type/dtype; too few bytes
-            or absmax entries for the shape.
+        ValueError: neither quant_state nor absmax+out; bad blocksize/quant_type/dtype; packed bytes or absmax
+            entries other than exactly what ``quant_state.shape`` and ``blocksize`` need.
     """
     fn = "dequantize_4bit"
     if blocksize is None:
@@ -967,22 +1006,21 @@ def dequantize_4bit(A: Tensor, quant_state: Optional[QuantState] = None, absmax:
     qt = _check_quant_type(quant_state.quant_type, fn)
     if quant_state.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{fn}: quant_state.dtype must be float32, float16 or bfloat16; got {quant_state.dtype}")
+    if quant_state.shape is None:
+        raise ValueError(f"{fn}: `quant_state.shape` must be the shape of the quantized tensor; got None")
     shape = tuple(quant_state.shape)
     n = int(math.prod(shape))
-    transpose = len(A.shape) == 2 and A.shape[0] == 1 and len(shape) == 2
+    transpose = len(A.shape) == 2 and A.shape[0] == 1 and A.shape[1] > 1 and len(shape) == 2
     res_shape = (shape[1], shape[0]) if transpose else shape
     _check_out(out, res_shape if out is not None and tuple(out.shape) == res_shape else shape, quant_state.dtype, fn)
     code = quant_state.code if quant_state.code is not None else _code4(qt)
     _check_dtype(code, (ms.float32,), fn, "quant_state.code")
     if _numel(code) != 16:
         raise ValueError(f"{fn}: `quant_state.code` must have 16 entries; got {_numel(code)}")
+    _check_4bit_sizes(quant_state, _numel(A) * _itemsize(A.dtype), fn)
     raw = _as_uint8(_contiguous(A))
-    if _numel(raw) < (n + 1) // 2:
-        raise ValueError(f"{fn}: `A` holds {_numel(raw)} bytes; shape {shape} needs {(n + 1) // 2}")
     amax = _absmax_4bit(quant_state)
     _check_dtype(amax, (ms.float32,), fn, "absmax")
-    if _numel(amax) < -(-n // bs):
-        raise ValueError(f"{fn}: `absmax` must have ceil({n}/{bs}) = {-(-n // bs)} entries; got {_numel(amax)}")
     if n == 0:
         res = _empty_np(shape, quant_state.dtype)
     else:
@@ -1026,7 +1064,8 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
         [..., N] in A's dtype.
 
     Raises:
-        ValueError: ``state`` missing, A not float, K != state.shape[1], or bad ``out``.
+        ValueError: ``state`` missing, A not float, K != state.shape[1], packed bytes or absmax entries other than
+            exactly what ``state.shape`` and ``state.blocksize`` need, or bad ``out``.
     """
     fn = "gemv_4bit"
     if state is None:
@@ -1045,17 +1084,14 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
     _check_dtype(code, (ms.float32,), fn, "state.code")
     if _numel(code) != 16:
         raise ValueError(f"{fn}: `state.code` must have 16 entries (a 4-bit code); got {_numel(code)}")
+    _check_4bit_sizes(state, _numel(B) * _itemsize(B.dtype), fn, "`B`", "state")
     raw = _as_uint8(_contiguous(B))
-    if _numel(raw) < (N * K + 1) // 2:
-        raise ValueError(f"{fn}: `B` holds {_numel(raw)} bytes; a [{N}, {K}] weight needs {(N * K + 1) // 2}")
     if _numel(A) == K and N and state.nested and _hostcall.active():
         # one row of inference: the fused call decodes the double-quant absmax in the kernel (the same bits as
         # dequantizing it first, without the separate MindSpore ops)
         return _write(out, linear_4bit(A, B, state))
     amax = _contiguous(_absmax_4bit(state))
     _check_dtype(amax, (ms.float32,), fn, "state.absmax")
-    if _numel(amax) < -(-N * K // bs):
-        raise ValueError(f"{fn}: state.absmax must have {-(-N * K // bs)} entries; got {_numel(amax)}")
     if _numel(A) == 0 or N == 0:
         return _write(out, _empty_np(out_shape, A.dtype))
     res = getattr(lib, f"cgemm_4bit_inference_naive_{_SUFFIX[A.dtype]}")(_contiguous(A), raw, amax, code, bs, N)
@@ -1080,7 +1116,6 @@ class _Linear4bitPlan:
         _check_dtype(code, (ms.float32,), fn, "quant_state.code")
         if _numel(code) != 16:
             raise ValueError(f"{fn}: `quant_state.code` must have 16 entries; got {_numel(code)}")
-        nb = -(-self.N * self.K // self.bs)
         self.nested = bool(state.nested)
         if self.nested:
             s2 = state.state2
@@ -1088,9 +1123,8 @@ class _Linear4bitPlan:
             _check_dtype(s2.absmax, (ms.float32,), fn, "quant_state.state2.absmax")
             _check_dtype(s2.code, (ms.float32,), fn, "quant_state.state2.code")
             self.bs2 = _check_blocksize(s2.blocksize, BLOCKWISE_BLOCKSIZES, fn)
-            if _numel(s2.code) != 256 or _numel(s2.absmax) < -(-nb // self.bs2):
-                raise ValueError(f"{fn}: quant_state.state2 must have a 256-entry code and ceil({nb}/{self.bs2}) "
-                                 f"absmax entries; got {_numel(s2.code)} and {_numel(s2.absmax)}")
+            if _numel(s2.code) != 256:
+                raise ValueError(f"{fn}: quant_state.state2.code must have 256 entries; got {_numel(s2.code)}")
             off = state.offset
             if isinstance(off, Tensor) and (off.dtype != ms.float32 or _numel(off) != 1):
                 raise ValueError(f"{fn}: `quant_state.offset` must be one float32 value; got {off.dtype} "
@@ -1098,8 +1132,7 @@ class _Linear4bitPlan:
         else:
             _check_dtype(state.absmax, (ms.float32,), fn, "quant_state.absmax")
             self.bs2 = 256
-        if _numel(state.absmax) < nb:
-            raise ValueError(f"{fn}: quant_state.absmax must have {nb} entries; got {_numel(state.absmax)}")
+        _check_4bit_sizes(state, None, fn)
         self.calls: Dict[Any, Any] = {}
         self.views = [_hostcall.DeviceView() for _ in range(7)]  # B, absmax, code, absmax2, code2, offset, bias
         self.weight_ok = None  # the last weight whose byte count was checked
@@ -1121,8 +1154,9 @@ class _Linear4bitPlan:
             _check_tensor(B, fn, "B")
             need = (self.N * self.K + 1) // 2
             have = _numel(B) * _itemsize(B.dtype)
-            if have < need:
-                raise ValueError(f"{fn}: `B` holds {have} bytes; a [{self.N}, {self.K}] weight needs {need}")
+            if have != need:
+                raise ValueError(f"{fn}: `B` holds {have} bytes; quant_state.shape ({self.N}, {self.K}) needs exactly "
+                                 f"{need} (two 4-bit codes a byte)")
             self.weight_ok = B
 
     def host_args(self, B: Tensor, state: QuantState, bias: Optional[Tensor], dtype):
@@ -1201,7 +1235,7 @@ class _Linear4bitPlan:
         f = entry[2][0]
         if f is None or f[0] is not B or f[1] is not bias:
             return None
-        xa, xp = _hostcall.host_ptr(A)  # first: waits for everything queued before (in-place updates too)
+        xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
         for t, ptr in f[2]:
             if t._data_ptr() != ptr:
                 return None
@@ -1326,7 +1360,7 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     dot = compute_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
     call, bound, _ = plan.host_call(compute_dtype, dot)
     npdt = _hostcall.np_dtype(compute_dtype)
-    xa = _hostcall.host(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
+    xa = _hostcall.act_array(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
     for i, arr in enumerate(plan.host_args(B, quant_state, bias, compute_dtype), 1):
         if arr is not bound[i]:
             call.set(i, arr)
@@ -1778,7 +1812,7 @@ class Int8LinearPlan:
         rows = math.prod(shape[:-1])
         if rows == 0 or self.N == 0:
             return None
-        xa, xp = _hostcall.host_ptr(A)  # first: waits for everything queued before (in-place updates too)
+        xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
         for t, ptr in f[1]:
             if t._data_ptr() != ptr:
                 return None
