@@ -241,9 +241,8 @@ def failures(area: str, tally: Tally = TALLY, limit: Optional[int] = None) -> st
 POOL = Pool()
 
 
-def collect(strategy, max_examples: int) -> List[Dict[str, Any]]:
-    """Up to ``max_examples`` params drawn by hypothesis from ``strategy``, reproducibly (derandomized: the
-    same examples on every run), generation only (the cases run afterwards, spread over the pool)."""
+def draw(strategy, max_examples: int) -> List[Dict[str, Any]]:
+    """Up to ``max_examples`` params drawn by hypothesis from ``strategy`` (derandomized, generation only)."""
     from hypothesis import HealthCheck, Phase, given, settings
 
     out: List[Dict[str, Any]] = []
@@ -256,6 +255,22 @@ def collect(strategy, max_examples: int) -> List[Dict[str, Any]]:
 
     gather()
     return out
+
+
+def collect(*specs) -> List[List[Dict[str, Any]]]:
+    """For each ``(builder, max_examples[, args])``: the params ``draw(builder(*args), max_examples)`` gives, drawn
+    in one fresh process, so that every run gets the same examples (hypothesis' derandomized choices also depend
+    on what the process has imported: in a pytest session, after the package was imported by other tests, they
+    differed). A builder is a module-level function of a test module returning the strategy; args plain values."""
+    calls = ", ".join(f"fuzz_pool.draw(__import__({b.__module__!r}).{b.__name__}(*{tuple(rest[1]) if len(rest) > 1 else ()!r}), "
+                      f"{rest[0]})" for b, *rest in specs)
+    code = (f"import pickle, sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import fuzz_pool; "
+            f"sys.stdout.buffer.write(pickle.dumps([{calls}]))")
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, cwd=str(ROOT / "tests"))
+    if res.returncode:
+        raise RuntimeError(f"drawing the cases failed:\n{res.stderr.decode()[-3000:]}")
+    return pickle.loads(res.stdout)
 
 
 def run_area(pool: "Pool", area: str, cases: Sequence[Tuple[str, Dict[str, Any]]]) -> None:

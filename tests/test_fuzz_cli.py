@@ -35,10 +35,14 @@ BAD = [
 EXTRA = [[], [], ["--mode", "nf4"], ["--mode", "fp4", "--double-quant"], ["--no-fuse"], ["--max-new-tokens", "1"]]
 
 
+def cli_params():
+    return st.fixed_dictionaries(dict(bad=st.integers(0, len(BAD) - 1), extra=st.integers(0, len(EXTRA) - 1)))
+
+
 def test_fuzz_cli(fuzz_pool):
-    s = st.fixed_dictionaries(dict(bad=st.integers(0, len(BAD) - 1), extra=st.integers(0, len(EXTRA) - 1)))
     cases, seen = [], set()
-    for p in collect(s, 60):
+    (params,) = collect((cli_params, 60))
+    for p in params:
         argv, setup = BAD[p["bad"]]
         extra = EXTRA[p["extra"]] if argv[0] == "quantize" else []
         key = (p["bad"], tuple(extra))

@@ -23,10 +23,19 @@ def _status_diff():
     return sys.modules[name]
 
 
+def lib_params(n):
+    return st.fixed_dictionaries(dict(template=st.integers(0, n - 1), mutation=st.integers(0, 400),
+                                      seed=st.integers(0, 2**16)))
+
+
+def c_abi_params(n):
+    return st.fixed_dictionaries(dict(template=st.integers(0, n - 1), mutations=st.lists(st.integers(0, 400), min_size=1,
+                                                                                         max_size=2),
+                                      seed=st.integers(0, 2**16)))
+
+
 def test_fuzz_lib_calls(fuzz_pool):
-    n = len(list(_status_diff().templates()))
-    s = st.fixed_dictionaries(dict(template=st.integers(0, n - 1), mutation=st.integers(0, 400), seed=st.integers(0, 2**16)))
-    params = collect(s, 300)
+    (params,) = collect((lib_params, 300, (len(list(_status_diff().templates())),)))
     for i, p in enumerate(params):  # one in six is the template itself (well-formed: must compute)
         if i % 6 == 0:
             p["mutation"] = 0
@@ -34,8 +43,5 @@ def test_fuzz_lib_calls(fuzz_pool):
 
 
 def test_fuzz_c_abi(fuzz_pool):
-    n = len(list(_status_diff().templates()))
-    s = st.fixed_dictionaries(dict(template=st.integers(0, n - 1),
-                                   mutations=st.lists(st.integers(0, 400), min_size=1, max_size=2),
-                                   seed=st.integers(0, 2**16)))
-    run_area(fuzz_pool, "C ABI", [("c_abi", p) for p in collect(s, 700)])
+    (params,) = collect((c_abi_params, 700, (len(list(_status_diff().templates())),)))
+    run_area(fuzz_pool, "C ABI", [("c_abi", p) for p in params])

@@ -12,34 +12,44 @@ OPTIMS = ("Adam", "AdamW", "Adam8bit", "AdamW8bit", "SGD", "SGD8bit", "Lion", "L
           "Adagrad8bit", "LAMB", "LARS", "AdEMAMix8bit", "PagedAdamW8bit")
 
 
-def test_fuzz_optim_kernels(fuzz_pool):
-    s32 = st.fixed_dictionaries(dict(
+def optim32_params():
+    return st.fixed_dictionaries(dict(
         name=mostly(NAMES, ("adamw", "sgd", "")), dtype=mostly(FLOATS, ("float64", "int32")),
         n=st.sampled_from([0, 1, 7, 256, 300, 1000, 5000]), g_delta=mostly((0,), (-1, 1), 10),
         s1_dtype=mostly(("float32",), ("float16",), 12), step=mostly((1, 2, 10), (0, -1), 6),
         special=specials(6), seed=seeds, lr=st.sampled_from([1e-3, 0.1, 0.0]),
         max_unorm=st.sampled_from([0.0, 0.0, 0.0, 1.0]), view=st.sampled_from(["none", "none", "step"])))
-    cases = [("optim32", p) for p in collect(s32, 200)]
-    s8 = st.fixed_dictionaries(dict(
+
+
+def optim8_params():
+    return st.fixed_dictionaries(dict(
         name=st.sampled_from(NAMES), dtype=st.sampled_from(FLOATS), n=st.sampled_from([1, 255, 256, 257, 1000, 4096]),
         special=specials(6), seed=seeds, step=st.sampled_from([1, 3]), lr=st.sampled_from([1e-3, 0.01]),
         absmax_delta=mostly((0,), (-1, 2), 10)))
-    cases += [("optim8", p) for p in collect(s8, 120)]
-    run_area(fuzz_pool, "optim", cases)
 
 
-def test_fuzz_optim_classes(fuzz_pool):
-    args = st.one_of(
+def optim_args_params():
+    return st.one_of(
         st.fixed_dictionaries(dict(name=st.sampled_from(OPTIMS), arg=st.sampled_from(["lr", "eps", "weight_decay"]),
                                    value=st.sampled_from([-1.0, -1e-9, float("nan"), 0.0, 1e-3, "0.1x", None])))
         .filter(lambda p: not (p["arg"] == "eps" and p["name"].startswith(("SGD", "LARS", "Lion")))),
         st.fixed_dictionaries(dict(name=st.sampled_from(OPTIMS), arg=st.just("betas"),
                                    value=st.sampled_from([(0.9,), (0.9, 0.999), (1.0, 0.9), (-0.1, 0.9), (0.9, 0.999, 0.99),
                                                           (0.9, float("nan"))]))))
-    cases = [("optim_args", p) for p in collect(args, 90)]
-    load = st.fixed_dictionaries(dict(
+
+
+def optim_load_params():
+    return st.fixed_dictionaries(dict(
         name=st.sampled_from(OPTIMS),
         corrupt=st.sampled_from(["none", "no_state", "no_param_groups", "no_params", "group_count", "param_count",
                                  "state_shape", "other_optimizer", "not_a_dict"]), seed=seeds))
-    cases += [("optim_load", p) for p in collect(load, 70)]
-    run_area(fuzz_pool, "optim", cases)
+
+
+def test_fuzz_optim_kernels(fuzz_pool):
+    p32, p8 = collect((optim32_params, 200), (optim8_params, 120))
+    run_area(fuzz_pool, "optim", [("optim32", p) for p in p32] + [("optim8", p) for p in p8])
+
+
+def test_fuzz_optim_classes(fuzz_pool):
+    args, load = collect((optim_args_params, 90), (optim_load_params, 70))
+    run_area(fuzz_pool, "optim", [("optim_args", p) for p in args] + [("optim_load", p) for p in load])

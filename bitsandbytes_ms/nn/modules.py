@@ -180,15 +180,22 @@ def _rebuild_params4bit(cls, data, requires_grad):
 _LINEAR_DTYPES = (_ms.float32, _ms.float16, _ms.bfloat16)
 
 
+def _check_input_dtype(layer, t, arg: str, dtypes, expected: str) -> str:
+    """The first checks torch makes of a layer's input: a tensor (TypeError) of one of ``dtypes`` (RuntimeError,
+    as torch raises; ``expected`` says what it wants). Returns the layer's name for further messages."""
+    name = type(layer).__name__
+    if not isinstance(t, _ms.Tensor):
+        raise TypeError(f"{name}: `{arg}` must be a tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise RuntimeError(f"{name}: {expected}; got {_F.dtype_name(t.dtype)}")
+    return name
+
+
 def _check_linear_input(layer, x) -> None:
     """What torch's ``linear`` requires of its input, checked before any kernel runs (torch raises
     RuntimeError for an integer or a 0-d input; without this an int64 input came back as truncated int64)."""
-    name = type(layer).__name__
-    if not isinstance(x, _ms.Tensor):
-        raise TypeError(f"{name}: `x` must be a tensor, got {type(x).__name__}")
-    if x.dtype not in _LINEAR_DTYPES:
-        raise RuntimeError(f"{name}: `x` must have dtype float32, float16 or bfloat16 (the layer's weight is "
-                           f"floating point); got {_F.dtype_name(x.dtype)}")
+    name = _check_input_dtype(layer, x, "x", _LINEAR_DTYPES, "`x` must have dtype float32, float16 or bfloat16 "
+                                                             "(the layer's weight is floating point)")
     if x.ndim == 0:
         raise RuntimeError(f"{name}: `x` must have at least 1 dimension, [..., {layer.in_features}]; got a 0-d tensor")
 
@@ -755,12 +762,8 @@ def _check_indices(mod, input) -> None:
     the 8-/4-bit tables truncated float indices) holding indices in [0, num_embeddings) (IndexError, as torch;
     MindSpore's gather returned the last row for -1 and raised a C++ error past the end). The values are read
     in PyNative mode only (graph mode has none to read)."""
-    name = type(mod).__name__
-    if not isinstance(input, _ms.Tensor):
-        raise TypeError(f"{name}: `input` must be a tensor of indices, got {type(input).__name__}")
-    if input.dtype not in _INDEX_DTYPES:
-        raise RuntimeError(f"{name}: expected tensor for argument #1 'indices' (`input`) to have one of the following "
-                           f"scalar types: Long, Int (int64, int32); but got {_F.dtype_name(input.dtype)}")
+    name = _check_input_dtype(mod, input, "input", _INDEX_DTYPES, "expected tensor for argument #1 'indices' "
+                              "(`input`) to have one of the following scalar types: Long, Int (int64, int32)")
     if _math.prod(input.shape) == 0 or _ms.get_context("mode") != _ms.PYNATIVE_MODE:
         return
     idx = input.asnumpy()
