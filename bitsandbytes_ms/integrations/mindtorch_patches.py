@@ -2,6 +2,7 @@
 torch API). Each is registered with :data:`bitsandbytes_ms.integrations.patches.registry`, applied by
 :func:`bitsandbytes_ms.register`, and has a test in tests/test_integration_patches.py."""
 
+from . import distributed as _distributed  # noqa: F401  (registers the torch.distributed patches)
 from .patches import registry
 
 
