@@ -118,6 +118,8 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--batch", type=int, default=8, help="global batch (sequences per step, all ranks)")
     ap.add_argument("--seq", type=int, default=64, help="sequence length (smollm2)")
+    ap.add_argument("--reference", action="store_true",
+                    help="rank 0 then also trains one process on the whole global batch (reference.npz)")
     a = ap.parse_args()
     t0 = time.time()
     bnb.register()
@@ -128,8 +130,17 @@ def main():
     world = dist.get_world_size() if distributed else 1
     if a.batch % world:
         fail(f"--batch {a.batch} is not a multiple of the world size {world}")
-    t_init = time.time() - t0
+    print(f"dp_worker: rank {rank}/{world}: started in {time.time() - t0:.1f}s", flush=True)
+    train(a, distributed, rank, world, f"rank{rank}")
+    if a.reference and rank == 0:
+        train(a, False, 0, 1, "reference")
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
 
+
+def train(a, distributed, rank, world, name):
+    """Trains from rank 0's starting values; writes <out>/<name>.npz."""
     model, seqs, vocab, targets = build_tiny() if a.model == "tiny" else build_smollm2(a.seq)
     from peft import LoraConfig, get_peft_model
 
@@ -195,7 +206,7 @@ def main():
         losses.append(float(loss.asnumpy()))
         if step == a.steps // 2:  # rank 0 saves the optimizers; every rank reloads them into new ones
             before = opt_tensors(opts)
-            ckpt = Path(a.out) / "opt_state.pt"
+            ckpt = Path(a.out) / f"opt_state_world{world}.pt"  # rank 0 writes it, every rank reads it
             if rank == 0:
                 torch.save([opt.state_dict() for opt in opts], str(ckpt))
             if distributed:
@@ -218,12 +229,9 @@ def main():
     record["losses"] = np.array(losses, np.float64)
     dtypes = {key: str(v.dtype) for key, v in opt_tensors(opts).items()}
     record["state_dtypes"] = np.array(sorted(f"{k}={v}" for k, v in dtypes.items()))
-    np.savez(Path(a.out) / f"rank{rank}.npz", **record)
-    print(f"dp_worker: rank {rank}/{world} ok: init {t_init:.1f}s, {a.steps} steps {time.time() - t_train:.1f}s, "
+    np.savez(Path(a.out) / f"{name}.npz", **record)
+    print(f"dp_worker: {name} ({rank}/{world}) ok: {a.steps} steps {time.time() - t_train:.1f}s, "
           f"losses {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
-    if distributed:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
