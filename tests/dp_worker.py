@@ -16,7 +16,9 @@ What it covers on the way (each a hard failure of the worker, exit 1):
   * three optimizers over disjoint parameters: AdamW8bit (one parameter overridden to 32-bit state by
     GlobalOptimManager), PagedAdamW8bit, PagedAdamW (32-bit);
   * state_dict: halfway, rank 0 saves every optimizer's state_dict with torch.save; all ranks load it
-    into fresh optimizers and go on (the loaded state must equal the state each rank had).
+    into fresh optimizers and go on (the loaded state must equal the state each rank had);
+  * the mindspore.nn user too: a Dense Cell trained with AdamW8bit, gradients averaged by MindSpore's
+    nn.DistributedGradReducer (``cell/...`` in the file).
 """
 
 import argparse
@@ -227,11 +229,46 @@ def train(a, distributed, rank, world, name):
         for key, val in opt_tensors(opts).items():
             record[f"step{step}/state/{key}"] = val
     record["losses"] = np.array(losses, np.float64)
+    record.update(train_cell(a, distributed, rank, world))
     dtypes = {key: str(v.dtype) for key, v in opt_tensors(opts).items()}
     record["state_dtypes"] = np.array(sorted(f"{k}={v}" for k, v in dtypes.items()))
     np.savez(Path(a.out) / f"{name}.npz", **record)
     print(f"dp_worker: {name} ({rank}/{world}) ok: {a.steps} steps {time.time() - t_train:.1f}s, "
           f"losses {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
+
+
+def train_cell(a, distributed, rank, world, steps=4):
+    """The mindspore.nn user: a Dense Cell's Parameters, AdamW8bit, gradients averaged by MindSpore's own
+    nn.DistributedGradReducer (no torch.distributed). Returns {"cell/...": numpy}."""
+    from mindspore import nn
+
+    net = nn.Dense(64, 64)
+    rng = np.random.RandomState(7)
+    for p in net.trainable_params():
+        p.set_data(mindspore.Tensor((rng.randn(*p.shape) * 0.1).astype(np.float32)))
+    params = net.trainable_params()
+    opt = bnb.optim.AdamW8bit(params, lr=1e-2, min_8bit_size=256)
+    reducer = nn.DistributedGradReducer(params, mean=True, degree=world) if distributed else None
+    x_all = np.random.RandomState(8).randn(a.batch, 64).astype(np.float32)
+    per_rank = a.batch // world
+    x = mindspore.Tensor(x_all[rank * per_rank:(rank + 1) * per_rank])
+    # MindSpore's functional ops: after `import mindnlp` Tensor methods are mindtorch's, which want a device tag
+    value_and_grad = mindspore.value_and_grad(lambda x: mindspore.ops.mean(mindspore.ops.square(net(x))), None,
+                                              weights=params)
+    out, losses = {}, []
+    for step in range(steps):
+        loss, grads = value_and_grad(x)
+        if reducer is not None:
+            grads = reducer(grads)
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+        opt.step(grads=list(grads))
+        losses.append(float(loss.asnumpy()))
+        for i, p in enumerate(params):
+            out[f"cell/step{step}/param/{i}"] = p.asnumpy().copy()
+        for key, val in opt_tensors([opt]).items():
+            out[f"cell/step{step}/state/{key}"] = val
+    out["cell/losses"] = np.array(losses, np.float64)
+    return out
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ def _check(ranks, ref, steps, loss_rtol, param_atol):
     assert n_param >= 4 * steps and n_state >= 10 * steps
     assert len(a["losses"]) == steps and np.all(np.isfinite(a["losses"]))
     np.testing.assert_allclose(a["losses"], ref["losses"], rtol=loss_rtol, atol=0)
+    np.testing.assert_allclose(a["cell/losses"], ref["cell/losses"], rtol=loss_rtol, atol=0)
     for key in a.files:
         if "/param/" in key:
             np.testing.assert_allclose(a[key], ref[key], rtol=0, atol=param_atol, err_msg=key)
@@ -61,6 +62,7 @@ def _check(ranks, ref, steps, loss_rtol, param_atol):
     dtypes = set(a["state_dtypes"].tolist())
     assert "opt0/p0/state1=uint8" in dtypes and "opt0/p1/state1=float32" in dtypes  # GlobalOptimManager override
     assert "opt1/p0/state1=uint8" in dtypes and "opt1/p1/state2=uint8" in dtypes  # PagedAdamW8bit
+    assert a["cell/step0/state/opt0/p0/state1"].dtype == np.uint8  # the Cell's weight: 8-bit AdamW state
 
 
 @pytest.mark.distributed
