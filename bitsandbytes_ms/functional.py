@@ -1195,13 +1195,10 @@ class _Linear4bitPlan:
         reads in place has moved (one address read each), only A and the output are re-pointed. Returns the
         result, or None (the caller runs the full path)."""
         dt = A.dtype
-        shape = tuple(A.shape)
+        shape, rows = _lean_rows(A, self.K, max_rows)
+        if not rows:
+            return None
         K = self.K
-        if not shape or shape[-1] != K:
-            return None
-        rows = math.prod(shape[:-1])
-        if rows == 0 or rows > max_rows or K == 0:
-            return None
         entry = self.calls.get((dt, _get_ident(), dt == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows)))
         if entry is None:
             return None
@@ -1209,9 +1206,8 @@ class _Linear4bitPlan:
         if f is None or f[0] is not B or f[1] is not bias:
             return None
         xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
-        for t, ptr in f[2]:
-            if t._data_ptr() != ptr:
-                return None
+        if not _unmoved(f[2]):
+            return None
         out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(A.dtype))
         entry[0].run_rows(0, xp, rows, K, 11, out)
         return _hostcall.wrap(out)
@@ -1223,13 +1219,10 @@ class _Linear4bitPlan:
         have been rewritten in place). Returns the fp32 result, or None (the caller runs the full call)."""
         if A.dtype != ms.float32:
             return None
-        shape = tuple(A.shape)
+        shape, rows = _lean_rows(A, self.K, max_rows)
+        if not rows:
+            return None
         K = self.K
-        if not shape or shape[-1] != K:
-            return None
-        rows = math.prod(shape[:-1])
-        if rows == 0 or rows > max_rows or K == 0:
-            return None
         entry = self.calls.get((compute_dtype, _get_ident(), compute_dtype == ms.bfloat16 and _use_bf16_dot(None, rows)))
         if entry is None:
             return None
@@ -1238,9 +1231,8 @@ class _Linear4bitPlan:
             return None
         npdt = _hostcall.np_dtype(compute_dtype)
         xa = _hostcall.act_array(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
-        for t, ptr in f[2]:
-            if t._data_ptr() != ptr:
-                return None
+        if not _unmoved(f[2]):
+            return None
         if bias is not None and bias.dtype != compute_dtype:
             b = self.views[6].array.reshape(-1).astype(npdt)  # the bias's own memory (its address checked above)
             entry[0].set(7, b)
@@ -1248,6 +1240,24 @@ class _Linear4bitPlan:
         out = np.empty(shape[:-1] + (self.N,), npdt)
         entry[0].run_rows(0, xa.ctypes.data, rows, K, 11, out)
         return _hostcall.wrap(out.astype(np.float32))
+
+
+def _lean_rows(A: Tensor, K: int, max_rows: int = 1 << 62) -> tuple:
+    """``(shape, rows)`` of an activation a lean call can take: [..., K] with 1..max_rows rows and K > 0;
+    rows is 0 otherwise (the caller runs its full path)."""
+    shape = tuple(A.shape)
+    if not shape or shape[-1] != K or K == 0:
+        return shape, 0
+    rows = math.prod(shape[:-1])
+    return shape, (rows if rows <= max_rows else 0)
+
+
+def _unmoved(watch) -> bool:
+    """True when every (tensor, address) a lean call reads in place still has that address."""
+    for t, ptr in watch:
+        if t._data_ptr() != ptr:
+            return False
+    return True
 
 
 def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
@@ -1793,17 +1803,13 @@ class Int8LinearPlan:
         f = entry[5]
         if f is None or f[0] is not bias or threshold != entry[1]:
             return None
-        shape = tuple(A.shape)
+        shape, rows = _lean_rows(A, self.K)
+        if not rows or self.N == 0:
+            return None
         K = self.K
-        if not shape or shape[-1] != K:
-            return None
-        rows = math.prod(shape[:-1])
-        if rows == 0 or self.N == 0:
-            return None
         xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
-        for t, ptr in f[1]:
-            if t._data_ptr() != ptr:
-                return None
+        if not _unmoved(f[1]):
+            return None
         out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(A.dtype))
         if threshold > 0.0:
             flags = np.empty(K, np.uint8)  # kept by the caller (state.idx): a new array every call
