@@ -17,7 +17,7 @@ import os
 import math
 import threading
 from threading import get_ident as _get_ident
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -79,9 +79,12 @@ def _contiguous(t: Tensor) -> Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+_ITEMSIZE = {ms.float16: 2, ms.bfloat16: 2, ms.int16: 2, ms.uint16: 2, ms.float32: 4, ms.int32: 4, ms.uint32: 4,
+             ms.float64: 8, ms.int64: 8}
+
+
 def _itemsize(dtype) -> int:
-    return 2 if dtype in (ms.float16, ms.bfloat16, ms.int16, ms.uint16) else 4 if dtype in (
-        ms.float32, ms.int32, ms.uint32) else 8 if dtype in (ms.float64, ms.int64) else 1
+    return _ITEMSIZE.get(dtype, 1)  # a dict lookup: comparing MindSpore dtypes one by one costs ~1 us each
 
 
 def _numel(t: Tensor) -> int:
@@ -905,6 +908,41 @@ def _absmax_4bit(state: QuantState) -> Tensor:
     return amax
 
 
+def _4bit_size_errors(state: QuantState, packed_bytes: Optional[int], packed: str = "`A`",
+                      st: str = "quant_state", keys: Optional[Tuple[str, str, str]] = None) -> List[str]:
+    """What disagrees, exactly, between a 4-bit weight's sizes and ``state.shape`` / ``state.blocksize``: the packed
+    bytes (``(n+1)//2``), the absmax entries (one a block) and, nested, the second-level absmax entries. A state
+    of another shape or blocksize decodes garbage, so longer is as wrong as shorter. ``packed`` / ``st`` name the
+    packed tensor and the state in the messages; ``keys`` (shape, absmax, nested absmax) name those instead (the
+    state-dict keys). The blocksizes must have been checked. Returns the messages (empty when all match)."""
+    k_shape, k_absmax, k_nested = keys or (f"{st}.shape", f"{st}.absmax", f"{st}.state2.absmax")
+    shape = tuple(int(d) for d in state.shape)
+    n = int(math.prod(shape))
+    bs = int(state.blocksize)
+    nb = -(-n // bs)
+    errs = []
+    if packed_bytes is not None and packed_bytes != (n + 1) // 2:
+        errs.append(f"{packed} holds {packed_bytes} bytes; {k_shape} {shape} needs exactly {(n + 1) // 2} "
+                    f"(two 4-bit codes a byte)")
+    if _numel(state.absmax) != nb:
+        errs.append(f"{k_absmax} has {_numel(state.absmax)} entries; {k_shape} {shape} at blocksize {bs} needs "
+                    f"exactly ceil({n}/{bs}) = {nb}")
+    if state.nested and isinstance(getattr(state.state2, "blocksize", None), (int, np.integer)):
+        bs2 = int(state.state2.blocksize)
+        nb2 = -(-nb // bs2)
+        if _numel(state.state2.absmax) != nb2:
+            errs.append(f"{k_nested} has {_numel(state.state2.absmax)} entries; {nb} absmax codes at nested "
+                        f"blocksize {bs2} need exactly ceil({nb}/{bs2}) = {nb2}")
+    return errs
+
+
+def _check_4bit_sizes(state: QuantState, packed_bytes: Optional[int], fn: str, packed: str = "`A`",
+                      st: str = "quant_state") -> None:
+    errs = _4bit_size_errors(state, packed_bytes, packed, st)
+    if errs:
+        raise ValueError(f"{fn}: {errs[0]}")
+
+
 def dequantize_4bit(A: Tensor, quant_state: Optional[QuantState] = None, absmax: Optional[Tensor] = None,
                     out: Optional[Tensor] = None, blocksize=None, quant_type: str = "fp4") -> Tensor:
     """Inverse of :func:`quantize_4bit` (upstream ``dequantize_4bit``): ``code[nibble] * absmax[block]``
@@ -917,12 +955,13 @@ def dequantize_4bit(A: Tensor, quant_state: Optional[QuantState] = None, absmax:
         absmax, out, blocksize (default 64), quant_type: as upstream.
 
     Returns:
-        The dequantized tensor. As upstream, a packed ``A`` of shape ``[1, m]`` (a transposed view)
-        gives the 2-D result transposed.
+        The dequantized tensor. As upstream, a packed ``A`` of shape ``[1, m]`` with ``m > 1`` (a transposed
+        view) gives the 2-D result transposed; a ``[1, 1]`` one (a weight of 1 or 2 values) is the weight itself
+        (upstream transposes it too, giving a [2, 1] result for a [1, 2] weight).
 
     Raises:
-        ValueError: neither quant_state nor absmax+out; bad blocksize/quant_type/dtype; too few bytes
-            or absmax entries for the shape.
+        ValueError: neither quant_state nor absmax+out; bad blocksize/quant_type/dtype; packed bytes or absmax
+            entries other than exactly what ``quant_state.shape`` and ``blocksize`` need.
     """
     fn = "dequantize_4bit"
     if blocksize is None:
@@ -937,22 +976,21 @@ def dequantize_4bit(A: Tensor, quant_state: Optional[QuantState] = None, absmax:
     qt = _check_quant_type(quant_state.quant_type, fn)
     if quant_state.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{fn}: quant_state.dtype must be float32, float16 or bfloat16; got {quant_state.dtype}")
+    if quant_state.shape is None:
+        raise ValueError(f"{fn}: `quant_state.shape` must be the shape of the quantized tensor; got None")
     shape = tuple(quant_state.shape)
     n = int(math.prod(shape))
-    transpose = len(A.shape) == 2 and A.shape[0] == 1 and len(shape) == 2
+    transpose = len(A.shape) == 2 and A.shape[0] == 1 and A.shape[1] > 1 and len(shape) == 2
     res_shape = (shape[1], shape[0]) if transpose else shape
     _check_out(out, res_shape if out is not None and tuple(out.shape) == res_shape else shape, quant_state.dtype, fn)
     code = quant_state.code if quant_state.code is not None else _code4(qt)
     _check_dtype(code, (ms.float32,), fn, "quant_state.code")
     if _numel(code) != 16:
         raise ValueError(f"{fn}: `quant_state.code` must have 16 entries; got {_numel(code)}")
+    _check_4bit_sizes(quant_state, _numel(A) * _itemsize(A.dtype), fn)
     raw = _as_uint8(_contiguous(A))
-    if _numel(raw) < (n + 1) // 2:
-        raise ValueError(f"{fn}: `A` holds {_numel(raw)} bytes; shape {shape} needs {(n + 1) // 2}")
     amax = _absmax_4bit(quant_state)
     _check_dtype(amax, (ms.float32,), fn, "absmax")
-    if _numel(amax) < -(-n // bs):
-        raise ValueError(f"{fn}: `absmax` must have ceil({n}/{bs}) = {-(-n // bs)} entries; got {_numel(amax)}")
     if n == 0:
         res = _empty_np(shape, quant_state.dtype)
     else:
@@ -996,7 +1034,8 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
         [..., N] in A's dtype.
 
     Raises:
-        ValueError: ``state`` missing, A not float, K != state.shape[1], or bad ``out``.
+        ValueError: ``state`` missing, A not float, K != state.shape[1], packed bytes or absmax entries other than
+            exactly what ``state.shape`` and ``state.blocksize`` need, or bad ``out``.
     """
     fn = "gemv_4bit"
     if state is None:
@@ -1013,16 +1052,13 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
     _check_out(out, out_shape, A.dtype, fn)
     code = state.code
     _check_dtype(code, (ms.float32,), fn, "state.code")
+    _check_4bit_sizes(state, _numel(B) * _itemsize(B.dtype), fn, "`B`", "state")
     raw = _as_uint8(_contiguous(B))
-    if _numel(raw) < (N * K + 1) // 2:
-        raise ValueError(f"{fn}: `B` holds {_numel(raw)} bytes; a [{N}, {K}] weight needs {(N * K + 1) // 2}")
     if _numel(A) == K and N and state.nested and _hostcall.active():
         # one row of inference: the fused call decodes the double-quant absmax in the kernel (the same bits as
         # dequantizing it first, without the separate MindSpore ops)
         return _write(out, linear_4bit(A, B, state))
     amax = _contiguous(_absmax_4bit(state))
-    if _numel(amax) < -(-N * K // bs):
-        raise ValueError(f"{fn}: state.absmax must have {-(-N * K // bs)} entries; got {_numel(amax)}")
     if _numel(A) == 0 or N == 0:
         return _write(out, _empty_np(out_shape, A.dtype))
     res = getattr(lib, f"cgemm_4bit_inference_naive_{_SUFFIX[A.dtype]}")(_contiguous(A), raw, amax, code, bs, N)
@@ -1047,7 +1083,6 @@ class _Linear4bitPlan:
         _check_dtype(code, (ms.float32,), fn, "quant_state.code")
         if _numel(code) != 16:
             raise ValueError(f"{fn}: `quant_state.code` must have 16 entries; got {_numel(code)}")
-        nb = -(-self.N * self.K // self.bs)
         self.nested = bool(state.nested)
         if self.nested:
             s2 = state.state2
@@ -1055,9 +1090,8 @@ class _Linear4bitPlan:
             _check_dtype(s2.absmax, (ms.float32,), fn, "quant_state.state2.absmax")
             _check_dtype(s2.code, (ms.float32,), fn, "quant_state.state2.code")
             self.bs2 = _check_blocksize(s2.blocksize, BLOCKWISE_BLOCKSIZES, fn)
-            if _numel(s2.code) != 256 or _numel(s2.absmax) < -(-nb // self.bs2):
-                raise ValueError(f"{fn}: quant_state.state2 must have a 256-entry code and ceil({nb}/{self.bs2}) "
-                                 f"absmax entries; got {_numel(s2.code)} and {_numel(s2.absmax)}")
+            if _numel(s2.code) != 256:
+                raise ValueError(f"{fn}: quant_state.state2.code must have 256 entries; got {_numel(s2.code)}")
             off = state.offset
             if isinstance(off, Tensor) and (off.dtype != ms.float32 or _numel(off) != 1):
                 raise ValueError(f"{fn}: `quant_state.offset` must be one float32 value; got {off.dtype} "
@@ -1065,8 +1099,7 @@ class _Linear4bitPlan:
         else:
             _check_dtype(state.absmax, (ms.float32,), fn, "quant_state.absmax")
             self.bs2 = 256
-        if _numel(state.absmax) < nb:
-            raise ValueError(f"{fn}: quant_state.absmax must have {nb} entries; got {_numel(state.absmax)}")
+        _check_4bit_sizes(state, None, fn)
         self.calls: Dict[Any, Any] = {}
         self.views = [_hostcall.DeviceView() for _ in range(7)]  # B, absmax, code, absmax2, code2, offset, bias
         self.weight_ok = None  # the last weight whose byte count was checked
@@ -1088,8 +1121,9 @@ class _Linear4bitPlan:
             _check_tensor(B, fn, "B")
             need = (self.N * self.K + 1) // 2
             have = _numel(B) * _itemsize(B.dtype)
-            if have < need:
-                raise ValueError(f"{fn}: `B` holds {have} bytes; a [{self.N}, {self.K}] weight needs {need}")
+            if have != need:
+                raise ValueError(f"{fn}: `B` holds {have} bytes; quant_state.shape ({self.N}, {self.K}) needs exactly "
+                                 f"{need} (two 4-bit codes a byte)")
             self.weight_ok = B
 
     def host_args(self, B: Tensor, state: QuantState, bias: Optional[Tensor], dtype):
@@ -1124,13 +1158,17 @@ class _Linear4bitPlan:
                 np.empty((1, self.K), npdt), np.empty(1, np.uint8), np.empty(1, np.float32),
                 np.empty(16, np.float32), None, None, None, None, self.bs, self.bs2, self.N,
                 np.empty((1, self.N), npdt))
-            entry = self.calls[key] = (call, [None] * 8, [None])
+            # [lean record of linear_4bit, lean record of linear_4bit_compute (fp32 activations)]
+            entry = self.calls[key] = (call, [None] * 8, [None, None])
         return entry
 
-    def watch_of(self, B: Tensor, state: QuantState, bias: Optional[Tensor], bound: list):
+    def watch_of(self, B: Tensor, state: QuantState, bias: Optional[Tensor], bound: list,
+                 converted_bias: bool = False):
         """What the lean call checks (see :meth:`fast`): the weight and bias objects, and (tensor, address)
         of every tensor whose memory the bound call reads in place. None where an argument is a host copy
-        (a view, a converted bias): such calls keep the full path, which copies anew every time."""
+        (a view; a converted bias unless ``converted_bias``: the lean call of :func:`linear_4bit_compute`
+        converts it from the bias's own memory on every call): such calls keep the full path, which copies anew
+        every time."""
         s2 = state.state2
         tensors = [B, state.absmax, state.code]
         if self.nested:
@@ -1142,8 +1180,10 @@ class _Linear4bitPlan:
             if not isinstance(t, Tensor):
                 continue  # a Python float offset (its identity is in the plan's key)
             v = next((v for v in self.views if v.ref is not None and v.ref() is t), None)
-            if v is None or v.array is None or not any(isinstance(b, np.ndarray) and b.ctypes.data == v.ptr
-                                                       for b in bound):
+            if v is None or v.array is None:
+                return None
+            if not (converted_bias and t is bias) and not any(
+                    isinstance(b, np.ndarray) and b.ctypes.data == v.ptr for b in bound):
                 return None
             watch.append((t, v.ptr))
         return (B, bias, tuple(watch))
@@ -1155,13 +1195,10 @@ class _Linear4bitPlan:
         reads in place has moved (one address read each), only A and the output are re-pointed. Returns the
         result, or None (the caller runs the full path)."""
         dt = A.dtype
-        shape = tuple(A.shape)
+        shape, rows = _lean_rows(A, self.K, max_rows)
+        if not rows:
+            return None
         K = self.K
-        if not shape or shape[-1] != K:
-            return None
-        rows = math.prod(shape[:-1])
-        if rows == 0 or rows > max_rows or K == 0:
-            return None
         entry = self.calls.get((dt, _get_ident(), dt == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows)))
         if entry is None:
             return None
@@ -1169,12 +1206,58 @@ class _Linear4bitPlan:
         if f is None or f[0] is not B or f[1] is not bias:
             return None
         xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
-        for t, ptr in f[2]:
-            if t._data_ptr() != ptr:
-                return None
+        if not _unmoved(f[2]):
+            return None
         out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(A.dtype))
         entry[0].run_rows(0, xp, rows, K, 11, out)
         return _hostcall.wrap(out)
+
+    def fast_compute(self, A: Tensor, B: Tensor, bias: Optional[Tensor], compute_dtype, max_rows: int = 1 << 62):
+        """The lean form of :func:`linear_4bit_compute` (fp32 activations, 16-bit compute dtype), as :meth:`fast`:
+        after one full call with these weight/bias objects on this thread, and nothing moved, A is rounded to the
+        compute dtype and re-pointed with the output; an fp32 bias is converted from its own memory again (it may
+        have been rewritten in place). Returns the fp32 result, or None (the caller runs the full call)."""
+        if A.dtype != ms.float32:
+            return None
+        shape, rows = _lean_rows(A, self.K, max_rows)
+        if not rows:
+            return None
+        K = self.K
+        entry = self.calls.get((compute_dtype, _get_ident(), compute_dtype == ms.bfloat16 and _use_bf16_dot(None, rows)))
+        if entry is None:
+            return None
+        f = entry[2][1]
+        if f is None or f[0] is not B or f[1] is not bias:
+            return None
+        npdt = _hostcall.np_dtype(compute_dtype)
+        xa = _hostcall.act_array(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
+        if not _unmoved(f[2]):
+            return None
+        if bias is not None and bias.dtype != compute_dtype:
+            b = self.views[6].array.reshape(-1).astype(npdt)  # the bias's own memory (its address checked above)
+            entry[0].set(7, b)
+            entry[1][7] = b
+        out = np.empty(shape[:-1] + (self.N,), npdt)
+        entry[0].run_rows(0, xa.ctypes.data, rows, K, 11, out)
+        return _hostcall.wrap(out.astype(np.float32))
+
+
+def _lean_rows(A: Tensor, K: int, max_rows: int = 1 << 62) -> tuple:
+    """``(shape, rows)`` of an activation a lean call can take: [..., K] with 1..max_rows rows and K > 0;
+    rows is 0 otherwise (the caller runs its full path)."""
+    shape = tuple(A.shape)
+    if not shape or shape[-1] != K or K == 0:
+        return shape, 0
+    rows = math.prod(shape[:-1])
+    return shape, (rows if rows <= max_rows else 0)
+
+
+def _unmoved(watch) -> bool:
+    """True when every (tensor, address) a lean call reads in place still has that address."""
+    for t, ptr in watch:
+        if t._data_ptr() != ptr:
+            return False
+    return True
 
 
 def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
@@ -1291,7 +1374,7 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
         return None
     plan.check_weight(B, fn)
     dot = compute_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
-    call, bound, _ = plan.host_call(compute_dtype, dot)
+    call, bound, fast = plan.host_call(compute_dtype, dot)
     npdt = _hostcall.np_dtype(compute_dtype)
     xa = _hostcall.act_array(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
     for i, arr in enumerate(plan.host_args(B, quant_state, bias, compute_dtype), 1):
@@ -1302,6 +1385,7 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     call.set(0, xa)
     call.set(11, out)
     call()
+    fast[1] = plan.watch_of(B, quant_state, bias, bound, converted_bias=bias is not None and bias.dtype != compute_dtype)
     return _hostcall.wrap(out.astype(np.float32))
 
 
@@ -1719,17 +1803,13 @@ class Int8LinearPlan:
         f = entry[5]
         if f is None or f[0] is not bias or threshold != entry[1]:
             return None
-        shape = tuple(A.shape)
+        shape, rows = _lean_rows(A, self.K)
+        if not rows or self.N == 0:
+            return None
         K = self.K
-        if not shape or shape[-1] != K:
-            return None
-        rows = math.prod(shape[:-1])
-        if rows == 0 or self.N == 0:
-            return None
         xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
-        for t, ptr in f[1]:
-            if t._data_ptr() != ptr:
-                return None
+        if not _unmoved(f[1]):
+            return None
         out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(A.dtype))
         if threshold > 0.0:
             flags = np.empty(K, np.uint8)  # kept by the caller (state.idx): a new array every call

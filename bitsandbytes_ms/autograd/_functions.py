@@ -112,26 +112,46 @@ def matmul_4bit(A, B, quant_state, out: _Optional[_Tensor] = None, bias: _Option
     Single-row inputs use the native gemv kernel (reads the packed weight once); others dequantize
     to fp32 and use MindSpore's matmul. Differentiable w.r.t. ``A`` and ``bias`` (see :class:`MatMul4Bit`).
 
+    As upstream 0.50.2, a weight quantized from a [K, N] tensor (``A``'s last dimension equals
+    ``quant_state.shape[0]`` and not ``shape[1]``) still runs, with a DeprecationWarning.
+
     Raises:
-        ValueError: quant_state missing or not 2-D; K does not match.
+        ValueError: quant_state missing or not 2-D; ``A``'s last dimension matches neither dimension of
+            ``quant_state.shape``; ``B``'s bytes or the absmax entries other than exactly what
+            ``quant_state.shape`` and ``blocksize`` need; ``bias`` or ``out`` of the wrong size.
     """
+    fn = "matmul_4bit"
     if quant_state is None:
         raise ValueError("quant_state is required")
     if quant_state.shape is None or len(quant_state.shape) != 2:
         raise ValueError("matmul_4bit: quant_state.shape must be 2D [N, K]")
+    _F._check_dtype(A, _F.FLOAT_DTYPES, fn, "A")
+    _F._check_tensor(B, fn, "B")
+    _F._check_blocksize(quant_state.blocksize, _F.FOURBIT_BLOCKSIZES, fn)
+    _F._check_4bit_sizes(quant_state, _F._numel(B) * _F._itemsize(B.dtype), fn, "`B`")
     N, Kq = (int(x) for x in quant_state.shape)
+    if len(A.shape) == 0:
+        raise ValueError(f"{fn}: `A` must have at least one dimension, [..., {Kq}]; got a 0-d tensor")
     K = A.shape[-1]
-    if K == N and K != Kq:
+    kn = K == N and K != Kq  # the deprecated [K, N] orientation: the result has shape[1] columns
+    if not kn and K != Kq:
+        raise ValueError(f"{fn}: `A` must have last dimension {Kq} (quant_state.shape[1]); got shape {tuple(A.shape)}")
+    n_out = Kq if kn else N
+    if bias is not None:
+        _F._check_dtype(bias, _F.FLOAT_DTYPES, fn, "bias")
+        if _F._numel(bias) != n_out:
+            raise ValueError(f"{fn}: `bias` must have {n_out} elements (the output features); got shape "
+                             f"{tuple(bias.shape)}")
+    _F._check_out(out, tuple(A.shape[:-1]) + (n_out,), A.dtype, fn)
+    if kn:
         _warnings.warn(f"matmul_4bit: weight was quantized from a [K, N] tensor (quant_state.shape={list(quant_state.shape)}). "
-                       "Re-quantize from the weight in [N, K] (out_features, in_features) orientation.",
-                       DeprecationWarning, stacklevel=2)
+                       "Re-quantize from the weight in [N, K] (out_features, in_features) orientation. "
+                       "This will be an error in a future version.", DeprecationWarning, stacklevel=2)
         W = _dequant_weight_f32(B, quant_state)
         res = _mm(A.reshape(-1, K).astype(_ms.float32), W, (A,))
         if bias is not None:
             res = res + bias.astype(_ms.float32)
         return _F._write(out, res.reshape(tuple(A.shape[:-1]) + (Kq,)).astype(A.dtype))
-    if K != Kq:
-        raise ValueError(f"matmul_4bit: `A` must have last dimension {Kq} (quant_state.shape[1]); got {K}")
     if _math.prod(A.shape) == 0:
         return _F._write(out, _F._empty_np(tuple(A.shape[:-1]) + (N,), A.dtype))
     if _hostcall.active():  # inference: no autograd cell, the forward directly

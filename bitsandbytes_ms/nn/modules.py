@@ -241,6 +241,11 @@ class Linear4bit(torch.nn.Linear):
         if wkey in state_dict and qkeys:
             stats = {k[len(wkey) + 1:]: state_dict[k] for k in qkeys}
             data = state_dict[wkey]
+            qs = _F.QuantState.from_dict(qs_dict=stats)
+            errs = self._quantized_weight_errors(qs, data, wkey)
+            if errs:  # the layer is left as it was
+                error_msgs.extend(errs)
+                return
             self.weight = Params4bit.from_prequantized(torch.Tensor(data), stats, requires_grad=False, module=self)
             self.quant_state = self.weight.quant_state
             rest = {k: v for k, v in state_dict.items() if k != wkey and k not in qkeys}
@@ -253,6 +258,27 @@ class Linear4bit(torch.nn.Linear):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
+    def _quantized_weight_errors(self, qs, data, wkey):
+        """Why a quantized checkpoint's weight (packed ``data`` and its QuantState) cannot be this layer's: the
+        quantized shape must be [out_features, in_features] (a transposed or other layer's weight would compute
+        garbage through matmul_4bit's deprecated [K, N] branch) and the packed bytes and absmax entries exactly
+        what that shape and the blocksize need. Messages name the state-dict keys, as torch's size mismatches."""
+        want = (int(self.out_features), int(self.in_features))
+        shape = None if qs.shape is None else tuple(int(d) for d in qs.shape)
+        src = f"{wkey}.quant_state.bitsandbytes__{qs.quant_type}"
+        if shape != want:
+            return [f"size mismatch for {wkey}: copying a 4-bit weight of shape {shape} ({src}), the shape in current "
+                    f"model is {want} (out_features, in_features)"]
+        try:
+            _F._check_blocksize(qs.blocksize, _F.FOURBIT_BLOCKSIZES, src)
+            if qs.nested:
+                _F._check_blocksize(qs.state2.blocksize, _F.BLOCKWISE_BLOCKSIZES, src)
+        except (TypeError, ValueError) as e:
+            return [str(e)]
+        nbytes = int(_math.prod(data.shape)) * _F._itemsize(data.dtype)
+        keys = (f"the shape in {src}", f"{wkey}.absmax", f"{wkey}.nested_absmax")
+        return [f"size mismatch: {e}" for e in _F._4bit_size_errors(qs, nbytes, wkey, keys=keys)]
+
     def forward(self, x):
         w = self.weight
         qs = getattr(w, "quant_state", None)
@@ -263,11 +289,23 @@ class Linear4bit(torch.nn.Linear):
                 res = plan.fast(x, w, self.bias, _F.LINEAR_4BIT_MAX_ROWS)
                 if res is not None:
                     return res
+        K = int(qs.shape[1]) if qs is not None and qs.shape is not None else int(self.in_features)
+        if x.ndim == 0 or x.shape[-1] != K:  # never matmul_4bit's deprecated [K, N] branch: the weight is [N, K]
+            raise ValueError(f"{type(self).__name__}: `x` must have last dimension {K} (in_features); got shape "
+                             f"{tuple(x.shape)}")
         if (qs is not None and self.compute_type_is_set and _hostcall.active() and isinstance(w, Params4bit)
                 and x.dtype == (self.compute_dtype or x.dtype) and x.ndim >= 1
                 and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
             # inference, compute dtype = input dtype: one native call (kernel, bias and double-quant absmax fused)
             return _F.linear_4bit(x, w, qs, self.bias)
+        if (qs is not None and self.compute_type_is_set and x.dtype == _ms.float32 and isinstance(w, Params4bit)
+                and self.compute_dtype in (_ms.bfloat16, _ms.float16) and _hostcall.active()):
+            plan = qs.__dict__.get("_linear_plan")
+            if plan is not None and plan.matches(qs):
+                # the lean form of linear_4bit_compute below (its weight and bias seen before, nothing moved)
+                res = plan.fast_compute(x, w, self.bias, self.compute_dtype, _F.LINEAR_4BIT_MAX_ROWS)
+                if res is not None:
+                    return res
         if (qs is not None and self.compute_type_is_set and x.dtype == _ms.float32 and isinstance(w, Params4bit)
                 and self.compute_dtype in (_ms.bfloat16, _ms.float16) and x.ndim >= 1
                 and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
@@ -530,6 +568,31 @@ class Linear8bitLt(torch.nn.Linear):
             self.weight = Int8Params(data, requires_grad=False, has_fp16_weights=False, CB=data, SCB=scb)
             self.state.has_fp16_weights = False
             self.state.reset_grads()
+        elif w_key in state_dict and isinstance(self.weight, Int8Params):
+            w = state_dict[w_key]
+            if w.dtype == _ms.int8:
+                # int8 codes are nothing without their row scales, and the layer's own belong to its own codes
+                error_msgs.append(f"{w_key}: an int8 (quantized) weight needs its row scales {scb_key}, which the "
+                                  f"state dict lacks")
+                return
+            if self.weight.is_quantized or self.state.CB is not None:
+                # a full-precision weight into a quantized layer: quantized again from it (copied into the int8
+                # codes it would be truncated, and the old row scales would stay)
+                want = (int(self.out_features), int(self.in_features))
+                if tuple(w.shape) != want:
+                    error_msgs.append(f"size mismatch for {w_key}: copying a param with shape {tuple(w.shape)}, "
+                                      f"the shape in current model is {want}")
+                    return
+                self.weight = Int8Params(_as_mindtorch(torch.Tensor(w).clone()), requires_grad=False,
+                                         has_fp16_weights=False).quantize()
+                self.state.CB = self.state.SCB = None
+                self.state.reset_grads()
+                rest = {k: v for k, v in state_dict.items() if k != w_key}
+                super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                              error_msgs)
+                if w_key in missing_keys:
+                    missing_keys.remove(w_key)
+                return
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
         for key in (scb_key, fmt_key):
@@ -569,11 +632,24 @@ class Linear8bitLt(torch.nn.Linear):
         if self.bias is not None and self.bias.dtype != x.dtype:
             self.bias.data = _as_mindtorch(self.bias.data.to(x.dtype))
         bias = self.bias
+        if not isinstance(w, Int8Params) and w.dtype != _ms.int8:
+            # a weight tied to (or replaced by) a plain float tensor, e.g. an input embedding: computed from its
+            # current values in full precision, as upstream's fix of its #1634 (0.50.2 raises AttributeError);
+            # an int8 copy kept in the state would go stale when the tensor changes
+            return _linear_full_precision(x, w, bias)
         out = matmul(x, w, bias=bias, state=self.state)
         # keep SCB reachable from the weight too (transformers reads `weight.SCB`)
         if w.dtype == _ms.int8 and getattr(w, "SCB", None) is None:
             w.SCB = self.state.SCB
         return out
+
+
+def _linear_full_precision(x, w, bias):
+    """``x @ w.T + bias`` in x's dtype, differentiable (bf16 through float32: MindSpore's CPU matmul has none)."""
+    dt = x.dtype
+    cdt = torch.float32 if dt == torch.bfloat16 else dt
+    out = torch.nn.functional.linear(x.to(cdt), w.to(cdt), None if bias is None else bias.to(cdt))
+    return out.to(dt)
 
 
 def _np_scalar(t):
@@ -891,6 +967,11 @@ class LinearWeightOnly(torch.nn.Linear):
                                           error_msgs)
             if strict and self.bias is not None and prefix + "bias" not in state_dict:
                 missing_keys.append(prefix + "bias")
+            return
+        if wkey in state_dict and state_dict[wkey].dtype in (_ms.int8, _ms.uint8):
+            # integer codes without their scales: taken as weights they would be ~100x too large
+            error_msgs.append(f"{wkey}: an int{self.bits} (quantized) weight needs its scales {skey}, which the "
+                              f"state dict lacks")
             return
         if wkey in state_dict and self.is_quantized:  # a float checkpoint into a quantized layer: re-quantize
             self.weight = torch.nn.Parameter(torch.Tensor(state_dict[wkey]))
