@@ -320,6 +320,14 @@ class Linear4bit(torch.nn.Linear):
             # inference, compute dtype = input dtype: one native call (kernel, bias and double-quant absmax fused)
             return _F.linear_4bit(x, w, qs, self.bias)
         if (qs is not None and self.compute_type_is_set and x.dtype == _ms.float32 and isinstance(w, Params4bit)
+                and self.compute_dtype in (_ms.bfloat16, _ms.float16) and _hostcall.active()):
+            plan = qs.__dict__.get("_linear_plan")
+            if plan is not None and plan.matches(qs):
+                # the lean form of linear_4bit_compute below (its weight and bias seen before, nothing moved)
+                res = plan.fast_compute(x, w, self.bias, self.compute_dtype, _F.LINEAR_4BIT_MAX_ROWS)
+                if res is not None:
+                    return res
+        if (qs is not None and self.compute_type_is_set and x.dtype == _ms.float32 and isinstance(w, Params4bit)
                 and self.compute_dtype in (_ms.bfloat16, _ms.float16) and x.ndim >= 1
                 and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
             # inference, fp32 input with a 16-bit compute dtype: the cast, the layer and the cast back in one call
