@@ -206,6 +206,8 @@ def train(a, distributed, rank, world, name):
             opt.step(grads=grads[k:k + n])
             k += n
         losses.append(float(loss.asnumpy()))
+        if os.environ.get("DP_WORKER_VERBOSE"):
+            print(f"dp_worker: {name} step {step} loss {losses[-1]:.5f} at {time.time() - t_train:.1f}s", flush=True)
         if step == a.steps // 2:  # rank 0 saves the optimizers; every rank reloads them into new ones
             before = opt_tensors(opts)
             ckpt = Path(a.out) / f"opt_state_world{world}.pt"  # rank 0 writes it, every rank reads it

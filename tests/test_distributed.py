@@ -89,7 +89,7 @@ def test_two_ranks_smollm2_qlora_20_steps(tmp_path):
     if smollm2_dir() is None:
         pytest.skip("SmolLM2-135M is not converted in ~/.cache/bitsandbytes_ms/models (run tools/bench_model.py)")
     steps = 20
-    ranks, ref = _launch(tmp_path, ["--model", "smollm2", "--steps", str(steps), "--batch", "4", "--seq", "64"],
+    ranks, ref = _launch(tmp_path, ["--model", "smollm2", "--steps", str(steps), "--batch", "2", "--seq", "32"],
                          limit=1500)
     _check(ranks, ref, steps, loss_rtol=1e-4, param_atol=1e-4)
     losses = ranks[0]["losses"]
