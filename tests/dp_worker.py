@@ -17,6 +17,7 @@ What it covers on the way (each a hard failure of the worker, exit 1):
     GlobalOptimManager), PagedAdamW8bit, PagedAdamW (32-bit);
   * state_dict: halfway, rank 0 saves every optimizer's state_dict with torch.save; all ranks load it
     into fresh optimizers and go on (the loaded state must equal the state each rank had);
+  * the bridge's errors for bad input (a second init, an unsupported op, a bad src or group);
   * the mindspore.nn user too: a Dense Cell trained with AdamW8bit, gradients averaged by MindSpore's
     nn.DistributedGradReducer (``cell/...`` in the file).
 """
@@ -133,12 +134,33 @@ def main():
     if a.batch % world:
         fail(f"--batch {a.batch} is not a multiple of the world size {world}")
     print(f"dp_worker: rank {rank}/{world}: started in {time.time() - t0:.1f}s", flush=True)
+    if distributed:
+        check_bad_input(world)
     train(a, distributed, rank, world, f"rank{rank}")
     if a.reference and rank == 0:
         train(a, False, 0, 1, "reference")
     if distributed:
         dist.barrier()
         dist.destroy_process_group()
+
+
+def check_bad_input(world):
+    """The bridge's own errors, raised before any communication (every rank raises the same ones)."""
+    t = torch.tensor([1.0, 2.0])
+    cases = [(lambda: dist.init_process_group("gloo"), RuntimeError, "twice"),
+             (lambda: dist.all_reduce(t, op=dist.ReduceOp.BAND), ValueError, "op must be"),
+             (lambda: dist.all_reduce([1.0]), TypeError, "tensor must be a Tensor"),
+             (lambda: dist.broadcast(t, src=world), ValueError, "src must be a rank"),
+             (lambda: dist.broadcast(t), ValueError, "exactly one of src and group_src"),
+             (lambda: dist.get_rank(group="another"), ValueError, "group must be None")]
+    for call, exc, text in cases:
+        try:
+            call()
+        except exc as e:
+            if text not in str(e):
+                fail(f"bad input raised {type(e).__name__}({e}) without {text!r}")
+        else:
+            fail(f"bad input did not raise {exc.__name__} ({text!r})")
 
 
 def train(a, distributed, rank, world, name):

@@ -30,6 +30,7 @@ WORKER = ROOT / "tests" / "dp_worker.py"
 def _launch(out, args, limit):
     env = dict(os.environ)
     env.pop("MS_ROLE", None)
+    env["DP_WORKER_VERBOSE"] = "1"  # per-step lines in the worker logs (shown on failure)
     r = subprocess.run(["bash", str(LAUNCH), "-n", "2", "-t", str(limit), "-l", str(out / "logs"), str(WORKER),
                         "--out", str(out), "--reference", *args],
                        capture_output=True, text=True, timeout=limit + 60, env=env)

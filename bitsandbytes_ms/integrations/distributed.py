@@ -92,30 +92,21 @@ def _is_initialized(wrapped, instance, args, kwargs):
     return True if _state["active"] else wrapped(*args, **kwargs)
 
 
-def _get_rank(wrapped, instance, args, kwargs):
-    if not _state["active"]:
-        return wrapped(*args, **kwargs)
+def _world_query(fn, attribute):
+    """Wrapper for get_rank / get_world_size: mindspore.communication's ``attribute`` once active."""
+    def wrapper(wrapped, instance, args, kwargs):
+        if not _state["active"]:
+            return wrapped(*args, **kwargs)
 
-    def _bind(group=None):
-        return group
+        def _bind(group=None):
+            return group
 
-    _world_only(_bind(*args, **kwargs), "get_rank")
-    from mindspore import communication
+        _world_only(_bind(*args, **kwargs), fn)
+        from mindspore import communication
 
-    return communication.get_rank()
+        return getattr(communication, attribute)()
 
-
-def _get_world_size(wrapped, instance, args, kwargs):
-    if not _state["active"]:
-        return wrapped(*args, **kwargs)
-
-    def _bind(group=None):
-        return group
-
-    _world_only(_bind(*args, **kwargs), "get_world_size")
-    from mindspore import communication
-
-    return communication.get_group_size()
+    return wrapper
 
 
 def _all_reduce(wrapped, instance, args, kwargs):
@@ -198,9 +189,10 @@ _WHY_CALL = ("after the CPU init_process_group of this bridge, the call runs on 
 
 registry.register("mindtorch-distributed-init", "mindtorch.distributed", "init_process_group",
                   why=_WHY_INIT)(_init_process_group)
-for _name, _wrapper in (("is_initialized", _is_initialized), ("get_rank", _get_rank),
-                        ("get_world_size", _get_world_size), ("all_reduce", _all_reduce),
-                        ("broadcast", _broadcast), ("barrier", _barrier),
+for _name, _wrapper in (("is_initialized", _is_initialized),
+                        ("get_rank", _world_query("get_rank", "get_rank")),
+                        ("get_world_size", _world_query("get_world_size", "get_group_size")),
+                        ("all_reduce", _all_reduce), ("broadcast", _broadcast), ("barrier", _barrier),
                         ("destroy_process_group", _destroy_process_group)):
     registry.register(f"mindtorch-distributed-{_name.replace('_', '-')}", "mindtorch.distributed", _name,
                       why=f"torch.distributed.{_name}: " + _WHY_CALL)(_wrapper)
