@@ -139,6 +139,22 @@ def test_bridge_init_bad_arguments_fail_before_any_communication(bridge, monkeyp
     assert not distributed.is_active()
 
 
+@pytest.mark.parametrize("body, limit, rc, text", [
+    ("sys.exit(3 if os.environ['RANK_ID'] == '1' else 0)\n", 120, 1, "failed"),
+    ("time.sleep(300)\n", 40, 124, "timed out after 40s")])
+def test_launch_dp_ends_failed_or_late_jobs_leaving_nothing(tmp_path, body, limit, rc, text):
+    # each worker leaves a mark when it runs, so the test knows the workers were there to be ended
+    script = tmp_path / "job_under_test.py"
+    script.write_text("import os, pathlib, sys, time\n"
+                      f"pathlib.Path({str(tmp_path)!r}, 'ran' + os.environ['RANK_ID']).touch()\n" + body)
+    r = subprocess.run(["bash", str(LAUNCH), "-t", str(limit), "-l", str(tmp_path / "logs"), str(script)],
+                       capture_output=True, text=True, timeout=limit + 90)
+    assert r.returncode == rc and text in r.stderr, (r.returncode, r.stderr[-2000:])
+    assert (tmp_path / "ran0").exists() and (tmp_path / "ran1").exists()
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert left == [], left
+
+
 def test_launch_dp_rejects_bad_arguments(tmp_path):
     r = subprocess.run(["bash", str(LAUNCH), str(tmp_path / "missing.py")], capture_output=True, text=True,
                        timeout=30)

@@ -4,8 +4,9 @@
 # Defaults: 2 workers, 600 s, logs in build/dp_logs. The venv's bin comes first in PATH (msrun starts
 # `python` from PATH); the master port is a free loopback port; MS_NODE_TIMEOUT defaults to 180 s (peers
 # that arrive later than MindSpore's default 30 s otherwise fail the job). msrun runs in its own process
-# group, which is killed when the job ends, when a worker fails (msrun would wait out MS_NODE_TIMEOUT first),
-# when it times out or when this script is interrupted: nothing is left behind.
+# group; that group and every process msrun started (each worker has a group of its own) are killed when
+# the job ends, when a worker fails (msrun would wait out MS_NODE_TIMEOUT first), when it times out or when
+# this script is interrupted: nothing is left behind.
 # Exit status: msrun's (non-zero when a worker failed), 124 on timeout. Each worker's output is in
 # LOG_DIR/worker_<rank>.log; on failure the last lines of each (MindSpore's log lines left out) are printed.
 set -uo pipefail
@@ -33,11 +34,24 @@ setsid timeout -k 10 "$limit" msrun --worker_num="$workers" --local_worker_num="
   --master_addr=127.0.0.1 --master_port="$port" --log_dir="$logdir" --join=True "$@" \
   > "$logdir/msrun.log" 2>&1 &
 pid=$!
-cleanup() { kill -TERM -- "-$pid" 2>/dev/null; sleep 1; kill -KILL -- "-$pid" 2>/dev/null; }
+# msrun starts each worker in a process group of its own: remember every descendant while the job runs,
+# so that cleanup reaches the workers too (by their ids)
+declare -A seen=()
+descendants() {
+  local p
+  for p in $(pgrep -P "$1" 2>/dev/null); do echo "$p"; descendants "$p"; done
+}
+remember() { local p; for p in $(descendants "$pid"); do seen[$p]=1; done; }
+cleanup() {
+  remember
+  kill -TERM -- "-$pid" "${!seen[@]}" 2>/dev/null; sleep 1
+  kill -KILL -- "-$pid" "${!seen[@]}" 2>/dev/null
+}
 trap 'cleanup; exit 130' INT TERM
 # msrun notices a failed worker at once but then waits out MS_NODE_TIMEOUT before it exits: stop it then
 rc=
 while kill -0 "$pid" 2>/dev/null; do
+  remember
   if grep -q "worker exits with exception" "$logdir/msrun.log" 2>/dev/null; then rc=1; break; fi
   sleep 1
 done
