@@ -121,6 +121,7 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--batch", type=int, default=8, help="global batch (sequences per step, all ranks)")
     ap.add_argument("--seq", type=int, default=64, help="sequence length (smollm2)")
+    ap.add_argument("--lr", type=float, default=2e-2, help="learning rate of the LoRA optimizers")
     ap.add_argument("--reference", action="store_true",
                     help="rank 0 then also trains one process on the whole global batch (reference.npz)")
     a = ap.parse_args()
@@ -177,7 +178,9 @@ def train(a, distributed, rank, world, name):
     params = [p for _, p in named]
 
     # rank 0's starting values; every other rank starts elsewhere, so the broadcast has work to do
-    init = {n: np.random.RandomState(100 + i).randn(*p.shape) * 0.05 for i, (n, p) in enumerate(named)}
+    # (lora_B starts at zero as peft's own init: the adapted model starts as the base model)
+    init = {n: np.zeros(p.shape) if "lora_B" in n else np.random.RandomState(100 + i).randn(*p.shape) * 0.05
+            for i, (n, p) in enumerate(named)}
     for i, (n, p) in enumerate(named):
         _set(p, init[n] if rank == 0 else np.random.RandomState(1000 + 17 * rank + i).randn(*p.shape))
     if distributed:
@@ -196,8 +199,8 @@ def train(a, distributed, rank, world, name):
     mng.override_config(override, "optim_bits", 32)
 
     def make_opts():
-        opts = [bnb.optim.AdamW8bit(q, lr=2e-2, weight_decay=0.01, min_8bit_size=256),
-                bnb.optim.PagedAdamW8bit(v, lr=2e-2, min_8bit_size=256)]
+        opts = [bnb.optim.AdamW8bit(q, lr=a.lr, weight_decay=0.01, min_8bit_size=256),
+                bnb.optim.PagedAdamW8bit(v, lr=a.lr, min_8bit_size=256)]
         if rest:
             opts.append(bnb.optim.PagedAdamW(rest, lr=1e-2))
         return opts

@@ -90,7 +90,8 @@ def test_two_ranks_smollm2_qlora_20_steps(tmp_path):
     if smollm2_dir() is None:
         pytest.skip("SmolLM2-135M is not converted in ~/.cache/bitsandbytes_ms/models (run tools/bench_model.py)")
     steps = 20
-    ranks, ref = _launch(tmp_path, ["--model", "smollm2", "--steps", str(steps), "--batch", "2", "--seq", "32"],
+    ranks, ref = _launch(tmp_path, ["--model", "smollm2", "--steps", str(steps), "--batch", "2", "--seq", "32",
+                                     "--lr", "2e-3"],
                          limit=1500)
     _check(ranks, ref, steps, loss_rtol=1e-4, param_atol=1e-4)
     losses = ranks[0]["losses"]
@@ -133,6 +134,11 @@ def test_bridge_init_bad_arguments_fail_before_any_communication(bridge, monkeyp
         dist.init_process_group(backend="hccl")
     with pytest.raises(ValueError, match="store must be None"):
         dist.init_process_group("gloo", store=object())
+    monkeypatch.setenv("RANK_ID", "1")
+    with pytest.raises(ValueError, match="world_size=4 but msrun started 2 workers"):
+        dist.init_process_group("gloo", world_size=4)
+    with pytest.raises(ValueError, match="rank=0 but msrun gave this worker rank 1"):
+        dist.init_process_group("mccl", rank=0)
     monkeypatch.delenv("MS_ROLE")
     with pytest.raises(RuntimeError, match="start the script with msrun"):
         dist.init_process_group("gloo")

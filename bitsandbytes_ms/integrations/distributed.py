@@ -23,7 +23,7 @@ import os
 from .patches import registry
 
 _CPU_BACKENDS = (None, "gloo", "mccl", "cpu:gloo")
-_REDUCE_OPS = {"sum": "sum", "prod": "prod", "min": "min", "max": "max"}
+_REDUCE_OPS = ("sum", "prod", "min", "max")  # mindtorch's ReduceOp values, MindSpore's op names
 
 _state = {"active": False}
 
@@ -75,16 +75,17 @@ def _init_process_group(wrapped, instance, args, kwargs):
     if "MS_ROLE" not in os.environ or "MS_WORKER_NUM" not in os.environ:
         raise RuntimeError("torch.distributed.init_process_group: no MindSpore cluster environment "
                            "(MS_ROLE, MS_WORKER_NUM); start the script with msrun, e.g. tools/launch_dp.sh")
-    from mindspore import communication
-
-    communication.init()
-    size, me = communication.get_group_size(), communication.get_rank()
+    # msrun's numbers, checked before any communication
+    size, me = int(os.environ["MS_WORKER_NUM"]), int(os.environ.get("RANK_ID", rank))
     if world_size not in (-1, size):
         raise ValueError(f"torch.distributed.init_process_group: world_size={world_size} but msrun started "
                          f"{size} workers")
     if rank not in (-1, me):
         raise ValueError(f"torch.distributed.init_process_group: rank={rank} but msrun gave this worker "
                          f"rank {me}")
+    from mindspore import communication
+
+    communication.init()
     _state["active"] = True
 
 
@@ -132,7 +133,7 @@ def _all_reduce(wrapped, instance, args, kwargs):
     if not isinstance(op, str) or op not in _REDUCE_OPS:
         raise ValueError(f"torch.distributed.all_reduce: op must be ReduceOp.SUM, AVG, PRODUCT, MIN or MAX on "
                          f"MindSpore's runtime, got {op!r}")
-    return msdist.all_reduce(tensor, _REDUCE_OPS[op], async_op=bool(async_op))
+    return msdist.all_reduce(tensor, op, async_op=bool(async_op))
 
 
 def _broadcast(wrapped, instance, args, kwargs):
