@@ -293,8 +293,8 @@ def _np_dtypes():
     except ImportError:  # pragma: no cover - other MindSpore versions
         bf16 = Tensor(np.zeros(1, np.float32)).astype(ms.bfloat16).asnumpy().dtype
     return {ms.float32: np.dtype(np.float32), ms.float16: np.dtype(np.float16), ms.bfloat16: bf16,
-            ms.int8: np.dtype(np.int8), ms.uint8: np.dtype(np.uint8), ms.int32: np.dtype(np.int32),
-            ms.int64: np.dtype(np.int64)}
+            ms.int8: np.dtype(np.int8), ms.uint8: np.dtype(np.uint8), ms.int16: np.dtype(np.int16),
+            ms.int32: np.dtype(np.int32), ms.int64: np.dtype(np.int64)}  # int16: a 4-bit quant_storage
 
 
 _NP_DTYPES = _np_dtypes()

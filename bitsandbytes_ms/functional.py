@@ -1191,13 +1191,17 @@ class _Linear4bitPlan:
                 np.empty((1, self.K), npdt), np.empty(1, np.uint8), np.empty(1, np.float32),
                 np.empty(16, np.float32), None, None, None, None, self.bs, self.bs2, self.N,
                 np.empty((1, self.N), npdt))
-            entry = self.calls[key] = (call, [None] * 8, [None])
+            # [lean record of linear_4bit, lean record of linear_4bit_compute (fp32 activations)]
+            entry = self.calls[key] = (call, [None] * 8, [None, None])
         return entry
 
-    def watch_of(self, B: Tensor, state: QuantState, bias: Optional[Tensor], bound: list):
+    def watch_of(self, B: Tensor, state: QuantState, bias: Optional[Tensor], bound: list,
+                 converted_bias: bool = False):
         """What the lean call checks (see :meth:`fast`): the weight and bias objects, and (tensor, address)
         of every tensor whose memory the bound call reads in place. None where an argument is a host copy
-        (a view, a converted bias): such calls keep the full path, which copies anew every time."""
+        (a view; a converted bias unless ``converted_bias``: the lean call of :func:`linear_4bit_compute`
+        converts it from the bias's own memory on every call): such calls keep the full path, which copies anew
+        every time."""
         s2 = state.state2
         tensors = [B, state.absmax, state.code]
         if self.nested:
@@ -1209,8 +1213,10 @@ class _Linear4bitPlan:
             if not isinstance(t, Tensor):
                 continue  # a Python float offset (its identity is in the plan's key)
             v = next((v for v in self.views if v.ref is not None and v.ref() is t), None)
-            if v is None or v.array is None or not any(isinstance(b, np.ndarray) and b.ctypes.data == v.ptr
-                                                       for b in bound):
+            if v is None or v.array is None:
+                return None
+            if not (converted_bias and t is bias) and not any(
+                    isinstance(b, np.ndarray) and b.ctypes.data == v.ptr for b in bound):
                 return None
             watch.append((t, v.ptr))
         return (B, bias, tuple(watch))
@@ -1222,13 +1228,10 @@ class _Linear4bitPlan:
         reads in place has moved (one address read each), only A and the output are re-pointed. Returns the
         result, or None (the caller runs the full path)."""
         dt = A.dtype
-        shape = tuple(A.shape)
+        shape, rows = _lean_rows(A, self.K, max_rows)
+        if not rows:
+            return None
         K = self.K
-        if not shape or shape[-1] != K:
-            return None
-        rows = math.prod(shape[:-1])
-        if rows == 0 or rows > max_rows or K == 0:
-            return None
         entry = self.calls.get((dt, _get_ident(), dt == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows)))
         if entry is None:
             return None
@@ -1236,12 +1239,58 @@ class _Linear4bitPlan:
         if f is None or f[0] is not B or f[1] is not bias:
             return None
         xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
-        for t, ptr in f[2]:
-            if t._data_ptr() != ptr:
-                return None
+        if not _unmoved(f[2]):
+            return None
         out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(A.dtype))
         entry[0].run_rows(0, xp, rows, K, 11, out)
         return _hostcall.wrap(out)
+
+    def fast_compute(self, A: Tensor, B: Tensor, bias: Optional[Tensor], compute_dtype, max_rows: int = 1 << 62):
+        """The lean form of :func:`linear_4bit_compute` (fp32 activations, 16-bit compute dtype), as :meth:`fast`:
+        after one full call with these weight/bias objects on this thread, and nothing moved, A is rounded to the
+        compute dtype and re-pointed with the output; an fp32 bias is converted from its own memory again (it may
+        have been rewritten in place). Returns the fp32 result, or None (the caller runs the full call)."""
+        if A.dtype != ms.float32:
+            return None
+        shape, rows = _lean_rows(A, self.K, max_rows)
+        if not rows:
+            return None
+        K = self.K
+        entry = self.calls.get((compute_dtype, _get_ident(), compute_dtype == ms.bfloat16 and _use_bf16_dot(None, rows)))
+        if entry is None:
+            return None
+        f = entry[2][1]
+        if f is None or f[0] is not B or f[1] is not bias:
+            return None
+        npdt = _hostcall.np_dtype(compute_dtype)
+        xa = _hostcall.act_array(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
+        if not _unmoved(f[2]):
+            return None
+        if bias is not None and bias.dtype != compute_dtype:
+            b = self.views[6].array.reshape(-1).astype(npdt)  # the bias's own memory (its address checked above)
+            entry[0].set(7, b)
+            entry[1][7] = b
+        out = np.empty(shape[:-1] + (self.N,), npdt)
+        entry[0].run_rows(0, xa.ctypes.data, rows, K, 11, out)
+        return _hostcall.wrap(out.astype(np.float32))
+
+
+def _lean_rows(A: Tensor, K: int, max_rows: int = 1 << 62) -> tuple:
+    """``(shape, rows)`` of an activation a lean call can take: [..., K] with 1..max_rows rows and K > 0;
+    rows is 0 otherwise (the caller runs its full path)."""
+    shape = tuple(A.shape)
+    if not shape or shape[-1] != K or K == 0:
+        return shape, 0
+    rows = math.prod(shape[:-1])
+    return shape, (rows if rows <= max_rows else 0)
+
+
+def _unmoved(watch) -> bool:
+    """True when every (tensor, address) a lean call reads in place still has that address."""
+    for t, ptr in watch:
+        if t._data_ptr() != ptr:
+            return False
+    return True
 
 
 def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
@@ -1358,7 +1407,7 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
         return None
     plan.check_weight(B, fn)
     dot = compute_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
-    call, bound, _ = plan.host_call(compute_dtype, dot)
+    call, bound, fast = plan.host_call(compute_dtype, dot)
     npdt = _hostcall.np_dtype(compute_dtype)
     xa = _hostcall.act_array(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
     for i, arr in enumerate(plan.host_args(B, quant_state, bias, compute_dtype), 1):
@@ -1369,6 +1418,7 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     call.set(0, xa)
     call.set(11, out)
     call()
+    fast[1] = plan.watch_of(B, quant_state, bias, bound, converted_bias=bias is not None and bias.dtype != compute_dtype)
     return _hostcall.wrap(out.astype(np.float32))
 
 
@@ -1805,17 +1855,13 @@ class Int8LinearPlan:
         f = entry[5]
         if f is None or f[0] is not bias or threshold != entry[1]:
             return None
-        shape = tuple(A.shape)
+        shape, rows = _lean_rows(A, self.K)
+        if not rows or self.N == 0:
+            return None
         K = self.K
-        if not shape or shape[-1] != K:
-            return None
-        rows = math.prod(shape[:-1])
-        if rows == 0 or self.N == 0:
-            return None
         xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
-        for t, ptr in f[1]:
-            if t._data_ptr() != ptr:
-                return None
+        if not _unmoved(f[1]):
+            return None
         out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(A.dtype))
         if threshold > 0.0:
             flags = np.empty(K, np.uint8)  # kept by the caller (state.idx): a new array every call

@@ -137,6 +137,44 @@ def test_linear4bit_fp32_input_16bit_compute_is_the_unfused_layer(cd, rows):
     np.testing.assert_array_equal(got.numpy().view(np.uint32), ref.numpy().view(np.uint32))
 
 
+@pytest.mark.parametrize("cd", ["bfloat16", "float16"])
+def test_linear4bit_16bit_compute_lean_call_is_taken_and_never_stale(lean_count, cd):
+    """fp32 activations with a 16-bit compute dtype: the second call is the lean one, with the same bytes; a bias
+    rewritten in place, a replaced bias and a weight rewritten in place are all seen (each against the unfused
+    layer's result)."""
+    rng = np.random.default_rng(8)
+    W = (rng.standard_normal((40, 192)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(40).astype(np.float32)
+    m = _layer4(W, b, getattr(torch, cd))
+    x = torch.tensor(rng.standard_normal((1, 192)).astype(np.float32)) * 1.0
+
+    def unfused():
+        old = H.set_enabled(False)
+        try:
+            return m(x).numpy().copy()
+        finally:
+            H.set_enabled(old)
+
+    first = m(x).numpy().copy()
+    assert lean_count["lean"] == 0
+    np.testing.assert_array_equal(m(x).numpy(), first)
+    assert lean_count["lean"] == 1
+    with torch.no_grad():
+        m.bias.add_(1.0)  # in place (MindSpore may give it a new buffer: then the full call runs once)
+    ref = unfused()
+    np.testing.assert_array_equal(m(x).numpy(), ref)
+    n = lean_count["lean"]
+    np.testing.assert_array_equal(m(x).numpy(), ref)  # lean again, reading the updated bias
+    assert lean_count["lean"] == n + 1
+    m.bias = torch.nn.Parameter(torch.tensor(b * 3), requires_grad=False)  # replaced: the full call again
+    np.testing.assert_array_equal(m(x).numpy(), unfused())
+    assert lean_count["lean"] == n + 1
+    qs = m.weight.quant_state
+    with torch.no_grad():
+        qs.code.mul_(0.5)  # a quant-state tensor rewritten in place: read in place, so seen
+    np.testing.assert_array_equal(m(x).numpy(), unfused())
+
+
 # ---- the activation read in place (act_ptr) ---------------------------------------------------------
 def _kinds_of_input(rng, K):
     """Inputs of every kind a layer meets: an op's result (in MindSpore's CPU device memory), a tensor made

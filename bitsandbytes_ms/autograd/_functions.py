@@ -81,13 +81,8 @@ class MatMul4Bit(_msnn.Cell):
 
     def bprop(self, A, bias, out, dout):
         _tag_device((A, bias, out, dout), like=(A,))  # autograd hands over tensors without mindtorch's device tag
-        N = int(self.quant_state.shape[0])
-        g = dout.reshape(-1, N).astype(_ms.float32)
-        W = _dequant_weight_f32(self.B, self.quant_state)
-        dA = _mm(g, W, (A,)).reshape(A.shape).astype(A.dtype)
-        if self.has_bias:
-            dbias = g.sum(axis=0).reshape(bias.shape).astype(bias.dtype)
-        else:
+        dA, dbias = _grad_4bit(A, self.B, self.quant_state, dout, bias if self.has_bias else None)
+        if dbias is None:
             dbias = _msops.zeros_like(bias)
             _tag_device(dbias, like=(A,))
         return dA, dbias
@@ -97,6 +92,41 @@ class MatMul4Bit(_msnn.Cell):
         cell = MatMul4Bit(B, quant_state, bias is not None)
         res = cell(A, bias if bias is not None else _Tensor(0.0, _ms.float32))
         return _F._write(out, res)
+
+    # upstream's torch.autograd.Function interface, for code that drives it by hand with a ctx object
+    @staticmethod
+    def forward(ctx, A, B, out=None, bias=None, quant_state=None):
+        """Upstream's ``MatMul4Bit.forward(ctx, A, B, out, bias, quant_state)``: the forward of :func:`matmul_4bit`
+        (no autograd recording); saves what :meth:`backward` needs on ``ctx``."""
+        ctx.is_empty = _math.prod(A.shape) == 0
+        ctx.A, ctx.B, ctx.bias, ctx.state = A, B, bias, quant_state
+        ctx.dtype_A, ctx.dtype_B, ctx.dtype_bias = A.dtype, B.dtype, None if bias is None else bias.dtype
+        return _F._write(out, _forward_4bit(A, B, quant_state, bias))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        """Upstream's five gradients ``(grad_A, grad_B, None, grad_bias, None)``: no gradient for the packed
+        weight; None where ``ctx.needs_input_grad`` (if set) asks for none."""
+        need = _needs_input_grad(ctx)
+        dA, dbias = _grad_4bit(ctx.A, ctx.B, ctx.state, grad_output, ctx.bias)
+        return dA if need[0] else None, None, None, dbias if need[3] else None, None
+
+
+def _grad_4bit(A, B, quant_state, dout, bias):
+    """Gradients of ``A @ W.T + bias`` for A (``dout @ W``, W dequantized in fp32, cast to A's dtype) and the bias
+    (``dout`` summed over the leading dimensions; None without a bias)."""
+    N = int(quant_state.shape[0])
+    g = dout.reshape(-1, N).astype(_ms.float32)
+    W = _dequant_weight_f32(B, quant_state)
+    dA = _mm(g, W, (A,)).reshape(A.shape).astype(A.dtype)
+    dbias = None if bias is None else g.sum(axis=0).reshape(bias.shape).astype(bias.dtype)
+    return dA, dbias
+
+
+def _needs_input_grad(ctx):
+    """``ctx.needs_input_grad`` as torch sets it for (A, B, out, bias, state); every gradient when unset."""
+    need = getattr(ctx, "needs_input_grad", None)
+    return tuple(need) if need is not None else (True, True, False, True, False)
 
 
 def matmul_4bit(A, B, quant_state, out: _Optional[_Tensor] = None, bias: _Optional[_Tensor] = None):
@@ -435,9 +465,34 @@ class _Int8MatmulBiasCell(_Int8MatmulCell):
 
 
 class _Function:
-    """``apply(A, B, out=None, bias=None, state=None)`` as upstream's ``torch.autograd.Function``s."""
+    """``apply(A, B, out=None, bias=None, state=None)`` as upstream's ``torch.autograd.Function``s, and their
+    ``forward(ctx, ...)`` / ``backward(ctx, grad_output)`` static methods for code that drives them by hand."""
 
     _forward = None
+
+    @staticmethod
+    def _ctx_forward(fwd, ctx, A, B, out, bias, state):
+        state = state or MatmulLtState()
+        ctx.is_empty = _prod(A.shape) == 0
+        ctx.A, ctx.B, ctx.bias, ctx.state = A, B, bias, state
+        ctx.grad_shape, ctx.dtype_A = tuple(A.shape), A.dtype
+        ctx.dtype_bias = None if bias is None else bias.dtype
+        res = fwd(A, B, bias, state)
+        tag_device(res, like=(A,))
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        """Upstream's five gradients ``(grad_A, grad_B, None, grad_bias, None)`` (:func:`_backward`'s); None where
+        ``ctx.needs_input_grad`` (if set) asks for none."""
+        need = _needs_input_grad(ctx)
+        grads = _backward(ctx.A, ctx.B, ctx.bias, grad_output, ctx.state)
+        gbias = grads[2] if ctx.bias is not None else None
+        return (grads[0] if need[0] else None, grads[1] if need[1] else None, None,
+                gbias if need[3] else None, None)
 
     @classmethod
     def apply(cls, A, B, out=None, bias=None, state=None):
@@ -458,11 +513,21 @@ class MatMul8bitLt(_Function):
 
     _forward = staticmethod(_int8_forward)
 
+    @staticmethod
+    def forward(ctx, A, B, out=None, bias=None, state=None):
+        """Upstream's ``MatMul8bitLt.forward(ctx, A, B, out, bias, state)`` (no autograd recording)."""
+        return _Function._ctx_forward(_int8_forward, ctx, A, B, out, bias, state)
+
 
 class MatMul8bitFp(_Function):
     """``A @ dequant(quant(B)).T + bias`` in float (upstream ``MatMul8bitFp``, its CPU training path)."""
 
     _forward = staticmethod(_fp_forward)
+
+    @staticmethod
+    def forward(ctx, A, B, out=None, bias=None, state=None):
+        """Upstream's ``MatMul8bitFp.forward(ctx, A, B, out, bias, state)`` (no autograd recording)."""
+        return _Function._ctx_forward(_fp_forward, ctx, A, B, out, bias, state)
 
 
 def matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, state: Optional[MatmulLtState] = None,

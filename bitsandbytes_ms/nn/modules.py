@@ -117,10 +117,12 @@ class Params4bit(torch.nn.Parameter):
         return new
 
     @classmethod
-    def from_prequantized(cls, data, quantized_stats: _Dict[str, _Any], requires_grad: bool = False, device="cpu",
+    def from_prequantized(cls, data, quantized_stats: _Dict[str, _Any], requires_grad: bool = False, device="cuda",
                           module=None, **kwargs) -> "Params4bit":
         """Rebuilds a quantized parameter from packed ``data`` and the ``weight.*`` entries of a
-        state dict (``QuantState.as_dict(packed=True)`` keys)."""
+        state dict (``QuantState.as_dict(packed=True)`` keys). ``device`` defaults to ``"cuda"`` as upstream and is
+        accepted and ignored, as by :meth:`QuantState.to`: MindSpore places tensors by its context (the CPU
+        here), so a call written for a CUDA machine runs unchanged."""
         qs = _F.QuantState.from_dict(qs_dict=quantized_stats, device=device)
         self = cls(data, requires_grad=requires_grad, quant_state=qs, blocksize=qs.blocksize,
                    compress_statistics=qs.nested, quant_type=qs.quant_type, quant_storage=data.dtype,
@@ -170,6 +172,18 @@ class Params4bit(torch.nn.Parameter):
 
     def cuda(self, device=None, non_blocking=False):
         return self.to("cuda" if device is None else device)
+
+    def xpu(self, device=None, non_blocking=False):
+        return _to_xpu(self, device)
+
+
+def _to_xpu(param, device):
+    """Upstream's ``.xpu()`` moves (and quantizes) a weight onto an Intel XPU; there is none on MindSpore: a clear
+    error, before anything is quantized (an explicit non-XPU ``device`` is an ordinary ``.to(device)``)."""
+    if device is None or str(getattr(device, "type", device)).split(":")[0] == "xpu":
+        raise RuntimeError(f"{type(param).__name__}.xpu(): bitsandbytes_ms has no Intel XPU backend (MindSpore: "
+                           f"CPU, and its CUDA library); use .cpu(), .cuda() or .to(device)")
+    return param.to(device)
 
 
 def _rebuild_params4bit(cls, data, requires_grad):
@@ -317,11 +331,26 @@ class Linear4bit(torch.nn.Linear):
         if x.ndim == 0 or x.shape[-1] != K:  # never matmul_4bit's deprecated [K, N] branch: the weight is [N, K]
             raise ValueError(f"{type(self).__name__}: `x` must have last dimension {K} (in_features); got shape "
                              f"{tuple(x.shape)}")
+        if not self.compute_type_is_set:
+            self.set_compute_type(x)
+            self.compute_type_is_set = True
+        b = self.bias
+        cdt = self.compute_dtype or x.dtype  # x's dtype in the matmul
+        if b is not None and b.dtype != cdt and cdt in _F.FLOAT_DTYPES:
+            b.data = _as_mindtorch(b.data.to(cdt))  # as upstream: the bias parameter itself is cast, once
         if (qs is not None and self.compute_type_is_set and _hostcall.active() and isinstance(w, Params4bit)
                 and x.dtype == (self.compute_dtype or x.dtype) and x.ndim >= 1
                 and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
             # inference, compute dtype = input dtype: one native call (kernel, bias and double-quant absmax fused)
             return _F.linear_4bit(x, w, qs, self.bias)
+        if (qs is not None and self.compute_type_is_set and x.dtype == _ms.float32 and isinstance(w, Params4bit)
+                and self.compute_dtype in (_ms.bfloat16, _ms.float16) and _hostcall.active()):
+            plan = qs.__dict__.get("_linear_plan")
+            if plan is not None and plan.matches(qs):
+                # the lean form of linear_4bit_compute below (its weight and bias seen before, nothing moved)
+                res = plan.fast_compute(x, w, self.bias, self.compute_dtype, _F.LINEAR_4BIT_MAX_ROWS)
+                if res is not None:
+                    return res
         if (qs is not None and self.compute_type_is_set and x.dtype == _ms.float32 and isinstance(w, Params4bit)
                 and self.compute_dtype in (_ms.bfloat16, _ms.float16) and x.ndim >= 1
                 and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
@@ -334,17 +363,10 @@ class Linear4bit(torch.nn.Linear):
                 self.weight.quantize()
             else:
                 fix_4bit_weight_quant_state_from_module(self)
-        bias = self.bias
-        if bias is not None and bias.dtype != x.dtype:
-            bias = bias.to(x.dtype)
-        if not self.compute_type_is_set:
-            self.set_compute_type(x)
-            self.compute_type_is_set = True
         inp_dtype = x.dtype
         if self.compute_dtype is not None:
             x = x.to(self.compute_dtype)
-        bias = None if bias is None else bias.to(self.compute_dtype or inp_dtype)
-        out = _matmul_4bit(x, self.weight.t(), quant_state=self.weight.quant_state, bias=bias)
+        out = _matmul_4bit(x, self.weight.t(), quant_state=self.weight.quant_state, bias=self.bias)
         return out.to(inp_dtype)
 
 
@@ -465,6 +487,9 @@ class Int8Params(torch.nn.Parameter):
 
     def cuda(self, device=None, non_blocking=False):
         return self.to("cuda" if device is None else device)
+
+    def xpu(self, device=None, non_blocking=False):
+        return _to_xpu(self, device)
 
     def to(self, *args, **kwargs):
         device = kwargs.get("device")
