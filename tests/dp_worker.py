@@ -137,9 +137,12 @@ def main():
     print(f"dp_worker: rank {rank}/{world}: started in {time.time() - t0:.1f}s", flush=True)
     if distributed:
         check_bad_input(world)
-    train(a, distributed, rank, world, f"rank{rank}")
-    if a.reference and rank == 0:
-        train(a, False, 0, 1, "reference")
+    train(a, build(a), distributed, rank, world, f"rank{rank}")
+    if a.reference:
+        # built on every rank: mindnlp's from_pretrained holds a torch.distributed barrier once it is initialised
+        built = build(a)
+        if rank == 0:
+            train(a, built, False, 0, 1, "reference")
     if distributed:
         dist.barrier()
         dist.destroy_process_group()
@@ -164,9 +167,14 @@ def check_bad_input(world):
             fail(f"bad input did not raise {exc.__name__} ({text!r})")
 
 
-def train(a, distributed, rank, world, name):
-    """Trains from rank 0's starting values; writes <out>/<name>.npz."""
-    model, seqs, vocab, targets = build_tiny() if a.model == "tiny" else build_smollm2(a.seq)
+def build(a):
+    return build_tiny() if a.model == "tiny" else build_smollm2(a.seq)
+
+
+def train(a, built, distributed, rank, world, name):
+    """Trains ``built`` (model, sequences, vocabulary size, LoRA targets) from rank 0's starting values;
+    writes <out>/<name>.npz."""
+    model, seqs, vocab, targets = built
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=targets, lora_dropout=0.0))

@@ -10,7 +10,7 @@ same bytes on both ranks after every step, and the run equals one process on the
 rounding (the mean of the two half-batch gradients vs the gradient of the full batch).
 
 Measured (tiny model, 6 steps, 2 shared cores, load ~8): the 2-rank job ~75 s (msrun start-up, import and
-`init` ~25-35 s per rank), losses of the two runs within 3.5e-7 relative, parameters within 7.4e-7, uint8
+`init` ~25-35 s per rank), losses of the two runs within 3.5e-7 relative, parameters within 1.2e-6, uint8
 states identical. The SmolLM2-135M test is marked slow (run with `-m slow` or tools/test.sh --full).
 """
 
@@ -70,7 +70,7 @@ def _check(ranks, ref, steps, loss_rtol, param_atol):
 def test_two_ranks_tiny_qlora_bit_identical(tmp_path):
     steps = 6
     ranks, ref = _launch(tmp_path, ["--model", "tiny", "--steps", str(steps), "--batch", "8"], limit=240)
-    _check(ranks, ref, steps, loss_rtol=1e-5, param_atol=1e-5)  # measured 3.5e-7, 7.4e-7
+    _check(ranks, ref, steps, loss_rtol=1e-5, param_atol=1e-5)  # measured 3.5e-7, 1.2e-6
     assert "opt2/p0/state1=float32" in set(ranks[0]["state_dtypes"].tolist())  # PagedAdamW (embedding)
     # the parameters moved: the run trained
     a = ranks[0]
@@ -93,7 +93,9 @@ def test_two_ranks_smollm2_qlora_20_steps(tmp_path):
     ranks, ref = _launch(tmp_path, ["--model", "smollm2", "--steps", str(steps), "--batch", "2", "--seq", "32",
                                      "--lr", "2e-3"],
                          limit=1500)
-    _check(ranks, ref, steps, loss_rtol=1e-4, param_atol=1e-4)
+    # measured (2026-12-01, DP run and a separate 1-process run): losses within 1.5e-5 relative; the parameter
+    # gap was not measured (bound: 2.5% of the most 20 Adam steps at lr 2e-3 can move a value)
+    _check(ranks, ref, steps, loss_rtol=1e-4, param_atol=1e-3)
     losses = ranks[0]["losses"]
     assert losses[-1] < losses[0], losses
 
