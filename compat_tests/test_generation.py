@@ -217,6 +217,15 @@ def test_pi(model_and_tokenizer, reference_continuations, inference_kernel, DQ, 
         return res
 
     monkeypatch.setattr(F._Linear4bitPlan, "fast", counted_fast)
+    lean_compute = F._Linear4bitPlan.fast_compute  # and its fp32-input / 16-bit compute_dtype form
+
+    def counted_fast_compute(self, *args, **kwargs):
+        res = lean_compute(self, *args, **kwargs)
+        if res is not None and sys._getframe(1).f_code.co_name == "forward":
+            calls["linear_4bit"] += 1
+        return res
+
+    monkeypatch.setattr(F._Linear4bitPlan, "fast_compute", counted_fast_compute)
     # PORT: so does its fp32-input / 16-bit compute_dtype form (cast, layer and cast back in one native call)
     compute = F.linear_4bit_compute
 
