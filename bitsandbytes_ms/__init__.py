@@ -2,7 +2,7 @@
 optimizers) for MindSpore and MindSpore NLP. ``import bitsandbytes_ms as bnb`` gives the names
 bitsandbytes users know."""
 
-from . import cextension, functional, utils  # noqa: F401  (cextension raises one clear error if the library is missing)
+from . import cextension, functional, utils  # noqa: F401  (cextension warns once if the native library is missing)
 
 #: The upstream bitsandbytes release whose API and numerics this package follows. ``__version__`` is that
 #: release too, as ``importlib.metadata.version("bitsandbytes")`` is after ``register()``: clients (transformers,

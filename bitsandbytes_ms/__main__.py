@@ -73,6 +73,10 @@ def diagnostics() -> int:
     print("  related packages  " + ", ".join(f"{d} {_version(d)}" for d in RELATED_PACKAGES))
     print(f"  device target     {ms.get_context('device_target')}")
     print(f"  backend           {cextension.BNB_BACKEND}")
+    if cextension.LIBRARY_ERROR is not None:
+        print(f"  native library    NOT LOADED: {cextension.LIBRARY_ERROR}")
+        print("FAILED: the native library did not load; nothing can be quantized until it is built")
+        return 1
     print(f"  native library    {cextension.LIBRARY_PATH}")
     feats = cextension.cpu_features()
     print(f"  CPU features      {' '.join(feats) if feats else '(none beyond baseline x86-64)'}")
@@ -254,6 +258,10 @@ def quantize_job(args) -> int:
     fp16_bytes = 2 * n_params
 
     ref = ev.run_windows(model, windows, progress=lambda w: tqdm(w, desc="evaluating (original)", leave=False))
+    if ref.nonfinite_positions:
+        raise CliError(f"--model {model_dir}: the unquantized model computes NaN/inf logits at "
+                       f"{_nonfinite(ref)}: its weights hold NaN/inf or its activations overflow, so there is no "
+                       f"perplexity to compare with")
     gen_before = ev.generate_timed(model, tokenizer, args.prompt, args.max_new_tokens)
 
     converted: list = []
@@ -303,8 +311,12 @@ def quantize_job(args) -> int:
     print(f"quantized layers  {2 * lin_params / mib:.2f} MiB as fp16 -> {lin_after / mib:.2f} MiB "
           f"(x{lin_after / (2 * lin_params):.3f}); embeddings, norms"
           f"{'' if out_name in converted else ' and ' + (out_name or 'lm_head')} stay in full precision")
-    print(f"perplexity        {ref.perplexity:.3f} -> {new.perplexity:.3f} "
-          f"({100 * (new.perplexity / ref.perplexity - 1):+.2f}%) on {ref.n_tokens} held-out tokens")
+    if new.nonfinite_positions:
+        print(f"perplexity        {ref.perplexity:.3f} -> {new.perplexity:.3f} (NaN/inf logits at "
+              f"{_nonfinite(new)} of the quantized model)")
+    else:
+        print(f"perplexity        {ref.perplexity:.3f} -> {new.perplexity:.3f} "
+              f"({100 * (new.perplexity / ref.perplexity - 1):+.2f}%) on {ref.n_tokens} held-out tokens")
     print(f"top-1 agreement   {100 * cmp['top1_agreement']:.2f}% with the unquantized model")
     print(f"logit error       max {cmp['max_abs_logit_err']:.4f}, mean {cmp['mean_abs_logit_err']:.4f}")
     print(f"prefill tok/s     {_rate(ref.prefill_tokens_per_second)} -> {_rate(new.prefill_tokens_per_second)} "
@@ -315,6 +327,10 @@ def quantize_job(args) -> int:
           f"(greedy, {args.max_new_tokens} new tokens, end to end incl. the prompt)")
     print(f"prompt            {args.prompt!r}")
     print(f"continuation      {text!r}")
+    if new.nonfinite_positions:
+        print(f"bnb-ms quantize: error: the quantized model computes NaN/inf logits at {_nonfinite(new)} (the "
+              f"unquantized model's are finite)" + ("; --save skipped" if args.save else ""), file=sys.stderr)
+        return 1
     if args.save:
         import torch
         from transformers import BitsAndBytesConfig
@@ -335,6 +351,10 @@ def quantize_job(args) -> int:
             raise CliError(f"--save {save_dir}: saving failed ({_first_line(e)}); nothing was written there") from e
         print(f"saved             {save_dir}")
     return 0
+
+
+def _nonfinite(stats) -> str:
+    return f"{stats.nonfinite_positions} of {stats.n_tokens} held-out positions"
 
 
 def _rate(v) -> str:
@@ -480,6 +500,11 @@ def main(argv=None) -> int:
     ms.runtime.launch_blocking()
     if args.cmd in (None, "diagnostics"):
         return diagnostics()
+    from bitsandbytes_ms import cextension
+
+    if cextension.LIBRARY_ERROR is not None:
+        print(f"bnb-ms {args.cmd}: error: {cextension.LIBRARY_ERROR}", file=sys.stderr)
+        return 1
     if args.cmd == "demo":
         return demo()
     if args.cmd == "quantize":

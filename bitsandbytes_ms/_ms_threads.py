@@ -14,6 +14,14 @@ MindSpore has no Python API for this. The pool is reached through the exported C
 ``ThreadPool::SetMaxSpinCount`` / ``SetSpinCountMaxValue``); the pointer is used only when the object's vtable is
 ``ActorThreadPool``'s, and only on the MindSpore version this was checked on. Anything unexpected leaves MindSpore
 as it is.
+
+The same library's exported log levels make :func:`device_ptr` possible: the CPU device address of a tensor's
+data, or 0 when it has none (a tensor made from numpy and not yet used by an op). ``Tensor._data_ptr()`` is the
+only Python-visible way to ask, and for such a tensor it prints an ERROR line ("Tensor device address is null",
+sub-module ANALYZER) every time; :func:`device_ptr` raises that sub-module's log threshold to EXCEPTION around the
+question (one int written and restored in ``g_ms_submodule_log_levels``; an ANALYZER error logged by another thread
+in that microsecond is lost). Where the symbol is missing or the MindSpore version is not a checked one it returns
+0 without asking, and callers take the ``asnumpy()`` path.
 """
 
 from __future__ import annotations
@@ -35,6 +43,46 @@ def _spin_setting() -> int:
         return DEFAULT_SPIN
 
 
+_SM_ANALYZER, _LOG_EXCEPTION = 2, 4  # SubModuleId::SM_ANALYZER, MsLogLevel::EXCEPTION (utils/log_adapter.h)
+_core_lib = {}
+
+
+def _core():
+    """libmindspore_core.so (loaded once; None where it cannot be)."""
+    if "lib" not in _core_lib:
+        try:
+            _core_lib["lib"] = ct.CDLL(os.path.join(os.path.dirname(ms.__file__), "lib", "libmindspore_core.so"))
+        except OSError:
+            _core_lib["lib"] = None
+    return _core_lib["lib"]
+
+
+def _analyzer_level():
+    core = _core() if ms.__version__ in CHECKED_VERSIONS else None
+    try:
+        levels = (ct.c_int * (_SM_ANALYZER + 1)).in_dll(core, "_ZN9mindspore25g_ms_submodule_log_levelsE")
+    except (ValueError, TypeError, AttributeError):  # no such symbol / no library
+        return None
+    return ct.c_int.from_address(ct.addressof(levels) + _SM_ANALYZER * ct.sizeof(ct.c_int))
+
+
+_ANALYZER_LEVEL = _analyzer_level()
+
+
+def device_ptr(t) -> int:
+    """The address of ``t``'s data in MindSpore's CPU device memory (the buffer's start: the caller checks
+    ``storage_offset() == 0``), or 0 when it has none or this MindSpore is not one this was checked on."""
+    lv = _ANALYZER_LEVEL
+    if lv is None:
+        return 0
+    old = lv.value
+    lv.value = _LOG_EXCEPTION
+    try:
+        return t._data_ptr()
+    finally:
+        lv.value = old
+
+
 def _actor_pool(core):
     mgr = ct.addressof(ct.c_char.in_dll(core, "_ZN9mindspore8ActorMgr8actorMgrE"))
     if not ct.c_bool.from_address(mgr).value:  # ActorMgr::initialized_
@@ -52,7 +100,7 @@ def set_spin(yields: int) -> bool:
     if ms.__version__ not in CHECKED_VERSIONS or yields <= 0:
         return False
     try:
-        core = ct.CDLL(os.path.join(os.path.dirname(ms.__file__), "lib", "libmindspore_core.so"))
+        core = _core()
         pool = _actor_pool(core)
         if pool is None:
             return False

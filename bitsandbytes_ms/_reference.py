@@ -39,6 +39,11 @@ def torch_linspace_f32(start: float, end: float, steps: int) -> np.ndarray:
     return np.where(idx < steps // 2, lo, hi).astype(f32)
 
 
+def rows_2d(a: np.ndarray, K: int) -> np.ndarray:
+    """``a [..., K]`` as ``[rows, K]`` (``reshape(-1, K)`` is ambiguous when K is 0)."""
+    return a.reshape(int(math.prod(a.shape[:-1])), K)
+
+
 def cast_out(x: np.ndarray, dtype: str) -> np.ndarray:
     """Rounds float32 values to ``dtype`` ("float32" | "float16" | "bfloat16")."""
     if dtype == "float32":
@@ -63,25 +68,41 @@ def quantize_lut(code: np.ndarray) -> np.ndarray:
 
 
 def grid_index(v: np.ndarray) -> np.ndarray:
-    """idx = trunc(fma((clamp(v) + 1) * 0.5, 65535, 0.5)) in float32 arithmetic."""
+    """idx = trunc(fma((clamp(v) + 1) * 0.5, 65535, 0.5)) in float32 arithmetic; NaN clamps to -1 (the
+    kernels' max(v, -1) returns -1 for NaN, as upstream's std::max does)."""
     v = np.clip(v.astype(np.float32), np.float32(-1.0), np.float32(1.0))
+    v[np.isnan(v)] = np.float32(-1.0)
     t = ((v + np.float32(1.0)) * np.float32(0.5)).astype(np.float32)
     fused = (t.astype(np.float64) * (LUT_SIZE - 1) + 0.5).astype(np.float32)  # exact, then one rounding
     return fused.astype(np.int64)
 
 
+def block_scale(absmax: np.ndarray):
+    """(pre, inv) per block: values are scaled as ``(x * pre) * inv``. pre = 1, inv = 1/absmax (upstream's);
+    where 1/absmax overflows (absmax < 2^-128) the block is first scaled by 2^64 (exact), so it quantizes as
+    at a normal magnitude (upstream's x * inf maps 0 to NaN, i.e. code 0). absmax 0 gives inv 1."""
+    absmax = np.asarray(absmax, dtype=np.float32)
+    with np.errstate(over="ignore", divide="ignore"):
+        inv = (np.float32(1.0) / np.where(absmax == 0, np.float32(1.0), absmax)).astype(np.float32)
+    tiny = np.isinf(inv)
+    pre = np.where(tiny, np.float32(2.0**64), np.float32(1.0)).astype(np.float32)
+    inv[tiny] = (np.float32(1.0) / (absmax[tiny] * np.float32(2.0**64))).astype(np.float32)
+    return pre, inv
+
+
 def quantize_blockwise(A: np.ndarray, code: np.ndarray, blocksize: int):
-    """Returns (uint8 codes shaped like A, float32 absmax[ceil(n/blocksize)])."""
+    """Returns (uint8 codes shaped like A, float32 absmax[ceil(n/blocksize)]). absmax ignores NaN (as the
+    kernels' and upstream's max(absmax, |x|)); NaN takes code 0 as in the kernels."""
     flat = np.asarray(A, dtype=np.float32).reshape(-1)
     n = flat.size
     nblocks = -(-n // blocksize)
     pad = np.zeros(nblocks * blocksize, dtype=np.float32)
     pad[:n] = flat
     blocks = pad.reshape(nblocks, blocksize)
-    absmax = np.abs(blocks).max(axis=1).astype(np.float32) if n else np.zeros(0, np.float32)
-    safe = np.where(absmax == 0, np.float32(1.0), absmax)
-    inv = (np.float32(1.0) / safe).astype(np.float32)
-    scaled = (blocks * inv[:, None]).astype(np.float32)
+    absmax = np.nanmax(np.abs(blocks), axis=1, initial=0.0).astype(np.float32) if n else np.zeros(0, np.float32)
+    pre, inv = block_scale(absmax)
+    with np.errstate(invalid="ignore", over="ignore"):
+        scaled = ((blocks * pre[:, None]).astype(np.float32) * inv[:, None]).astype(np.float32)
     q = quantize_lut(code)[grid_index(scaled)]
     q[absmax == 0] = 0
     return q.reshape(-1)[:n].reshape(np.shape(A)), absmax
@@ -293,7 +314,7 @@ def gemv_4bit(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.nd
     A = np.asarray(A, dtype=np.float32)
     K = A.shape[-1]
     W = dequantize_4bit(packed, absmax, code, blocksize, N * K).reshape(N, K).astype(np.float64)
-    out = A.reshape(-1, K).astype(np.float64) @ W.T
+    out = rows_2d(A, K).astype(np.float64) @ W.T
     return cast_out(out.astype(np.float32), dtype).reshape(A.shape[:-1] + (N,))
 
 def linear_4bit(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int, N: int,
@@ -351,7 +372,7 @@ def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, c
     A = np.asarray(A, np.float32)
     K = A.shape[-1]
     lead = A.shape[:-1]
-    x = bf16_bits_f32(bf16_round_bits(A.reshape(-1, K), flush=True))
+    x = bf16_bits_f32(bf16_round_bits(rows_2d(A, K), flush=True))
     w = bf16_bits_f32(bf16_round_bits(dequantize_4bit(packed, absmax, code, blocksize, N * K), flush=True))
     M, K32 = x.shape[0], -(-K // 32) * 32
     xp = np.zeros((M, K32), np.float32)
@@ -378,10 +399,11 @@ def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, c
 def int8_vector_quant(A: np.ndarray, threshold: float = 0.0, dtype: str = "float32"):
     """Twin of ``cint8_vector_quant``: returns (int8 CA shaped like A, float32 row_stats[rows],
     uint8 col_flags[K]). ``A`` holds the values (float32 widening of the input); ``dtype`` is the
-    input dtype, to which the threshold is rounded before comparing (as torch compares)."""
+    input dtype, to which the threshold is rounded before comparing (as torch compares). A row holding
+    a NaN has a NaN row_stat and all-zero codes (upstream: torch.max propagates NaN)."""
     A = np.asarray(A, dtype=np.float32)
     K = A.shape[-1]
-    a = A.reshape(-1, K)
+    a = A.reshape(int(np.prod(A.shape[:-1])), K)
     rows = a.shape[0]
     absa = np.abs(a)
     flags = np.zeros(K, np.uint8)
@@ -392,6 +414,8 @@ def int8_vector_quant(A: np.ndarray, threshold: float = 0.0, dtype: str = "float
         flags = outl.any(axis=0).astype(np.uint8)
     masked = np.where(outl, np.float32(0), absa)
     stats = masked.max(axis=1).astype(np.float32) if K else np.zeros(rows, np.float32)
+    # a NaN (never an outlier) makes the row's absmax NaN, as torch.max: the one quiet NaN 0x7fc00000
+    stats[np.isnan(stats)] = np.float32(np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         # torch's `127.0 / row_stats` (scalar / tensor) is reciprocal(row_stats) * 127: two roundings
         scale = ((np.float32(1.0) / stats).astype(np.float32) * np.float32(127.0)).astype(np.float32)
@@ -491,7 +515,7 @@ def int8_linear(A: np.ndarray, CB: np.ndarray, SCB: np.ndarray, bias=None, thres
     ``threshold > 0``, :func:`int8_mixed_mm_dequant` on the unrounded activations, else :func:`int8_mm_dequant`."""
     A = np.asarray(A, np.float32)
     K = A.shape[-1]
-    a = A.reshape(-1, K)
+    a = rows_2d(A, K)
     if dtype == "float32":
         q_in, q_dtype = a.astype(np.float16).astype(np.float32), "float16"
     else:
@@ -512,15 +536,17 @@ from typing import Tuple  # noqa: E402
 def quantize_weight_only(W: np.ndarray, bits: int) -> Tuple[np.ndarray, np.ndarray]:
     """Per-row symmetric absmax: scale = max|W[n]| / qmax (qmax 127 or 7, fp32), q = round-half-even(W / scale)
     clamped (0 where scale == 0). int8 -> int8 [N, K]; int4 -> uint8 [N, (K+1)//2], two's-complement nibbles,
-    k even in the high nibble, odd K padded with 0."""
+    k even in the high nibble, odd K padded with 0. Non-finite rows as torch: NaN propagates into the scale
+    (the quiet NaN 0x7fc00000), and every code whose quotient is NaN (inf / inf, a NaN scale) is 0."""
     W = np.asarray(W, dtype=np.float32)
     N, K = W.shape
     qmax = np.float32(127.0 if bits == 8 else 7.0)
     scale = (np.abs(W).max(axis=1) if K else np.zeros(N)).astype(np.float32) / qmax
     scale = scale.astype(np.float32)
+    scale[np.isnan(scale)] = np.float32("nan")
     with np.errstate(all="ignore"):
         q = np.where(scale[:, None] > 0, np.rint(W / scale[:, None]), 0.0)
-    q = np.clip(q, -qmax, qmax).astype(np.int8)
+    q = np.clip(np.nan_to_num(q, nan=0.0), -qmax, qmax).astype(np.int8)
     if bits == 8:
         return q, scale
     if K % 2:
@@ -549,7 +575,7 @@ def gemm_weight_only(A: np.ndarray, q: np.ndarray, scale: np.ndarray, bits: int,
     A = np.asarray(A, dtype=np.float32)
     K = A.shape[-1]
     qi = np.asarray(q, np.int8) if bits == 8 else unpack_weight_only_int4(q, K)
-    out = (A.reshape(-1, K).astype(np.float64) @ qi.astype(np.float64).T) * np.asarray(scale, np.float64)[None, :]
+    out = (rows_2d(A, K).astype(np.float64) @ qi.astype(np.float64).T) * np.asarray(scale, np.float64)[None, :]
     return cast_out(out.astype(np.float32), dtype).reshape(A.shape[:-1] + (qi.shape[0],))
 
 
@@ -578,9 +604,9 @@ def linear_spec(x: np.ndarray, spec, N: int) -> np.ndarray:
     if W.dtype == np.int8:
         thr = 0.0 if spec[5] is None else float(np.asarray(spec[5], np.float32))
         bias = None if spec[6] is None else np.asarray(spec[6]).astype(np.float32)
-        out, _ = int8_linear(x.reshape(-1, K), W.reshape(N, K), np.asarray(spec[1], np.float32).reshape(N), bias, thr)
+        out, _ = int8_linear(rows_2d(x, K), W.reshape(N, K), np.asarray(spec[1], np.float32).reshape(N), bias, thr)
         return np.asarray(out, np.float32).reshape(x.shape[:-1] + (N,))
-    out = x.reshape(-1, K).astype(np.float64) @ linear_spec_weight(spec, N, K).astype(np.float64).T
+    out = rows_2d(x, K).astype(np.float64) @ linear_spec_weight(spec, N, K).astype(np.float64).T
     if spec[6] is not None:
         out = out + np.asarray(spec[6]).astype(np.float64)
     return out.astype(np.float32).reshape(x.shape[:-1] + (N,))
@@ -692,7 +718,7 @@ def gemm_fp(A: np.ndarray, W: np.ndarray, bias=None, dtype: str = "float32") -> 
     W = np.asarray(W, dtype=np.float32)
     K = A.shape[-1]
     N = W.shape[0]
-    a = A.reshape(-1, K)
+    a = rows_2d(A, K)
     acc = np.zeros((a.shape[0], N, 16), np.float32)
     for k0 in range(0, K, 16):
         L = min(16, K - k0)

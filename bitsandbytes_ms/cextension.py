@@ -14,6 +14,10 @@ Two calling styles are accepted:
   order (``NativeOp.bnb_args``); results are copied into the tensors behind the ``get_ptr`` handles
   of the output arguments, and the call returns 0.
 
+Without the library (missing, unloadable, or older than the package) the module still imports with one
+``RuntimeWarning``: ``LIBRARY_ERROR`` says why, ``lib`` is an :class:`ErrorHandlerMockBNBNativeLibrary` whose
+entry points raise :class:`NativeLibraryError`, and ``python -m bitsandbytes_ms`` reports it (exit code 1).
+
 Errors: a native entry point returns a nonzero status for a malformed call and MindSpore raises
 ``RuntimeError``; :mod:`bitsandbytes_ms.functional` validates arguments before that can happen.
 Kernels that can fail on valid input (declared ``has_error=True``) write an int32 status as their
@@ -25,11 +29,13 @@ from __future__ import annotations
 
 import ctypes as ct
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import mindspore as ms
+import numpy as np
 from mindspore import Tensor, ops
 
 from . import _ops
@@ -40,8 +46,9 @@ CUDA_LIBRARY_NAME = "libbitsandbytes_ms_cuda.so"
 BUILD_COMMAND = "bash tools/setup.sh   (or: pip install --no-build-isolation -e .)"
 
 
-class NativeLibraryError(ImportError):
-    """The native library is missing or cannot be loaded."""
+class NativeLibraryError(ImportError, RuntimeError):
+    """The native library is missing or cannot be loaded (an ImportError; also a RuntimeError, what upstream
+    raises when a native function is called without its library)."""
 
 
 def _device_target() -> str:
@@ -87,7 +94,20 @@ def _load() -> Tuple[Path, str, ct.CDLL]:
     return path, backend, dll
 
 
-LIBRARY_PATH, BNB_BACKEND, _dll = _load()
+try:
+    LIBRARY_PATH, BNB_BACKEND, _dll = _load()
+    #: Why the native library did not load (None when it did).
+    LIBRARY_ERROR: Optional[str] = None
+except NativeLibraryError as _e:
+    # As upstream on CPU: the package still imports (one warning); every native entry point then raises
+    # NativeLibraryError with the reason, and `python -m bitsandbytes_ms` reports it.
+    LIBRARY_PATH, BNB_BACKEND = _library_path()
+    _dll = None
+    LIBRARY_ERROR = str(_e)
+    import warnings as _warnings
+
+    _warnings.warn(f"{LIBRARY_ERROR} Quantization functions raise NativeLibraryError until it is built.",
+                   RuntimeWarning, stacklevel=2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,7 +120,7 @@ _SIMD_LEVELS = ("scalar", "avx2", "avx512")
 
 def cpu_features() -> Tuple[str, ...]:
     """CPU features the native library detected at run time (CPUID + OS support)."""
-    if not hasattr(_dll, "bnb_ms_cpu_features"):
+    if _dll is None or not hasattr(_dll, "bnb_ms_cpu_features"):
         return ()
     _dll.bnb_ms_cpu_features.restype = ct.c_uint32
     bits = _dll.bnb_ms_cpu_features()
@@ -109,7 +129,7 @@ def cpu_features() -> Tuple[str, ...]:
 
 def simd_level() -> str:
     """The SIMD kernel variant the CPU library dispatches to (``BNB_MS_SIMD`` can lower it)."""
-    if not hasattr(_dll, "bnb_ms_simd_level"):
+    if _dll is None or not hasattr(_dll, "bnb_ms_simd_level"):
         return "n/a"
     return _SIMD_LEVELS[_dll.bnb_ms_simd_level()]
 
@@ -118,6 +138,8 @@ def int8_gemm_path(rows: Optional[int] = None) -> str:
     """The int8 GEMM kernel path of the CPU library (``int8_linear_matmul``): scalar, avx2, avx512, avxvnni,
     avx512vnni or amx. ``BNB_MS_INT8_GEMM=<path>`` forces one the CPU has (for every M); otherwise the
     best within the SIMD level is used, AMX only from 8 rows of A on (``rows`` asks for a given M)."""
+    if _dll is None:
+        return "n/a"
     if rows is not None and hasattr(_dll, "bnb_ms_int8_gemm_path_for_rows"):
         f = _dll.bnb_ms_int8_gemm_path_for_rows
         f.restype, f.argtypes = ct.c_char_p, [ct.c_int64]
@@ -133,7 +155,7 @@ def get_num_threads() -> int:
     (``sched_getaffinity``, capped by a cgroup CPU quota), or ``BNB_MS_NUM_THREADS``, or what
     :func:`set_num_threads` set. The library's own pool (no OpenMP): its workers sleep between calls, so
     they do not compete with MindSpore's CPU thread pool."""
-    if not hasattr(_dll, "bnb_ms_get_num_threads"):
+    if _dll is None or not hasattr(_dll, "bnb_ms_get_num_threads"):
         return 1
     return int(_dll.bnb_ms_get_num_threads())
 
@@ -141,7 +163,7 @@ def get_num_threads() -> int:
 def set_num_threads(n: int) -> int:
     """Sets the threads the CPU kernels use (``n <= 0``: back to the default); returns the count in
     effect. Results do not depend on it (every kernel gives the same bytes for any thread count)."""
-    if not hasattr(_dll, "bnb_ms_set_num_threads"):
+    if _dll is None or not hasattr(_dll, "bnb_ms_set_num_threads"):
         return 1
     _dll.bnb_ms_set_num_threads.argtypes = [ct.c_int]
     return int(_dll.bnb_ms_set_num_threads(int(n)))
@@ -178,6 +200,29 @@ def get_ptr(A: Optional[Tensor]) -> Optional[TensorPointer]:
 # ---------------------------------------------------------------------------------------------
 def _shape_of(s) -> Tuple[int, ...]:
     return tuple(int(x) for x in s) if s is not None else ()
+
+
+#: What the entry points' nonzero statuses mean (csrc/aot.h).
+STATUS_MEANING = {1: "wrong number of params", 2: "a param has the wrong dtype",
+                  3: "a param has the wrong shape or element count", 4: "a scalar param has a value that is not allowed",
+                  5: "a required param is missing (null)", 6: "not available on this CPU/GPU",
+                  7: "device runtime error", 100: "not implemented for these arguments"}
+
+
+def status_error(name: str, status: int, op: Optional[_ops.NativeOp] = None, args=None) -> RuntimeError:
+    """The RuntimeError for entry point ``name`` refusing a call with ``status``: what the status means and, with
+    ``op``/``args``, the table row's inputs next to what was passed (shape and dtype of each)."""
+    what = STATUS_MEANING.get(int(status), "unknown status")
+    msg = f"lib.{name}: native entry point {name} returned status {status} ({what})"
+    if op is not None and args is not None:
+        def desc(v):
+            if isinstance(v, Tensor):
+                return f"{v.dtype} {tuple(v.shape)}"
+            return "None" if v is None else f"{type(v).__name__} {v!r}"
+
+        given = ", ".join(f"`{n}` {desc(v)}" for n, v in zip(op.inputs, args))
+        msg += f"; its inputs must match the table row (bitsandbytes_ms/_ops.py): {given}"
+    return RuntimeError(msg)
 
 
 class NativeFunction:
@@ -219,8 +264,26 @@ class NativeFunction:
         values = dict(zip(op.inputs, args))
         values.update(kwargs)
         static = {k: values[k] for k in op.static}
+        for k, v in static.items():  # they size the outputs: checked here, not as a failure inside MindSpore
+            if isinstance(v, Tensor) and v.ndim == 0 and v.dtype in (ms.int32, ms.int64):
+                v = static[k] = int(v.asnumpy())
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise TypeError(f"lib.{op.name}: `{k}` must be a non-negative int (it sizes the outputs); got "
+                                f"{type(v).__name__} {v!r}")
         inputs = [values[n] for n in op.inputs]
-        out = self._custom(static)(*inputs)
+        try:
+            op.infer({n: _shape_of(getattr(a, "shape", None)) for n, a in zip(op.inputs, inputs)}, {}, static)
+        except (IndexError, KeyError, TypeError, ValueError) as e:
+            raise TypeError(f"lib.{op.name}: the inputs do not fit its table row (bitsandbytes_ms/_ops.py: inputs "
+                            f"{op.inputs}); the output shapes cannot be derived from shapes "
+                            f"{[_shape_of(getattr(a, 'shape', None)) for a in inputs]} ({type(e).__name__}: {e})") from None
+        try:
+            out = self._custom(static)(*inputs)
+        except RuntimeError as e:  # MindSpore's "Return value from CPU AOT kernel(...)'s function(...) is 3"
+            m = _AOT_STATUS.search(str(e))
+            if m is None:
+                raise
+            raise status_error(op.name, int(m.group(1)), op, inputs) from None
         tag_device(out, like=inputs)
         return out
 
@@ -248,6 +311,9 @@ class NativeFunction:
             if isinstance(target, TensorPointer):
                 target.tensor.copy_(res.reshape(target.tensor.shape))
         return 0
+
+
+_AOT_STATUS = re.compile(r"Return value from \w+ AOT kernel\(.*?\)'s function\(\w+\) is (-?\d+)")
 
 
 def tag_device(out, like=()) -> None:
@@ -296,7 +362,33 @@ class NativeLibrary:
         return sorted(_ops.OPS)
 
 
-lib = NativeLibrary(LIBRARY_PATH, BNB_BACKEND)
+class ErrorHandlerMockBNBNativeLibrary:
+    """``lib`` when the native library did not load (upstream's name for the same stand-in): attribute access
+    works, and calling an entry point raises :class:`NativeLibraryError` naming it, the library and why."""
+
+    def __init__(self, error_msg: str):
+        self.error_msg = error_msg
+        self.path = LIBRARY_PATH
+        self.backend = BNB_BACKEND
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name not in _ops.OPS:
+            raise AttributeError(f"bitsandbytes_ms native library has no entry point {name!r}")
+        msg = self.error_msg
+
+        def missing(*args, **kwargs):
+            raise NativeLibraryError(f"lib.{name} needs the native library, which did not load: {msg}")
+
+        missing.__name__ = name
+        return missing
+
+    def __dir__(self):
+        return sorted(_ops.OPS)
+
+
+lib = NativeLibrary(LIBRARY_PATH, BNB_BACKEND) if _dll is not None else ErrorHandlerMockBNBNativeLibrary(LIBRARY_ERROR)
 
 
 def check_status(status: Tensor, what: str) -> None:

@@ -17,7 +17,7 @@ import os
 import math
 import threading
 from threading import get_ident as _get_ident
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -79,9 +79,12 @@ def _contiguous(t: Tensor) -> Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+_ITEMSIZE = {ms.float16: 2, ms.bfloat16: 2, ms.int16: 2, ms.uint16: 2, ms.float32: 4, ms.int32: 4, ms.uint32: 4,
+             ms.float64: 8, ms.int64: 8}
+
+
 def _itemsize(dtype) -> int:
-    return 2 if dtype in (ms.float16, ms.bfloat16, ms.int16, ms.uint16) else 4 if dtype in (
-        ms.float32, ms.int32, ms.uint32) else 8 if dtype in (ms.float64, ms.int64) else 1
+    return _ITEMSIZE.get(dtype, 1)  # a dict lookup: comparing MindSpore dtypes one by one costs ~1 us each
 
 
 def _numel(t: Tensor) -> int:
@@ -302,6 +305,8 @@ class QuantState:
     valid_qs_type_keys = [f"bitsandbytes__{x}" for x in valid_quant_types]
     valid_qs_keys = ["absmax", "quant_map", "nested_absmax", "nested_quant_map", "quant_state", "quant_type",
                      "blocksize", "dtype", "shape", "nested_blocksize", "nested_dtype", "nested_offset"]
+    _FROM_DICT_KEYS = ("quant_type", "absmax", "quant_map", "blocksize", "dtype", "shape")
+    _FROM_DICT_NESTED_KEYS = ("nested_absmax", "nested_quant_map", "nested_blocksize", "nested_dtype", "nested_offset")
 
     def __init__(self, absmax, shape=None, code=None, blocksize=None, quant_type=None, dtype=None, offset=None,
                  state2=None):
@@ -334,8 +339,12 @@ class QuantState:
         (e.g. ``weight.absmax``). ``device`` is accepted for upstream compatibility.
 
         Raises:
-            ValueError: no or several ``quant_state.bitsandbytes__*`` entries, or unknown keys.
+            ValueError: no or several ``quant_state.bitsandbytes__*`` entries, unknown or missing keys (named,
+                with the keys a state needs), a packed entry that is not a packed dict, or a bad ``dtype`` name.
         """
+        fn = "QuantState.from_dict"
+        if not isinstance(qs_dict, dict):
+            raise TypeError(f"{fn}: `qs_dict` must be a dict, got {type(qs_dict).__name__}")
         qs_dict = dict(qs_dict)
         qs_keys = [k for k, v in qs_dict.items() if "quant_state" in k and isinstance(v, (Tensor, np.ndarray))]
         if "quant_type" not in qs_dict:
@@ -345,23 +354,45 @@ class QuantState:
                 raise ValueError(f"There should be exactly one `quant_state` item with ending from "
                                  f"{cls.valid_qs_type_keys}. Detected {qs_keys}.")
         if len(qs_keys) == 1:
-            qs_dict.update(unpack_tensor_to_dict(qs_dict.pop(qs_keys[0])))
+            try:
+                packed = unpack_tensor_to_dict(qs_dict.pop(qs_keys[0]))
+            except (ValueError, UnicodeDecodeError) as e:
+                raise ValueError(f"{fn}: `{qs_keys[0]}` must hold the JSON-packed dict of as_dict(packed=True) "
+                                 f"({e})") from None
+            if not isinstance(packed, dict):
+                raise ValueError(f"{fn}: `{qs_keys[0]}` must hold a packed dict; got {type(packed).__name__}")
+            qs_dict.update(packed)
         qs_dict = {k.split(".")[-1]: v for k, v in qs_dict.items()}
         unknown = set(qs_dict) - set(cls.valid_qs_keys)
         if unknown:
             raise ValueError(f"QuantState.from_dict: unexpected keys {sorted(unknown)}")
+        nested = any(k.startswith("nested_") for k in qs_dict)
+        needed = cls._FROM_DICT_KEYS + (cls._FROM_DICT_NESTED_KEYS if nested else ())
+        missing = [k for k in needed if k not in qs_dict]
+        if missing:
+            raise ValueError(f"{fn}: missing keys {missing}; a quant state needs {list(cls._FROM_DICT_KEYS)}"
+                             f"{' and, nested, ' + str(list(cls._FROM_DICT_NESTED_KEYS)) if nested else ''}")
 
         def tensor(v):
             return v if isinstance(v, Tensor) else Tensor(np.asarray(v))
 
-        if "nested_absmax" in qs_dict:
+        def dtype(key):
+            try:
+                return dtype_from_name(str(qs_dict[key]))
+            except ValueError:
+                raise ValueError(f"{fn}: `{key}` must name a dtype (e.g. 'float32'); got {qs_dict[key]!r}") from None
+
+        for key in ("blocksize", "nested_blocksize") if nested else ("blocksize",):
+            if isinstance(qs_dict[key], bool) or not isinstance(qs_dict[key], (int, np.integer)):
+                raise ValueError(f"{fn}: `{key}` must be an int; got {qs_dict[key]!r}")
+        if nested:
             offset = Tensor(np.float32(qs_dict["nested_offset"]))
             state2 = cls(absmax=tensor(qs_dict["nested_absmax"]), blocksize=qs_dict["nested_blocksize"],
-                         code=tensor(qs_dict["nested_quant_map"]), dtype=dtype_from_name(qs_dict["nested_dtype"]))
+                         code=tensor(qs_dict["nested_quant_map"]), dtype=dtype("nested_dtype"))
         else:
             offset, state2 = None, None
         return cls(quant_type=qs_dict["quant_type"], absmax=tensor(qs_dict["absmax"]), blocksize=qs_dict["blocksize"],
-                   code=tensor(qs_dict["quant_map"]), dtype=dtype_from_name(qs_dict["dtype"]),
+                   code=tensor(qs_dict["quant_map"]), dtype=dtype("dtype"),
                    shape=tuple(qs_dict["shape"]) if qs_dict["shape"] is not None else None,
                    offset=offset, state2=state2)
 
@@ -684,6 +715,7 @@ def optimizer_update_32bit(optimizer_name: str, g: Tensor, p: Tensor, state1: Te
         state2 = None
     if unorm_vec is not None:
         _check_dtype(unorm_vec, (ms.float32,), fn, "unorm_vec")
+        _check_numel(unorm_vec, 1, fn, "unorm_vec")  # upstream's float32[1]: receives ||update||
     if int(step) < 1:
         raise ValueError(f"{_fn_name(fn, 'step')} must be >= 1; got {step}")
     if n == 0:
@@ -860,7 +892,8 @@ def quantize_4bit(A: Tensor, absmax: Optional[Tensor] = None, out: Optional[Tens
     nbytes = (n + 1) // 2
     item = {ms.uint8: 1, ms.int8: 1, ms.float16: 2, ms.bfloat16: 2, ms.int16: 2, ms.float32: 4, ms.int32: 4}[quant_storage]
     if nbytes % item:
-        raise ValueError(f"{fn}: {nbytes} packed bytes cannot be stored as {dtype_name(quant_storage)}")
+        raise ValueError(f"{fn}: `quant_storage` {dtype_name(quant_storage)} must hold a whole number of "
+                         f"{item}-byte words; `A` ({n} elements) packs into {nbytes} bytes")
     code = _code4(quant_type)
     if n == 0:
         packed, amax = _empty_np((0, 1), ms.uint8), _empty_np((0,), ms.float32)
@@ -905,6 +938,41 @@ def _absmax_4bit(state: QuantState) -> Tensor:
     return amax
 
 
+def _4bit_size_errors(state: QuantState, packed_bytes: Optional[int], packed: str = "`A`",
+                      st: str = "quant_state", keys: Optional[Tuple[str, str, str]] = None) -> List[str]:
+    """What disagrees, exactly, between a 4-bit weight's sizes and ``state.shape`` / ``state.blocksize``: the packed
+    bytes (``(n+1)//2``), the absmax entries (one a block) and, nested, the second-level absmax entries. A state
+    of another shape or blocksize decodes garbage, so longer is as wrong as shorter. ``packed`` / ``st`` name the
+    packed tensor and the state in the messages; ``keys`` (shape, absmax, nested absmax) name those instead (the
+    state-dict keys). The blocksizes must have been checked. Returns the messages (empty when all match)."""
+    k_shape, k_absmax, k_nested = keys or (f"{st}.shape", f"{st}.absmax", f"{st}.state2.absmax")
+    shape = tuple(int(d) for d in state.shape)
+    n = int(math.prod(shape))
+    bs = int(state.blocksize)
+    nb = -(-n // bs)
+    errs = []
+    if packed_bytes is not None and packed_bytes != (n + 1) // 2:
+        errs.append(f"{packed} holds {packed_bytes} bytes; {k_shape} {shape} needs exactly {(n + 1) // 2} "
+                    f"(two 4-bit codes a byte)")
+    if _numel(state.absmax) != nb:
+        errs.append(f"{k_absmax} has {_numel(state.absmax)} entries; {k_shape} {shape} at blocksize {bs} needs "
+                    f"exactly ceil({n}/{bs}) = {nb}")
+    if state.nested and isinstance(getattr(state.state2, "blocksize", None), (int, np.integer)):
+        bs2 = int(state.state2.blocksize)
+        nb2 = -(-nb // bs2)
+        if _numel(state.state2.absmax) != nb2:
+            errs.append(f"{k_nested} has {_numel(state.state2.absmax)} entries; {nb} absmax codes at nested "
+                        f"blocksize {bs2} need exactly ceil({nb}/{bs2}) = {nb2}")
+    return errs
+
+
+def _check_4bit_sizes(state: QuantState, packed_bytes: Optional[int], fn: str, packed: str = "`A`",
+                      st: str = "quant_state") -> None:
+    errs = _4bit_size_errors(state, packed_bytes, packed, st)
+    if errs:
+        raise ValueError(f"{fn}: {errs[0]}")
+
+
 def dequantize_4bit(A: Tensor, quant_state: Optional[QuantState] = None, absmax: Optional[Tensor] = None,
                     out: Optional[Tensor] = None, blocksize=None, quant_type: str = "fp4") -> Tensor:
     """Inverse of :func:`quantize_4bit` (upstream ``dequantize_4bit``): ``code[nibble] * absmax[block]``
@@ -917,12 +985,13 @@ def dequantize_4bit(A: Tensor, quant_state: Optional[QuantState] = None, absmax:
         absmax, out, blocksize (default 64), quant_type: as upstream.
 
     Returns:
-        The dequantized tensor. As upstream, a packed ``A`` of shape ``[1, m]`` (a transposed view)
-        gives the 2-D result transposed.
+        The dequantized tensor. As upstream, a packed ``A`` of shape ``[1, m]`` with ``m > 1`` (a transposed
+        view) gives the 2-D result transposed; a ``[1, 1]`` one (a weight of 1 or 2 values) is the weight itself
+        (upstream transposes it too, giving a [2, 1] result for a [1, 2] weight).
 
     Raises:
-        ValueError: neither quant_state nor absmax+out; bad blocksize/quant_type/dtype; too few bytes
-            or absmax entries for the shape.
+        ValueError: neither quant_state nor absmax+out; bad blocksize/quant_type/dtype; packed bytes or absmax
+            entries other than exactly what ``quant_state.shape`` and ``blocksize`` need.
     """
     fn = "dequantize_4bit"
     if blocksize is None:
@@ -937,22 +1006,21 @@ def dequantize_4bit(A: Tensor, quant_state: Optional[QuantState] = None, absmax:
     qt = _check_quant_type(quant_state.quant_type, fn)
     if quant_state.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{fn}: quant_state.dtype must be float32, float16 or bfloat16; got {quant_state.dtype}")
+    if quant_state.shape is None:
+        raise ValueError(f"{fn}: `quant_state.shape` must be the shape of the quantized tensor; got None")
     shape = tuple(quant_state.shape)
     n = int(math.prod(shape))
-    transpose = len(A.shape) == 2 and A.shape[0] == 1 and len(shape) == 2
+    transpose = len(A.shape) == 2 and A.shape[0] == 1 and A.shape[1] > 1 and len(shape) == 2
     res_shape = (shape[1], shape[0]) if transpose else shape
     _check_out(out, res_shape if out is not None and tuple(out.shape) == res_shape else shape, quant_state.dtype, fn)
     code = quant_state.code if quant_state.code is not None else _code4(qt)
     _check_dtype(code, (ms.float32,), fn, "quant_state.code")
     if _numel(code) != 16:
         raise ValueError(f"{fn}: `quant_state.code` must have 16 entries; got {_numel(code)}")
+    _check_4bit_sizes(quant_state, _numel(A) * _itemsize(A.dtype), fn)
     raw = _as_uint8(_contiguous(A))
-    if _numel(raw) < (n + 1) // 2:
-        raise ValueError(f"{fn}: `A` holds {_numel(raw)} bytes; shape {shape} needs {(n + 1) // 2}")
     amax = _absmax_4bit(quant_state)
     _check_dtype(amax, (ms.float32,), fn, "absmax")
-    if _numel(amax) < -(-n // bs):
-        raise ValueError(f"{fn}: `absmax` must have ceil({n}/{bs}) = {-(-n // bs)} entries; got {_numel(amax)}")
     if n == 0:
         res = _empty_np(shape, quant_state.dtype)
     else:
@@ -996,7 +1064,8 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
         [..., N] in A's dtype.
 
     Raises:
-        ValueError: ``state`` missing, A not float, K != state.shape[1], or bad ``out``.
+        ValueError: ``state`` missing, A not float, K != state.shape[1], packed bytes or absmax entries other than
+            exactly what ``state.shape`` and ``state.blocksize`` need, or bad ``out``.
     """
     fn = "gemv_4bit"
     if state is None:
@@ -1013,16 +1082,16 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
     _check_out(out, out_shape, A.dtype, fn)
     code = state.code
     _check_dtype(code, (ms.float32,), fn, "state.code")
+    if _numel(code) != 16:
+        raise ValueError(f"{fn}: `state.code` must have 16 entries (a 4-bit code); got {_numel(code)}")
+    _check_4bit_sizes(state, _numel(B) * _itemsize(B.dtype), fn, "`B`", "state")
     raw = _as_uint8(_contiguous(B))
-    if _numel(raw) < (N * K + 1) // 2:
-        raise ValueError(f"{fn}: `B` holds {_numel(raw)} bytes; a [{N}, {K}] weight needs {(N * K + 1) // 2}")
     if _numel(A) == K and N and state.nested and _hostcall.active():
         # one row of inference: the fused call decodes the double-quant absmax in the kernel (the same bits as
         # dequantizing it first, without the separate MindSpore ops)
         return _write(out, linear_4bit(A, B, state))
     amax = _contiguous(_absmax_4bit(state))
-    if _numel(amax) < -(-N * K // bs):
-        raise ValueError(f"{fn}: state.absmax must have {-(-N * K // bs)} entries; got {_numel(amax)}")
+    _check_dtype(amax, (ms.float32,), fn, "state.absmax")
     if _numel(A) == 0 or N == 0:
         return _write(out, _empty_np(out_shape, A.dtype))
     res = getattr(lib, f"cgemm_4bit_inference_naive_{_SUFFIX[A.dtype]}")(_contiguous(A), raw, amax, code, bs, N)
@@ -1047,7 +1116,6 @@ class _Linear4bitPlan:
         _check_dtype(code, (ms.float32,), fn, "quant_state.code")
         if _numel(code) != 16:
             raise ValueError(f"{fn}: `quant_state.code` must have 16 entries; got {_numel(code)}")
-        nb = -(-self.N * self.K // self.bs)
         self.nested = bool(state.nested)
         if self.nested:
             s2 = state.state2
@@ -1055,9 +1123,8 @@ class _Linear4bitPlan:
             _check_dtype(s2.absmax, (ms.float32,), fn, "quant_state.state2.absmax")
             _check_dtype(s2.code, (ms.float32,), fn, "quant_state.state2.code")
             self.bs2 = _check_blocksize(s2.blocksize, BLOCKWISE_BLOCKSIZES, fn)
-            if _numel(s2.code) != 256 or _numel(s2.absmax) < -(-nb // self.bs2):
-                raise ValueError(f"{fn}: quant_state.state2 must have a 256-entry code and ceil({nb}/{self.bs2}) "
-                                 f"absmax entries; got {_numel(s2.code)} and {_numel(s2.absmax)}")
+            if _numel(s2.code) != 256:
+                raise ValueError(f"{fn}: quant_state.state2.code must have 256 entries; got {_numel(s2.code)}")
             off = state.offset
             if isinstance(off, Tensor) and (off.dtype != ms.float32 or _numel(off) != 1):
                 raise ValueError(f"{fn}: `quant_state.offset` must be one float32 value; got {off.dtype} "
@@ -1065,8 +1132,7 @@ class _Linear4bitPlan:
         else:
             _check_dtype(state.absmax, (ms.float32,), fn, "quant_state.absmax")
             self.bs2 = 256
-        if _numel(state.absmax) < nb:
-            raise ValueError(f"{fn}: quant_state.absmax must have {nb} entries; got {_numel(state.absmax)}")
+        _check_4bit_sizes(state, None, fn)
         self.calls: Dict[Any, Any] = {}
         self.views = [_hostcall.DeviceView() for _ in range(7)]  # B, absmax, code, absmax2, code2, offset, bias
         self.weight_ok = None  # the last weight whose byte count was checked
@@ -1088,8 +1154,9 @@ class _Linear4bitPlan:
             _check_tensor(B, fn, "B")
             need = (self.N * self.K + 1) // 2
             have = _numel(B) * _itemsize(B.dtype)
-            if have < need:
-                raise ValueError(f"{fn}: `B` holds {have} bytes; a [{self.N}, {self.K}] weight needs {need}")
+            if have != need:
+                raise ValueError(f"{fn}: `B` holds {have} bytes; quant_state.shape ({self.N}, {self.K}) needs exactly "
+                                 f"{need} (two 4-bit codes a byte)")
             self.weight_ok = B
 
     def host_args(self, B: Tensor, state: QuantState, bias: Optional[Tensor], dtype):
@@ -1124,13 +1191,17 @@ class _Linear4bitPlan:
                 np.empty((1, self.K), npdt), np.empty(1, np.uint8), np.empty(1, np.float32),
                 np.empty(16, np.float32), None, None, None, None, self.bs, self.bs2, self.N,
                 np.empty((1, self.N), npdt))
-            entry = self.calls[key] = (call, [None] * 8, [None])
+            # [lean record of linear_4bit, lean record of linear_4bit_compute (fp32 activations)]
+            entry = self.calls[key] = (call, [None] * 8, [None, None])
         return entry
 
-    def watch_of(self, B: Tensor, state: QuantState, bias: Optional[Tensor], bound: list):
+    def watch_of(self, B: Tensor, state: QuantState, bias: Optional[Tensor], bound: list,
+                 converted_bias: bool = False):
         """What the lean call checks (see :meth:`fast`): the weight and bias objects, and (tensor, address)
         of every tensor whose memory the bound call reads in place. None where an argument is a host copy
-        (a view, a converted bias): such calls keep the full path, which copies anew every time."""
+        (a view; a converted bias unless ``converted_bias``: the lean call of :func:`linear_4bit_compute`
+        converts it from the bias's own memory on every call): such calls keep the full path, which copies anew
+        every time."""
         s2 = state.state2
         tensors = [B, state.absmax, state.code]
         if self.nested:
@@ -1142,8 +1213,10 @@ class _Linear4bitPlan:
             if not isinstance(t, Tensor):
                 continue  # a Python float offset (its identity is in the plan's key)
             v = next((v for v in self.views if v.ref is not None and v.ref() is t), None)
-            if v is None or v.array is None or not any(isinstance(b, np.ndarray) and b.ctypes.data == v.ptr
-                                                       for b in bound):
+            if v is None or v.array is None:
+                return None
+            if not (converted_bias and t is bias) and not any(
+                    isinstance(b, np.ndarray) and b.ctypes.data == v.ptr for b in bound):
                 return None
             watch.append((t, v.ptr))
         return (B, bias, tuple(watch))
@@ -1155,26 +1228,69 @@ class _Linear4bitPlan:
         reads in place has moved (one address read each), only A and the output are re-pointed. Returns the
         result, or None (the caller runs the full path)."""
         dt = A.dtype
-        shape = tuple(A.shape)
+        shape, rows = _lean_rows(A, self.K, max_rows)
+        if not rows:
+            return None
         K = self.K
-        if not shape or shape[-1] != K:
-            return None
-        rows = math.prod(shape[:-1])
-        if rows == 0 or rows > max_rows or K == 0:
-            return None
         entry = self.calls.get((dt, _get_ident(), dt == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows)))
         if entry is None:
             return None
         f = entry[2][0]
         if f is None or f[0] is not B or f[1] is not bias:
             return None
-        xa, xp = _hostcall.host_ptr(A)  # first: waits for everything queued before (in-place updates too)
-        for t, ptr in f[2]:
-            if t._data_ptr() != ptr:
-                return None
+        xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
+        if not _unmoved(f[2]):
+            return None
         out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(A.dtype))
         entry[0].run_rows(0, xp, rows, K, 11, out)
         return _hostcall.wrap(out)
+
+    def fast_compute(self, A: Tensor, B: Tensor, bias: Optional[Tensor], compute_dtype, max_rows: int = 1 << 62):
+        """The lean form of :func:`linear_4bit_compute` (fp32 activations, 16-bit compute dtype), as :meth:`fast`:
+        after one full call with these weight/bias objects on this thread, and nothing moved, A is rounded to the
+        compute dtype and re-pointed with the output; an fp32 bias is converted from its own memory again (it may
+        have been rewritten in place). Returns the fp32 result, or None (the caller runs the full call)."""
+        if A.dtype != ms.float32:
+            return None
+        shape, rows = _lean_rows(A, self.K, max_rows)
+        if not rows:
+            return None
+        K = self.K
+        entry = self.calls.get((compute_dtype, _get_ident(), compute_dtype == ms.bfloat16 and _use_bf16_dot(None, rows)))
+        if entry is None:
+            return None
+        f = entry[2][1]
+        if f is None or f[0] is not B or f[1] is not bias:
+            return None
+        npdt = _hostcall.np_dtype(compute_dtype)
+        xa = _hostcall.act_array(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
+        if not _unmoved(f[2]):
+            return None
+        if bias is not None and bias.dtype != compute_dtype:
+            b = self.views[6].array.reshape(-1).astype(npdt)  # the bias's own memory (its address checked above)
+            entry[0].set(7, b)
+            entry[1][7] = b
+        out = np.empty(shape[:-1] + (self.N,), npdt)
+        entry[0].run_rows(0, xa.ctypes.data, rows, K, 11, out)
+        return _hostcall.wrap(out.astype(np.float32))
+
+
+def _lean_rows(A: Tensor, K: int, max_rows: int = 1 << 62) -> tuple:
+    """``(shape, rows)`` of an activation a lean call can take: [..., K] with 1..max_rows rows and K > 0;
+    rows is 0 otherwise (the caller runs its full path)."""
+    shape = tuple(A.shape)
+    if not shape or shape[-1] != K or K == 0:
+        return shape, 0
+    rows = math.prod(shape[:-1])
+    return shape, (rows if rows <= max_rows else 0)
+
+
+def _unmoved(watch) -> bool:
+    """True when every (tensor, address) a lean call reads in place still has that address."""
+    for t, ptr in watch:
+        if t._data_ptr() != ptr:
+            return False
+    return True
 
 
 def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
@@ -1291,9 +1407,9 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
         return None
     plan.check_weight(B, fn)
     dot = compute_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
-    call, bound, _ = plan.host_call(compute_dtype, dot)
+    call, bound, fast = plan.host_call(compute_dtype, dot)
     npdt = _hostcall.np_dtype(compute_dtype)
-    xa = _hostcall.host(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
+    xa = _hostcall.act_array(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
     for i, arr in enumerate(plan.host_args(B, quant_state, bias, compute_dtype), 1):
         if arr is not bound[i]:
             call.set(i, arr)
@@ -1302,6 +1418,7 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     call.set(0, xa)
     call.set(11, out)
     call()
+    fast[1] = plan.watch_of(B, quant_state, bias, bound, converted_bias=bias is not None and bias.dtype != compute_dtype)
     return _hostcall.wrap(out.astype(np.float32))
 
 
@@ -1536,9 +1653,28 @@ def int8_linear_matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, dtype
     _check_out(out, shape, ms.int32, fn, "out")
     if math.prod(shape) == 0:
         return _write(out, _empty_np(shape, ms.int32))
-    if A.shape[-1] == 0:
+    K = int(A.shape[-1])
+    if K == 0:
         return _write(out, _empty_np(shape, ms.int32))
+    if K > checks_int8_max_K:
+        return _write(out, _int8_matmul_long_k(A, B, shape))
     return _write(out, lib.cigemmlt_32(_contiguous(A), _contiguous(B)))
+
+
+def _int8_matmul_long_k(A: Tensor, B: Tensor, shape) -> Tensor:
+    """``A @ B.T`` for K beyond the kernel's exact int32 range (upstream accepts any K): the kernel on slices
+    of at most :data:`checks_int8_max_K` columns, each exact, summed with int32 wrap-around -- the sum modulo
+    2^32 whatever the order, which is what upstream's int32-accumulating ``torch._int_mm`` returns."""
+    a, b = _to_numpy(A), _to_numpy(B)
+    K = a.shape[-1]
+    total = None
+    for k in range(0, K, checks_int8_max_K):
+        part = lib.cigemmlt_32(Tensor(np.ascontiguousarray(a[..., k:k + checks_int8_max_K])),
+                               Tensor(np.ascontiguousarray(b[:, k:k + checks_int8_max_K]))).asnumpy()
+        total = part if total is None else total + part  # int32 + int32 wraps in numpy
+    res = Tensor(total.reshape(shape))
+    tag_device(res, like=(A,))
+    return res
 
 
 def _mm_dequant(A, row_stats, col_stats, bias, dtype, fn, mixed=None):
@@ -1719,17 +1855,13 @@ class Int8LinearPlan:
         f = entry[5]
         if f is None or f[0] is not bias or threshold != entry[1]:
             return None
-        shape = tuple(A.shape)
+        shape, rows = _lean_rows(A, self.K)
+        if not rows or self.N == 0:
+            return None
         K = self.K
-        if not shape or shape[-1] != K:
+        xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
+        if not _unmoved(f[1]):
             return None
-        rows = math.prod(shape[:-1])
-        if rows == 0 or self.N == 0:
-            return None
-        xa, xp = _hostcall.host_ptr(A)  # first: waits for everything queued before (in-place updates too)
-        for t, ptr in f[1]:
-            if t._data_ptr() != ptr:
-                return None
         out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(A.dtype))
         if threshold > 0.0:
             flags = np.empty(K, np.uint8)  # kept by the caller (state.idx): a new array every call
@@ -1894,7 +2026,7 @@ def quantize_weight_only(W: Tensor, bits: int = 8) -> Tuple[Tensor, Tensor]:
     N, K = (int(s) for s in W.shape)
     if N * K == 0:
         q = _empty_np((N, K if bits == 8 else (K + 1) // 2), ms.int8 if bits == 8 else ms.uint8)
-        return q, _empty_np((N,), ms.float32) if N == 0 else tag_device(Tensor(np.zeros(N, np.float32)))
+        return q, _empty_np((N,), ms.float32)  # a K = 0 weight: scale 0 per row (what the kernel writes)
     return getattr(lib, f"cquantize_weight_only_int{bits}_{_SUFFIX[W.dtype]}")(_contiguous(W))
 
 
@@ -1944,7 +2076,7 @@ def dequantize_weight_only(q: Tensor, scale: Tensor, in_features: Optional[int] 
 
 
 def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: Optional[Tensor] = None,
-                     out: Optional[Tensor] = None) -> Tensor:
+                     out: Optional[Tensor] = None, in_features: Optional[int] = None) -> Tensor:
     """Weight-only linear ``A @ (q * scale[:, None]).T (+ bias)`` in A's dtype (W8A16 / W4A16).
 
     Up to :data:`WEIGHT_ONLY_NATIVE_MAX_ROWS` rows of ``A`` the native kernel streams the int weight once,
@@ -1955,6 +2087,8 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
         A: [..., K] float32/float16/bfloat16 activations.
         q, scale: from :func:`quantize_weight_only` ([N, K] int8 or [N, (K+1)//2] uint8; [N] scale).
         bits: 8 or 4. bias: optional [N] (added in fp32). out: optional [..., N] tensor of A's dtype.
+        in_features: the weight's K, when known (int4 packs K = 2j - 1 and 2j into the same j bytes a row, so
+            ``q`` alone cannot tell them apart); A's last dimension must equal it.
 
     Raises:
         ValueError: wrong dtypes/shapes, bits not 8/4.
@@ -1967,6 +2101,9 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
     if len(A.shape) == 0:
         raise ValueError(f"{fn}: `A` must have at least one dimension")
     K = int(A.shape[-1])
+    if in_features is not None and K != int(in_features):
+        raise ValueError(f"{fn}: `A` must have last dimension in_features = {int(in_features)}; got shape "
+                         f"{tuple(A.shape)}")
     _check_weight_only(q, scale, K, bits, fn)
     tag_device([t for t in (A, q, scale, bias) if t is not None])  # tensors made before mindtorch was imported
     N = _numel(scale)
@@ -1979,7 +2116,12 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
     rows = _numel(A) // K if K else int(math.prod(A.shape[:-1]))
     if rows * N == 0:
         return _write(out, _empty_np(out_shape, A.dtype))
-    if rows <= WEIGHT_ONLY_NATIVE_MAX_ROWS or K == 0:
+    if K == 0:  # empty dot products: 0 (+ bias); the entry point counts no rows in a [..., 0] A
+        res = _empty_np(out_shape, ms.float32)
+        if bias is not None:
+            res = res + bias.reshape(-1).astype(ms.float32)
+        res = res.astype(A.dtype)
+    elif rows <= WEIGHT_ONLY_NATIVE_MAX_ROWS:
         res = getattr(lib, f"cgemm_weight_only_int{bits}_{_SUFFIX[A.dtype]}")(_contiguous(A), _contiguous(q), scale)
         if bias is not None:
             res = (res.astype(ms.float32) + bias.reshape(-1).astype(ms.float32)).astype(A.dtype)

@@ -34,14 +34,15 @@ def to_numpy(t) -> np.ndarray:
 
 
 DTYPE_NAMES = {ms.float32: "float32", ms.float16: "float16", ms.bfloat16: "bfloat16", ms.float64: "float64",
-               ms.int8: "int8", ms.uint8: "uint8", ms.int32: "int32", ms.int64: "int64"}
+               ms.int8: "int8", ms.uint8: "uint8", ms.int16: "int16", ms.uint16: "uint16", ms.int32: "int32",
+               ms.uint32: "uint32", ms.int64: "int64", ms.uint64: "uint64", ms.bool_: "bool"}
 
 
 def dtype_name(dtype) -> str:
     """``"float16"`` for ``mindspore.float16``: the name upstream writes into checkpoints."""
     if dtype in DTYPE_NAMES:
         return DTYPE_NAMES[dtype]
-    return str(dtype).replace("torch.", "").lower()
+    return str(dtype).replace("torch.", "").replace("mindspore.", "").lower()  # (mindtorch renames MindSpore's)
 
 
 def dtype_from_name(name: str):

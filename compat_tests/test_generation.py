@@ -206,17 +206,22 @@ def test_pi(model_and_tokenizer, reference_continuations, inference_kernel, DQ, 
 
     for name in calls:
         monkeypatch.setattr(F, name, counting(name))
-    # PORT: Linear4bit.forward's lean host call (plan.fast: the same native call as F.linear_4bit, only the
-    # activation and output re-pointed) counts as an F.linear_4bit call when the layer makes it directly
-    lean = F._Linear4bitPlan.fast
+    # PORT: Linear4bit.forward's lean host calls (plan.fast: the same native call as F.linear_4bit, only the
+    # activation and output re-pointed; plan.fast_compute: the same for F.linear_4bit_compute) count as an
+    # F.linear_4bit call when the layer makes them directly
+    def counted_lean(name):
+        lean = getattr(F._Linear4bitPlan, name)
 
-    def counted_fast(self, *args, **kwargs):
-        res = lean(self, *args, **kwargs)
-        if res is not None and sys._getframe(1).f_code.co_name == "forward":
-            calls["linear_4bit"] += 1
-        return res
+        def run(self, *args, **kwargs):
+            res = lean(self, *args, **kwargs)
+            if res is not None and sys._getframe(1).f_code.co_name == "forward":
+                calls["linear_4bit"] += 1
+            return res
 
-    monkeypatch.setattr(F._Linear4bitPlan, "fast", counted_fast)
+        return run
+
+    for name in ("fast", "fast_compute"):
+        monkeypatch.setattr(F._Linear4bitPlan, name, counted_lean(name))
     # PORT: so does its fp32-input / 16-bit compute_dtype form (cast, layer and cast back in one native call)
     compute = F.linear_4bit_compute
 

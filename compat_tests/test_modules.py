@@ -336,10 +336,9 @@ def test_linear8bitlt_no_fp16_weights(device, threshold):
     "module",
     [
         lambda n_in, n_out, bias=True: bnb.nn.Linear8bitLt(n_in, n_out, bias=bias, has_fp16_weights=False),
-        # PORT: the NF4 case is left out: bitsandbytes_ms' Linear4bit casts a copy of the bias per call and
-        # keeps the parameter fp32 (upstream casts bias.data in place); reported to the 4-bit owner.
+        bnb.nn.LinearNF4,
     ],
-    ids=["Int8Lt"],
+    ids=["Int8Lt", "NF4"],
 )
 def test_linear_kbit_fp32_bias(device, module):
     # casts model to fp16 -> int8 automatically

@@ -161,3 +161,64 @@ def test_nan_and_inf_inputs_never_crash_and_agree_across_simd_levels(level):
     x[0, 5] = np.nan
     got, _ = F.quantize_blockwise(ms.Tensor(x), blocksize=64)
     np.testing.assert_array_equal(got.asnumpy()[3], ref.asnumpy()[0])
+
+
+@pytest.mark.parametrize("level", ["scalar", "best"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_tiny_absmax_blocks_quantize_as_at_normal_magnitude(level, dtype):
+    """A block whose 1/absmax overflows (absmax < 2^-128, subnormals; issue 15 item 6): upstream multiplies
+    by inf, so 0.0 became NaN -> code 0 (-absmax once dequantized) and every other value +-absmax. Here such a
+    block gives the codes of the same block scaled by 2^64 (its values times 2^64 are exact), and the numpy
+    reference agrees (it raised IndexError on the NaN). Checked at each SIMD level in a child process."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, mindspore as ms, sys; ms.set_device('CPU')\n"
+        "import bitsandbytes_ms.functional as F\n"
+        f"dt = ms.{dtype}\n"
+        "r = np.random.default_rng(5)\n"
+        "for scale in (1e-45, 1e-42, 1e-40, 2.5e-39):\n"
+        "    x = (r.standard_normal(512) * scale * 3).astype(np.float32); x[::5] = 0.0\n"
+        "    t = ms.Tensor(x).astype(dt)\n"
+        "    q, s = F.quantize_blockwise(t, blocksize=64)\n"
+        "    sys.stdout.write(q.asnumpy().tobytes().hex() + ' ' + s.absmax.asnumpy().tobytes().hex() + '\\n')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "BNB_MS_SIMD"}
+    if level != "best":
+        env["BNB_MS_SIMD"] = level
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    dyn = F.create_dynamic_map().asnumpy()
+    r = np.random.default_rng(5)
+    for line, scale in zip(out.split("\n"), (1e-45, 1e-42, 1e-40, 2.5e-39)):
+        x = (r.standard_normal(512) * scale * 3).astype(np.float32)
+        x[::5] = 0.0
+        x = ms.Tensor(x).astype(getattr(ms, dtype)).astype(ms.float32).asnumpy()
+        qhex, ahex = line.split()
+        q = np.frombuffer(bytes.fromhex(qhex), np.uint8)
+        absmax = np.frombuffer(bytes.fromhex(ahex), np.float32)
+        rq, ra = R.quantize_blockwise(x, dyn, 64)
+        np.testing.assert_array_equal(q, rq)
+        np.testing.assert_array_equal(absmax, ra)
+        # the same codes as the block at a normal magnitude (x * 2^64, exact), absmax scaled back
+        big_q, big_a = R.quantize_blockwise(x * np.float32(2.0**64), dyn, 64)
+        np.testing.assert_array_equal(q, big_q)
+        np.testing.assert_array_equal(absmax * np.float32(2.0**64), big_a)
+        # dequantized: within half a code gap of the input, 0.0 stays within it (not -absmax)
+        back = R.dequantize_blockwise(q, absmax, dyn, 64)
+        amax = np.repeat(absmax, 64)
+        assert np.all(np.abs(back - x) <= 0.5 * np.max(np.diff(dyn)) * amax + 1.5e-45)
+        assert np.all(np.abs(back[x == 0]) < 0.01 * amax[x == 0] + 1.5e-45)
+
+
+def test_nan_takes_code_zero_in_kernel_and_reference():
+    """NaN clamps to -1 (code 0) in every path, and the reference's absmax ignores NaN as the kernels do."""
+    x = np.random.default_rng(2).standard_normal(256).astype(np.float32)
+    x[[3, 70, 200]] = np.nan
+    x[64:128] = np.nan  # an all-NaN block: absmax 0, codes 0
+    q, s = F.quantize_blockwise(ms.Tensor(x), blocksize=64)
+    rq, ra = R.quantize_blockwise(x, F.create_dynamic_map().asnumpy(), 64)
+    np.testing.assert_array_equal(q.asnumpy(), rq)
+    np.testing.assert_array_equal(s.absmax.asnumpy(), ra)
+    assert rq[3] == 0 and rq[200] == 0 and ra[1] == 0 and np.all(rq[64:128] == 0)

@@ -67,20 +67,56 @@ def test_unknown_symbol_is_a_clear_attribute_error():
         lib.cnot_a_kernel
 
 
-def test_missing_library_is_one_clear_import_error(tmp_path):
-    env = dict(os.environ, BNB_MS_LIBRARY=str(tmp_path / "libbitsandbytes_ms_cpu.so"))
-    r = subprocess.run([sys.executable, "-c", "import bitsandbytes_ms"], env=env, capture_output=True, text=True)
-    assert r.returncode != 0
-    assert "NativeLibraryError" in r.stderr
-    assert str(tmp_path / "libbitsandbytes_ms_cpu.so") in r.stderr and "tools/setup.sh" in r.stderr
+_WITHOUT_LIBRARY = (
+    "import warnings, numpy as np, mindspore as ms\n"
+    "with warnings.catch_warnings(record=True) as w:\n"
+    "    warnings.simplefilter('always')\n"
+    "    import bitsandbytes_ms as bnb\n"
+    "    import bitsandbytes_ms.nn\n"
+    "from bitsandbytes_ms import cextension, functional as F\n"
+    "print('WARNINGS', sum('native library' in str(x.message) for x in w))\n"
+    "print('ERROR', cextension.LIBRARY_ERROR)\n"
+    "try:\n"
+    "    F.quantize_blockwise(ms.Tensor(np.ones(64, np.float32)), blocksize=64)\n"
+    "except RuntimeError as e:\n"
+    "    print('RAISED', type(e).__name__, isinstance(e, ImportError), e)\n"
+)
 
 
-def test_unloadable_library_is_one_clear_import_error(tmp_path):
-    bogus = tmp_path / "libbitsandbytes_ms_cpu.so"
-    bogus.write_bytes(b"not an ELF file")
-    env = dict(os.environ, BNB_MS_LIBRARY=str(bogus))
-    r = subprocess.run([sys.executable, "-c", "import bitsandbytes_ms"], env=env, capture_output=True, text=True)
-    assert r.returncode != 0 and "failed to load" in r.stderr and "tools/setup.sh" in r.stderr
+def _run_without_library(lib_path, *args):
+    env = dict(os.environ, BNB_MS_LIBRARY=str(lib_path))
+    cmd = [sys.executable, *args] if args else [sys.executable, "-c", _WITHOUT_LIBRARY]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("kind", ["missing", "unloadable"])
+def test_without_the_library_the_package_imports_and_use_is_one_clear_error(tmp_path, kind):
+    """Issue 15: a missing or broken native library no longer fails `import bitsandbytes_ms` (upstream imports
+    on CPU without its library): one RuntimeWarning naming the file and the build command, then every native
+    call raises NativeLibraryError (an ImportError and a RuntimeError) saying the same."""
+    path = tmp_path / "libbitsandbytes_ms_cpu.so"
+    if kind == "unloadable":
+        path.write_bytes(b"not an ELF file")
+    r = _run_without_library(path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "WARNINGS 1" in r.stdout
+    why = "does not exist" if kind == "missing" else "failed to load"
+    error_line = next(line for line in r.stdout.splitlines() if line.startswith("ERROR "))
+    assert str(path) in error_line and why in error_line and "tools/setup.sh" in error_line
+    raised = next(line for line in r.stdout.splitlines() if line.startswith("RAISED "))
+    assert raised.startswith("RAISED NativeLibraryError True lib.cquantize_blockwise_fp32 needs the native library")
+    assert str(path) in raised
+
+
+def test_without_the_library_the_cli_reports_instead_of_a_traceback(tmp_path):
+    path = tmp_path / "libbitsandbytes_ms_cpu.so"
+    r = _run_without_library(path, "-m", "bitsandbytes_ms")
+    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout
+    assert f"native library    NOT LOADED: bitsandbytes_ms: the native library {path} does not exist" in r.stdout
+    assert r.stdout.rstrip().splitlines()[-1].startswith("FAILED: the native library did not load")
+    r = _run_without_library(path, "-m", "bitsandbytes_ms", "quantize")
+    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout
+    assert r.stderr.rstrip().splitlines()[-1].startswith(f"bnb-ms quantize: error: bitsandbytes_ms: the native library {path}")
 
 
 def test_empty_allocates_without_numpy():

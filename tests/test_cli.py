@@ -201,3 +201,67 @@ def test_failed_save_leaves_the_directory_as_it_was(tmp_path):
     _save_atomically(target, lambda d: (d / "config.json").write_text('{"new": 1}'))
     assert sorted(p.name for p in target.iterdir()) == ["config.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]
+
+
+# ---- non-finite logits (issue 15 item 2: a NaN perplexity was reported with exit 0) ------------------------------
+def test_checkpoint_with_nan_weights_fails_in_one_line(tmp_path):
+    """A checkpoint whose unquantized forward gives NaN logits has no perplexity to compare: one line, exit 2,
+    before quantizing (it used to report `perplexity nan -> 774` and exit 0, LLM.int8() hiding the NaN)."""
+    import shutil
+    from pathlib import Path
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    import bitsandbytes_ms
+
+    src = Path(bitsandbytes_ms.__file__).resolve().parent / "default_model"
+    d = tmp_path / "nan"
+    shutil.copytree(src, d)
+    t = load_file(str(d / "model.safetensors"))
+    t["model.layers.1.mlp.down_proj.weight"][3, 5] = np.nan
+    save_file(t, str(d / "model.safetensors"), metadata={"format": "pt"})
+    r = run("quantize", "--model", str(d), "--max-new-tokens", "2", "--eval-windows", "1")
+    line = _one_line_error(r)
+    assert "the unquantized model computes NaN/inf logits at 127 of 127 held-out positions" in line, line
+    assert "perplexity" not in r.stdout
+
+
+def test_nan_logits_of_the_quantized_model_exit_1_without_saving(tmp_path, monkeypatch, capsys):
+    """When only the quantized model's logits are not finite, the report says so on the perplexity line, the
+    job ends with exit 1 and one error line, and --save writes nothing."""
+    import numpy as np
+
+    from bitsandbytes_ms import __main__ as cli
+    from bitsandbytes_ms.integrations import evaluate as ev
+
+    real = ev.run_windows
+    calls = []
+
+    def second_call_nan(model, windows, **kw):
+        stats = real(model, windows, **kw)
+        calls.append(1)
+        if len(calls) == 2:  # the quantized model's evaluation: two positions' logits NaN
+            stats.logits[0][[0, 4], 1] = np.nan
+            stats.nonfinite_positions, stats.nll_sum = 2, float("nan")
+        return stats
+
+    monkeypatch.setattr(ev, "run_windows", second_call_nan)
+    rc = cli.main(["quantize", "--mode", "nf4", "--max-new-tokens", "2", "--eval-windows", "1",
+                   "--save", str(tmp_path / "q")])
+    out, err = capsys.readouterr()
+    assert rc == 1 and len(calls) == 2
+    line = next(ln for ln in out.splitlines() if ln.startswith("perplexity"))
+    assert " -> nan (NaN/inf logits at 2 of 127 held-out positions of the quantized model)" in line, line
+    assert "error: the quantized model computes NaN/inf logits at 2 of 127 held-out positions" in err
+    assert "--save skipped" in err and not (tmp_path / "q").exists()
+
+
+def test_perplexity_of_nonfinite_and_overflowing_nll():
+    import math
+
+    from bitsandbytes_ms.integrations.evaluate import LogitStats
+
+    assert math.isnan(LogitStats(nll_sum=float("nan"), n_tokens=3).perplexity)
+    assert LogitStats(nll_sum=3 * 800.0, n_tokens=3).perplexity == float("inf")  # exp(800): no OverflowError
+    assert abs(LogitStats(nll_sum=3 * 2.0, n_tokens=3).perplexity - 7.38905609893065) < 1e-12

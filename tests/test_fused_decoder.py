@@ -123,6 +123,25 @@ def test_native_layer_matches_reference(mode, window, T):
     np.testing.assert_allclose(out, R.rms_norm(x, nw, 1e-5), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_dense_layer_is_the_full_precision_linear(mode, rows):
+    """A full-precision layer inside the fused decoder (decode: up to 8 rows) runs gemm_fp.cpp's kernel: the bytes
+    of _reference.gemm_fp on fp32 activations and the widened weight, i.e. LinearFP's (cgemm_fp_fp32) for fp32."""
+    rng = np.random.RandomState(11)
+    N, K = 40, 77
+    spec = _spec(rng, N, K, mode, bias=True)
+    x = rng.randn(rows, K).astype(np.float32)
+    out = np.empty((rows, N), np.float32)
+    HC.entry("cdecoder_linear_fp32")(x, *spec, N, out)
+    W32, b32 = spec[0].astype(np.float32), spec[6].astype(np.float32)
+    np.testing.assert_array_equal(out, R.gemm_fp(x, W32, b32))
+    if mode == "fp32":
+        ref = np.empty((rows, N), np.float32)
+        HC.entry("cgemm_fp_fp32")(x, spec[0], spec[6], ref)
+        np.testing.assert_array_equal(out, ref)
+
+
 def test_native_layer_simd_levels_agree():
     """BNB_MS_SIMD=scalar and this CPU's SIMD level give the same bytes for the decoder halves: decode (T = 1: the
     GEMV kernels, per-head attention) and prefill (T = 13: the panel GEMM of gemm_panel.h with its 6-row tail,
@@ -518,3 +537,36 @@ def test_fused_beam_search_and_assisted_decoding_match_unfused(kw):
     finally:
         unfuse(m)
     np.testing.assert_array_equal(out, ref)
+
+
+def test_fused_prepare_inputs_gives_the_original_values():
+    """The fused model's prepare_inputs_for_generation (patch fused-prepare-inputs) gives generate's values --
+    input_ids sliced by cache_position, position_ids from the padding mask -- as the original computes them, for
+    the prefill and a decode step with left padding; calls it does not cover go to the original."""
+    from transformers.cache_utils import DynamicCache
+
+    m = _model(_cfg("llama"))
+    assert fuse(m)
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [3, 4, 5, 6, 7, 8]])
+    am = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    cases = [(ids, am, torch.arange(0, 6)), (torch.cat([ids, torch.tensor([[9], [9]])], 1),
+                                              torch.cat([am, torch.ones(2, 1, dtype=am.dtype)], 1), torch.tensor([6]))]
+    for i, a, cp in cases:
+        n0 = FU.stats["fast_prepares"]
+        got = m.prepare_inputs_for_generation(i, past_key_values=DynamicCache(), attention_mask=a, cache_position=cp,
+                                              use_cache=True)
+        assert FU.stats["fast_prepares"] == n0 + 1
+        unfuse(m)
+        want = m.prepare_inputs_for_generation(i, past_key_values=DynamicCache(), attention_mask=a, cache_position=cp,
+                                               use_cache=True)
+        assert fuse(m)
+        assert set(got) == set(want), (set(got), set(want))
+        for k in ("input_ids", "position_ids"):
+            np.testing.assert_array_equal(np.asarray(got[k]), want[k].asnumpy(), err_msg=k)
+        assert got["attention_mask"] is a and got["cache_position"] is cp and got["use_cache"] is True
+    n0 = FU.stats["fast_prepares"]
+    m.prepare_inputs_for_generation(ids, past_key_values=DynamicCache(), attention_mask=am,
+                                    cache_position=torch.arange(0, 6), position_ids=torch.arange(6)[None])
+    assert FU.stats["fast_prepares"] == n0  # position_ids given: the original runs
+    out = m.generate(ids, attention_mask=am, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert FU.stats["fast_prepares"] == n0 + 3 and out.shape == (2, 9)

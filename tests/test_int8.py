@@ -136,6 +136,41 @@ def test_vectorwise_quant_zero_row_and_no_outliers():
     np.testing.assert_array_equal(CA.asnumpy()[1], np.rint((np.arange(8) - 3.5) * np.float32(127 / 3.5)))
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("K", [1, 7, 40, 130])
+@pytest.mark.parametrize("threshold", [0.0, 6.0])
+def test_vectorwise_quant_nan_row(dtype, K, threshold):
+    """A NaN in a row makes its absmax NaN (upstream's torch.max propagates it; NaN is never an outlier) and its
+    codes 0, in the SIMD body and the scalar tail; the other rows are quantized as without the NaN."""
+    t, x = _planted((5, K), dtype, cols=(K - 1,) if K > 1 else ())
+    nan_rows = [1, 3] if K > 1 else [1]
+    x_nan = x.copy()
+    x_nan[1, K // 2] = np.nan
+    if K > 1:
+        x_nan[3, K - 1] = -np.nan  # the last column (a SIMD tail for K = 7, 130), a negative NaN
+        x_nan[3, 0] = 30.0 if threshold else 0.5  # an outlier in the NaN row: still a NaN absmax
+    tn = ms.Tensor(x_nan).astype(DTYPES[dtype])
+    CA, rs, oc = F.int8_vectorwise_quant(tn, threshold)
+    rCA, rrs, rflags = R.int8_vector_quant(_f32(tn), threshold, dtype)
+    stats = rs.asnumpy()
+    assert np.isnan(stats[nan_rows]).all() and not np.isnan(np.delete(stats, nan_rows)).any()
+    assert (bits(stats[nan_rows]) == 0x7FC00000).all()  # one quiet NaN, whatever the input's NaN bits
+    np.testing.assert_array_equal(bits(stats), bits(rrs))
+    np.testing.assert_array_equal(CA.asnumpy(), rCA)
+    assert (CA.asnumpy()[nan_rows] == 0).all()
+    # the rows without NaN: the same codes and stats as the input without any NaN (outlier columns aside)
+    CA0, rs0, oc0 = F.int8_vectorwise_quant(t, threshold)
+    keep = [r for r in range(5) if r not in nan_rows]
+    if threshold == 0 or np.array_equal(oc.asnumpy(), oc0.asnumpy()):
+        np.testing.assert_array_equal(CA.asnumpy()[keep], CA0.asnumpy()[keep])
+    np.testing.assert_array_equal(stats[keep], rs0.asnumpy()[keep])
+    if threshold:
+        np.testing.assert_array_equal(oc.asnumpy(), np.nonzero(rflags)[0])
+    # dequantized: NaN exactly in the NaN rows
+    deq = F.int8_vectorwise_dequant(CA, rs).asnumpy()
+    assert np.isnan(deq[nan_rows]).all() and np.isfinite(deq[keep]).all()
+
+
 @pytest.mark.parametrize("K", [1, 3, 10, 15, 16, 17, 33, 4095])
 @pytest.mark.parametrize("a_shape", [(1,), (5,), (2, 3), (2, 1, 4)])
 @pytest.mark.parametrize("N", [1, 2, 3, 7])
@@ -219,7 +254,7 @@ def test_simd_levels_agree():
         "import mindspore as ms, numpy as np; ms.set_device('CPU');"
         "import bitsandbytes_ms.functional as F, bitsandbytes_ms.cextension as c, hashlib, sys;"
         "r=np.random.RandomState(5); A=r.randint(-128,128,(37,2100)).astype(np.int8); B=r.randint(-128,128,(101,2100)).astype(np.int8);"
-        "x=(r.randn(9,130)*4).astype(np.float32);"
+        "x=(r.randn(9,130)*4).astype(np.float32); x[3,5]=np.nan; x[7,129]=np.nan;"
         "o=[F.int8_linear_matmul(ms.Tensor(A),ms.Tensor(B)).asnumpy().tobytes()];"
         "[o.extend(a.asnumpy().tobytes() for a in F.int8_vectorwise_quant(ms.Tensor(x).astype(dt),6.0)) for dt in (ms.float32,ms.float16,ms.bfloat16)];"
         "sys.stdout.write(c.simd_level()+' '+hashlib.sha256(b''.join(o)).hexdigest())"

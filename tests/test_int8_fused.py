@@ -465,3 +465,50 @@ def test_same_bytes_for_any_thread_count(threshold):
         cextension.set_num_threads(0)
     for (n, rows), v in outs.items():
         assert v == outs[(1, rows)], (n, rows)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 6.0])
+@pytest.mark.parametrize("dtype", list(MS))
+def test_nan_row_gives_nan_outputs_on_every_path(fused_switch, dtype, threshold):
+    """A NaN in an input row (issue 15 item 2): that row's outputs are NaN and the other rows are what they are
+    without it, on every forward (fused host call, fused ops.Custom, unfused, value_and_grad's MatMul8bitLt
+    cell, training mode's MatMul8bitFp), as upstream (torch.max propagates NaN into the row absmax)."""
+    A, CB, SCB, bias = _ms_case((5,), 100, 37, dtype, threshold, seed=11)
+    x = A.float().numpy()
+    x[1, 40] = np.nan
+    An = torch.tensor(x).to(MS[dtype])
+    nan_rows, keep = [1, 3], [0, 2, 4]  # FC.activations puts a NaN in row 3
+
+    def run(flag, training=False, grad=False, host=True):
+        fused_switch(flag)
+        old = H.set_enabled(host)
+        try:
+            st = _state(CB, SCB, threshold)
+            st.is_training = training
+            if grad:
+                out = {}
+
+                def loss(a):
+                    out["y"] = bnb.matmul(a, CB, state=st, bias=bias)
+                    return out["y"].astype(ms.float32).sum()
+
+                ms.value_and_grad(loss)(An)
+                y = out["y"]
+            else:
+                y = bnb.matmul(An, CB, state=st, bias=bias)
+        finally:
+            H.set_enabled(old)
+        return y.float().numpy()
+
+    ref = run(True)
+    assert np.isnan(ref[nan_rows]).all() and np.isfinite(ref[keep]).all()
+    # the rows without NaN: those of the same input with the NaN of row 1 replaced by a finite value (row 3's
+    # absmax is NaN either way; threshold 6: column 40 is not an outlier column there either)
+    x0 = x.copy()
+    x0[1, 40] = 0.25
+    clean = bnb.matmul(torch.tensor(x0).to(MS[dtype]), CB, state=_state(CB, SCB, threshold), bias=bias).float().numpy()
+    np.testing.assert_array_equal(_bits(ref[keep]), _bits(clean[keep]))
+    for kw in (dict(flag=True, host=False), dict(flag=False), dict(flag=False, grad=True)):
+        np.testing.assert_array_equal(_bits(run(**kw)), _bits(ref), err_msg=str(kw))
+    fp = run(False, training=True)  # MatMul8bitFp: dequantized weight, float matmul
+    assert np.isnan(fp[nan_rows]).all() and np.isfinite(fp[keep]).all()

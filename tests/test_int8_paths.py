@@ -2,9 +2,10 @@
 
 * int8 GEMM (``cigemmlt_32``): each path (scalar, AVX2, AVX-512, AVX-VNNI, AVX-512 VNNI, AMX-INT8) is forced
   with ``BNB_MS_INT8_GEMM`` in a subprocess and compared exactly with numpy's int64 product on shapes
-  that cover every K/M/N tail of every path (K in 1..4095 around the 16/32/64-byte steps, M and N
-  around the 4x3 register tile and the 16-row AMX tiles), extreme values (-128/127 everywhere, K up
-  to the entry point's limit 131071 where the VNNI paths' u8 offset wraps int32) and 3-D/4-D A.
+  that cover every K/M/N tail of every path (K in 1..4095 around the 16/32/64-byte steps and the AVX2
+  panels' 512-k blocks, M and N around the 4x3 register tile, the AVX2 6 x 16 panel tile used from 12
+  rows on and the 16-row AMX tiles), extreme values (-128/127 everywhere, K up to the entry point's
+  limit 131071 where the VNNI paths' u8 offset wraps int32) and 3-D/4-D A.
   The subprocess reports the path the library actually used (``bnb_ms_int8_gemm_path``): a path this
   CPU lacks is skipped with "CPU lacks <isa>", never silently tested on another path.
 * vector quant / mm dequant: the SIMD levels (``BNB_MS_SIMD=scalar|avx2|avx512``) give identical bytes
@@ -79,7 +80,7 @@ def rnd(*shape):
     return rng.randint(-128, 128, shape).astype(np.int8)
 
 for K in (1, 3, 10, 63, 64, 65, 127, 128, 129, 4095):
-    for M in (1, 2, 3, 4, 5, 15, 16, 17, 33):
+    for M in (1, 2, 3, 4, 5, 11, 12, 15, 16, 17, 33):
         for N in (1, 2, 3, 15, 16, 17, 50):
             check(rnd(M, K), rnd(N, K), "random")
 for M, N, K in ((32, 64, 128), (64, 96, 256), (48, 48, 192), (272, 40, 4095), (20, 300, 4500), (3, 1000, 2100)):
@@ -105,7 +106,7 @@ def test_int8_gemm_path_exact(path):
         pytest.skip(f"CPU lacks {ISA[path]} (the library used {res['path']})")
     # a forced path is used for every M (also below the automatic AMX row threshold)
     assert res["path_m1"] == res["path_m16"] == path
-    assert res["cases"] == 10 * 9 * 7 + 6 + 4 * (5 * 4 + 1 * 2) + 3
+    assert res["cases"] == 10 * 11 * 7 + 6 + 4 * (5 * 4 + 1 * 2) + 3
     assert res["nfail"] == 0, res["fails"]
 
 

@@ -135,3 +135,108 @@ def test_linear4bit_fp32_input_16bit_compute_is_the_unfused_layer(cd, rows):
     finally:
         H.set_enabled(old)
     np.testing.assert_array_equal(got.numpy().view(np.uint32), ref.numpy().view(np.uint32))
+
+
+@pytest.mark.parametrize("cd", ["bfloat16", "float16"])
+def test_linear4bit_16bit_compute_lean_call_is_taken_and_never_stale(lean_count, cd):
+    """fp32 activations with a 16-bit compute dtype: the second call is the lean one, with the same bytes; a bias
+    rewritten in place, a replaced bias and a weight rewritten in place are all seen (each against the unfused
+    layer's result)."""
+    rng = np.random.default_rng(8)
+    W = (rng.standard_normal((40, 192)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(40).astype(np.float32)
+    m = _layer4(W, b, getattr(torch, cd))
+    x = torch.tensor(rng.standard_normal((1, 192)).astype(np.float32)) * 1.0
+
+    def unfused():
+        old = H.set_enabled(False)
+        try:
+            return m(x).numpy().copy()
+        finally:
+            H.set_enabled(old)
+
+    first = m(x).numpy().copy()
+    assert lean_count["lean"] == 0
+    np.testing.assert_array_equal(m(x).numpy(), first)
+    assert lean_count["lean"] == 1
+    with torch.no_grad():
+        m.bias.add_(1.0)  # in place (MindSpore may give it a new buffer: then the full call runs once)
+    ref = unfused()
+    np.testing.assert_array_equal(m(x).numpy(), ref)
+    n = lean_count["lean"]
+    np.testing.assert_array_equal(m(x).numpy(), ref)  # lean again, reading the updated bias
+    assert lean_count["lean"] == n + 1
+    m.bias = torch.nn.Parameter(torch.tensor(b * 3), requires_grad=False)  # replaced: the full call again
+    np.testing.assert_array_equal(m(x).numpy(), unfused())
+    assert lean_count["lean"] == n + 1
+    qs = m.weight.quant_state
+    with torch.no_grad():
+        qs.code.mul_(0.5)  # a quant-state tensor rewritten in place: read in place, so seen
+    np.testing.assert_array_equal(m(x).numpy(), unfused())
+
+
+# ---- the activation read in place (act_ptr) ---------------------------------------------------------
+def _kinds_of_input(rng, K):
+    """Inputs of every kind a layer meets: an op's result (in MindSpore's CPU device memory), a tensor made
+    from numpy (host memory, no device address), an op result rewritten in place just before the call (queued
+    asynchronously), a row view with an offset and a transposed (non-contiguous) view."""
+    a = rng.standard_normal((4, K)).astype(np.float32)
+    host = torch.tensor(a[:2].copy())
+    dev = torch.tensor(a[:2].copy()) * 1.0
+    upd = torch.tensor(a[:2].copy()) * 1.0
+    upd.add_(0.5)
+    base = torch.tensor(a) * 1.0
+    t = torch.tensor(a[:2].T.copy()) * 1.0
+    return {"op result": (dev, a[:2]), "from numpy": (host, a[:2]), "updated in place": (upd, a[:2] + 0.5),
+            "row view with offset": (base[2:], a[2:]), "transposed view": (t.t(), a[:2])}
+
+
+@pytest.mark.parametrize("kind", ["4bit", "int8"])
+def test_lean_call_reads_each_kind_of_activation_right(kind, capfd):
+    """Every kind of input gives the full path's result on its contiguous numpy copy; an op result is read in
+    place (no host copy), and asking MindSpore whether a tensor has device memory prints nothing."""
+    rng = np.random.default_rng(5)
+    W = (rng.standard_normal((24, 64)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    m = _layer4(W, b) if kind == "4bit" else _layer8(W, b, 0.0)
+    with torch.no_grad():
+        m(torch.tensor(rng.standard_normal((2, 64)).astype(np.float32)))  # the full call: the lean one next
+        for name, (x, ref_in) in _kinds_of_input(rng, 64).items():
+            got = m(x).numpy().copy()
+            want = m(torch.tensor(np.ascontiguousarray(ref_in))).numpy()
+            np.testing.assert_array_equal(got, want, err_msg=name)
+    assert "device address is null" not in capfd.readouterr().err
+
+
+def test_act_ptr_reads_op_results_in_place_and_copies_the_rest():
+    dev = torch.ones(3, 8) * 2.0
+    keep, ptr = H.act_ptr(dev)
+    assert keep is dev and ptr == dev._data_ptr()
+    host = torch.tensor(np.ones((3, 8), np.float32))
+    keep, ptr = H.act_ptr(host)
+    assert isinstance(keep, np.ndarray) and ptr == keep.ctypes.data
+    view = (torch.ones(4, 8) * 2.0)[1:]
+    keep, ptr = H.act_ptr(view)
+    assert isinstance(keep, np.ndarray) and keep.shape == (3, 8)
+
+
+def test_act_ptr_without_the_log_symbol_takes_the_copy(monkeypatch):
+    from bitsandbytes_ms import _ms_threads
+    monkeypatch.setattr(_ms_threads, "_ANALYZER_LEVEL", None)
+    dev = torch.ones(3, 8) * 2.0
+    keep, ptr = H.act_ptr(dev)
+    assert isinstance(keep, np.ndarray) and ptr == keep.ctypes.data and (keep == 2.0).all()
+
+
+@pytest.mark.parametrize("cd", [torch.bfloat16, torch.float16])
+def test_fp32_input_16bit_compute_reads_each_kind_of_activation_right(cd, capfd):
+    rng = np.random.default_rng(6)
+    W = (rng.standard_normal((24, 64)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    m = _layer4(W, b, cd)
+    with torch.no_grad():
+        for name, (x, ref_in) in _kinds_of_input(rng, 64).items():
+            got = m(x).numpy().copy()
+            want = m(torch.tensor(np.ascontiguousarray(ref_in))).numpy()
+            np.testing.assert_array_equal(got, want, err_msg=name)
+    assert "device address is null" not in capfd.readouterr().err

@@ -202,3 +202,31 @@ def test_bad_arguments():
                                           F.create_dynamic_map(), None, ms.Tensor(np.zeros(1, np.float32)), None)
     with pytest.raises(ValueError, match="`step` must be >= 1"):
         F.optimizer_update_32bit("momentum", p, p, s, 0.9, 1e-8, 0, 1e-3)
+
+
+@pytest.mark.parametrize("opt", ["momentum", "adam"])
+def test_8bit_state_block_of_subnormals_keeps_its_zeros(opt):
+    """Issue 15 item 6 for the optimizers' requantization (the same lookup as quantize_blockwise): a state block
+    whose absmax is below 2^-128 (1/absmax overflows) used to map every 0 to code 0 (-absmax once dequantized)
+    and every other value to +-absmax; now it maps as the same block at a normal magnitude, kernel == reference."""
+    n = 512
+    rng = np.random.RandomState(4)
+    g = (rng.randn(n) * 1e-41).astype(np.float32)
+    g[::3] = 0.0
+    p = rng.randn(n).astype(np.float32)
+    nb = n // 256
+    S1, A1 = _t(np.zeros(n, np.uint8)), _t(np.zeros(nb, np.float32))
+    S2, A2 = (_t(np.zeros(n, np.uint8)), _t(np.zeros(nb, np.float32))) if opt in TWO else (None, None)
+    b1, b2, b3, al, eps, lr = HP[opt]
+    F.optimizer_update_8bit_blockwise(opt, _t(g), _t(p), S1, S2, b1, b2, b3, al, eps, 1, lr, ms.Tensor(CODE1),
+                                      ms.Tensor(CODE2) if opt in TWO else None, A1, A2)
+    _, q1, _, a1, _ = R.optimizer_update_8bit_blockwise(opt, g, p, np.zeros(n, np.uint8), np.zeros(n, np.uint8)
+                                                        if opt in TWO else None, b1, b2, b3, al, eps, 1, lr, CODE1,
+                                                        CODE2 if opt in TWO else None, np.zeros(nb, np.float32),
+                                                        np.zeros(nb, np.float32) if opt in TWO else None)
+    np.testing.assert_array_equal(S1.asnumpy(), q1)
+    np.testing.assert_array_equal(A1.asnumpy(), a1)
+    assert 0 < a1.max() < 2.0**-128
+    state = R.dequantize_blockwise(S1.asnumpy(), A1.asnumpy(), CODE1, 256)
+    zeros = g == 0
+    assert np.all(np.abs(state[zeros]) < 0.01 * np.repeat(a1, 256)[zeros])  # was -absmax

@@ -4,7 +4,8 @@ reference's (bitsandbytes_ms/_reference.py) where that reference is defined (fin
 
 The inputs aim at the places where a vectorised code search can part from the reference: values exactly on a
 midpoint of the code (ties go to the lower index) and their float neighbours, values on and around the
-65536-bin grid's bin edges (the multiply-add of the grid index), +-1, +-0, denormals, inf and NaN (in the
+65536-bin grid's bin edges (the multiply-add of the grid index), +-1, +-0, denormals and blocks of them
+(absmax < 2^-128, scaled before the lookup), inf and NaN (in the
 input, in the absmax, in the code), unsorted and duplicate codes, partial blocks, odd element counts and
 blocksizes that are not multiples of the vector width. The kernels run through ctypes in subprocesses
 (tests/_quant_levels.py), one per SIMD level (the level is fixed at library load)."""
@@ -95,8 +96,9 @@ def make_cases(rng):
         ties = np.concatenate([mids[np.isfinite(mids)], grid_ties()])
         for dtype in DTYPES:
             for bs in (32, 64, 100, 256, 4096):
-                for n, special in ((5 * bs + 37, False), (3 * bs + 1, True), (31, True)):
-                    x = inputs(n, bs, ties, rng, special)
+                for n, special, scale in ((5 * bs + 37, False, 1), (3 * bs + 1, True, 1), (31, True, 1),
+                                          (2 * bs + 5, False, 1e-40)):  # subnormal blocks (absmax < 2^-128)
+                    x = (inputs(n, bs, ties, rng, special) * np.float32(scale)).astype(np.float32)
                     add(f"q8:{i:04d}", kind="q8", dtype=dtype, bs=bs, x=bits(x, dtype), code=code, cname=cname,
                         special=special)
                     i += 1
@@ -190,7 +192,7 @@ def test_portable_path_matches_the_numpy_reference(results):
         np.testing.assert_array_equal(out[key + "/q"].reshape(-1), q.reshape(-1), err_msg=key)
         np.testing.assert_array_equal(out[key + "/absmax"], am.view(np.uint32), err_msg=key)
         checked += 1
-    assert checked >= 90
+    assert checked >= 130
 
 
 def test_dequantize_matches_the_numpy_reference(results):

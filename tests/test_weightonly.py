@@ -107,3 +107,30 @@ def test_linear_weight_only_layer_roundtrip():
         layer2 = bnn.LinearWeightOnly(24, 10, bits=bits)
         layer2.load_state_dict(sd, strict=True)
         np.testing.assert_array_equal(layer2(x).asnumpy(), y.asnumpy())
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("dt", [ms.float32, ms.float16, ms.bfloat16])
+def test_non_finite_rows_propagate_nan_as_torch(bits, dt):
+    """Issue 15 item 6: NaN and +inf were coded as -qmax (NaN left out of the row's max). As torch computes
+    the scheme (``w.abs().max(-1) / qmax``, ``round(w / scale).to(int8)``): a NaN row gets scale NaN and codes
+    0, an inf row scale inf and codes 0, so each dequantizes to NaN and only its own GEMM outputs are NaN;
+    kernel == reference, other rows untouched."""
+    W = np.random.default_rng(1).standard_normal((5, 37)).astype(np.float32)
+    W[1, 4] = np.nan
+    W[2, 0] = np.inf
+    W[3, 9] = -np.inf
+    Wt = Tensor(W).astype(dt)
+    q, s = F.quantize_weight_only(Wt, bits)
+    rq, rs = R.quantize_weight_only(Wt.astype(ms.float32).asnumpy(), bits)
+    np.testing.assert_array_equal(q.asnumpy(), rq)
+    np.testing.assert_array_equal(s.asnumpy().view(np.uint32), rs.view(np.uint32))
+    assert s.asnumpy().view(np.uint32)[1] == 0x7FC00000 and np.isposinf(s.asnumpy()[2:4]).all()
+    codes = R.unpack_weight_only_int4(rq, 37) if bits == 4 else rq
+    assert np.all(codes[1:4] == 0)
+    clean, _ = F.quantize_weight_only(Tensor(W[[0, 4]]).astype(dt), bits)
+    np.testing.assert_array_equal(q.asnumpy()[[0, 4]], clean.asnumpy())
+    d = F.dequantize_weight_only(q, s, 37, bits, dtype=ms.float32).asnumpy()
+    assert np.isnan(d[1:4]).all() and np.isfinite(d[[0, 4]]).all()
+    out = F.gemm_weight_only(Tensor(np.ones((2, 37), np.float32)).astype(dt), q, s, bits).astype(ms.float32).asnumpy()
+    assert np.isnan(out[:, 1:4]).all() and np.isfinite(out[:, [0, 4]]).all()

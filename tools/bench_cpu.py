@@ -482,7 +482,8 @@ def overhead(ctx, torch, bnb, build_layers, configs, K: int = 576, N: int = 576,
     x1 = rng.standard_normal((1, K)).astype(np.float32)
     x1[:, 7] = 20.0
     layers = build_layers(torch, bnb, torch.tensor(W), torch.tensor(b))
-    x = torch.tensor(x1)
+    x = torch.tensor(x1) + 0.0  # an op's result, in MindSpore's CPU device memory (a layer's input in a model)
+    xh = torch.tensor(x1)       # made from numpy, host memory only
     for name, _ in configs:  # one forward each, so that the host calls are bound
         layers[name](x)
         layers[name](x)
@@ -493,17 +494,21 @@ def overhead(ctx, torch, bnb, build_layers, configs, K: int = 576, N: int = 576,
             if name in kernels:
                 samples.setdefault(name, []).extend(time_samples(lambda: layers[name](x), repeat))
                 samples.setdefault(name + "_k", []).extend(time_samples(kernels[name], repeat))
+                samples.setdefault(name + "_h", []).extend(time_samples(lambda: layers[name](xh), repeat))
     rows = []
     for name, label in configs:
         if name in kernels:
-            f, k = median(samples[name]), median(samples[name + "_k"])
-            rows.append([label, f"{1e6 * f:.1f}", f"{1e6 * k:.1f}", f"{1e6 * (f - k):.1f}"])
+            f, k, h = median(samples[name]), median(samples[name + "_k"]), median(samples[name + "_h"])
+            rows.append([label, f"{1e6 * f:.1f}", f"{1e6 * k:.1f}", f"{1e6 * (f - k):.1f}", f"{1e6 * (h - k):.1f}"])
     ctx.report.add(f"Per-layer overhead at batch 1 ({K} -> {N})",
-                   ["layer", "forward us", "kernel alone us", "forward - kernel us"], rows,
-                   "forward: `layer(x)` under no gradient (mindtorch's Module call included); kernel alone: the "
-                   "layer's bound native entry point called directly on the same shapes (what the forward's one "
-                   "host call runs); medians of 3 alternating rounds of "
-                   f"{repeat} calls. The difference is what the Python path costs per layer (goal <= 30 us).")
+                   ["layer", "forward us", "kernel alone us", "forward - kernel us",
+                    "forward - kernel, input made from numpy us"], rows,
+                   "forward: `layer(x)` under no gradient (mindtorch's Module call included), x the result of a "
+                   "MindSpore op (as every activation inside a model: read in place); last column: x made from "
+                   "numpy (host memory: read through `asnumpy()`); kernel alone: the layer's bound native entry "
+                   "point called directly on the same shapes (what the forward's one host call runs); medians of "
+                   f"3 alternating rounds of {repeat} calls. The difference is what the Python path costs per layer "
+                   "(goal <= 30 us).")
 
 
 def kernel_calls(layers, x1: np.ndarray) -> Dict[str, Callable]:
@@ -518,7 +523,7 @@ def kernel_calls(layers, x1: np.ndarray) -> Dict[str, Callable]:
             plan = layer.weight.quant_state.__dict__.get("_linear_plan")
             if plan is None or not plan.calls:
                 continue
-            (dtype, _), (call, _, _) = next(iter(plan.calls.items()))
+            (dtype, *_), (call, _, _) = next(iter(plan.calls.items()))
             npdt = H.np_dtype(dtype)
             xa, out = x1.astype(npdt), np.empty((1, plan.N), npdt)
             res[name] = (lambda c, a, o: lambda: (c.set(0, a), c.set(11, o), c()))(call, xa, out)

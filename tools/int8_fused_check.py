@@ -86,6 +86,8 @@ def activations(lead, K, dtype, rng, plant):
             # absmax is inf, its codes 0 and its outputs NaN (0 * inf), as upstream
     if a.shape[0] > 2:
         a[2] = 0.0                                # an all-zero row
+    if a.shape[0] > 3:
+        a[3, K // 3] = np.nan                     # a NaN: the row's absmax NaN (torch.max), its outputs NaN
     if K > 5:
         a[0, 5] = -0.0
         a[0, 4] = 3e-6                            # fp16 subnormal after the cast

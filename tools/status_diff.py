@@ -6,7 +6,7 @@ pointers, and random pairs of those, which exercise the order of the checks), th
 point returns and a digest of every buffer after the call (so outputs, in-place updates and status
 outputs are compared too), then compare two recordings.
 
-    python tools/status_diff.py record LIB.so out.json [--pairs N] [--ops REGEX] [--device cuda]
+    python tools/status_diff.py record LIB.so out.json [--pairs N] [--ops REGEX] [--device cuda] [--ok-only]
     python tools/status_diff.py compare old.json new.json [--status-only]
 
 On a GPU host (torch with CUDA), the CUDA library against the CPU library of the same tree:
@@ -15,7 +15,7 @@ On a GPU host (torch with CUDA), the CUDA library against the CPU library of the
     python3 tools/status_diff.py compare cpu.json cuda.json --status-only   # drop --status-only: bytes too
 
 Covers the blockwise, optim, weightonly and int8 entry points (the fused cint8_linear_* and
-cint8_mixed_mm_dequant_* included).  Calls go straight through ctypes with the
+cint8_mixed_mm_dequant_* included), and well-formed calls on edge values (edge_ops: subnormal blocks, NaN/inf rows).  Calls go straight through ctypes with the
 AOT signature (no MindSpore); buffers are over-allocated so that a call a library wrongly accepts
 cannot write outside them.  Run each `record` in its own process (one library per process).
 """
@@ -176,8 +176,58 @@ def int8_ops():
         yield "cigemmlt_32", [P(a_shape, "int8"), P((n, k), "int8"), P(o_shape or a_shape[:-1] + (n,), "int32")]
 
 
+def _values(x, dt):
+    """init for a param of dtype ``dt`` holding the float32 values ``x`` (bf16 as its bits, rounded to nearest even)."""
+    x = np.asarray(x, np.float32)
+    if dt == "bfloat16":
+        b = x.view(np.uint32)
+        return lambda: ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    return lambda: x.astype(DT[dt])
+
+
+def _edge_blocks(n, bs, seed):
+    """Blocks of subnormals next to zeros (1/absmax overflows), tiny normal ones, ordinary ones and a NaN."""
+    x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    for b, s in enumerate(range(0, n, bs)):
+        x[s:s + bs] *= (1e-41, 3e-39, 1e-44, 1.0, 1e-40)[b % 5]
+    x[::7] = 0.0
+    x[min(n - 1, 4 * bs + 1)] = np.nan
+    return x
+
+
+def edge_ops():
+    """Well-formed calls on edge values (issue 15 item 6), so that `compare` checks their bytes across builds and
+    between the CPU and the CUDA library: blockwise blocks whose 1/absmax overflows, 8-bit optimizer states that
+    start from such blocks, weight-only rows holding NaN / +-inf / all-NaN."""
+    for sfx, dt in SFX.items():
+        for n, bs in ((1000, 64), (5000, 256), (70000, 4096)):
+            x = _edge_blocks(n, bs, n)
+            yield f"cquantize_blockwise_{sfx}", [code(), P((n,), dt, init=_values(x, dt)), S(bs), P((n,), "uint8"),
+                                                 P((-(-n // bs),), "float32")]
+        for bits in (8, 4):
+            W = np.random.default_rng(bits).standard_normal((9, 33)).astype(np.float32)
+            W[1, 3], W[2, 0], W[3, 5], W[4, :], W[5, :] = np.nan, np.inf, -np.inf, np.nan, 0.0
+            yield f"cquantize_weight_only_int{bits}_{sfx}", [P((9, 33), dt, init=_values(W, dt)),
+                                                             P((9, 33 if bits == 8 else 17), "int8" if bits == 8 else "uint8"),
+                                                             P((9,), "float32")]
+    ops = op_table()
+    for opt, names in ops.OPTIM_8BIT_BLOCKWISE_NAMES.items():
+        two, mult = opt in ("adam", "ademamix"), 2 if opt == "ademamix" else 1
+        for name, dt in zip(names, SFX.values()):
+            n = 256 * 6 + 17
+            nb = -(-n // 256)
+            g = np.nan_to_num(_edge_blocks(n, 256, 7), nan=0.0)
+            zeros_u8 = P((mult * n,), "uint8", init=lambda k=mult * n: np.zeros(k, np.uint8))
+            zeros_am = P((mult * nb,), "float32", init=lambda k=mult * nb: np.zeros(k, np.float32))
+            s2 = P((n,), "uint8", init=lambda: np.zeros(n, np.uint8)) if two else None
+            a2 = P((nb,), "float32", init=lambda: np.zeros(nb, np.float32)) if two else None
+            hp = [S(0.9), S(0.999), S(0.5), S(2.0), S(1e-8), S(1), S(1e-3), S(0.0), S(1.0), S(False)]
+            yield name, [P((n,), dt, init=_values(g, dt)), P((n,), dt), zeros_u8, s2, code(), code() if two else None,
+                         zeros_am, a2] + hp + [P((1,), "int32")]
+
+
 def templates():
-    for gen in (blockwise_ops, optim_ops, weightonly_ops, int8_ops):
+    for gen in (blockwise_ops, optim_ops, weightonly_ops, int8_ops, edge_ops):
         yield from gen()
 
 
@@ -318,7 +368,7 @@ class Lib:
         return rc, h.hexdigest()[:16]
 
 
-def record(lib_path, out, pairs, ops_re, device):
+def record(lib_path, out, pairs, ops_re, device, ok_only=False):
     warnings.simplefilter("ignore")  # casts of nan/inf/huge scalars to integer dtypes
     lib = Lib(lib_path, device)
     res = {}
@@ -326,9 +376,9 @@ def record(lib_path, out, pairs, ops_re, device):
     for t, (name, args) in enumerate(templates()):
         if ops_re and not re.search(ops_re, name):
             continue
-        muts = single_mutations(args)
+        muts = [] if ok_only else single_mutations(args)
         cases = [("ok", lambda a: a)] + muts
-        for _ in range(pairs):
+        for _ in range(pairs if muts else 0):
             (l1, f1), (l2, f2) = rnd.sample(muts, 2)
             cases.append((f"{l1} + {l2}", lambda a, f1=f1, f2=f2: f2(f1(a))))
         for label, f in cases:
@@ -371,13 +421,14 @@ def main():
     r.add_argument("--pairs", type=int, default=300, help="random pairs of mutations per template")
     r.add_argument("--ops", default="", help="regex of entry point names")
     r.add_argument("--device", default="host", help='"host" (numpy buffers) or a torch device ("cuda", "cpu")')
+    r.add_argument("--ok-only", action="store_true", help="only the well-formed calls (their output bytes), no mutations")
     c = sub.add_parser("compare")
     c.add_argument("a")
     c.add_argument("b")
     c.add_argument("--status-only", action="store_true", help="compare statuses, not buffer digests")
     ns = ap.parse_args()
     if ns.cmd == "record":
-        record(ns.lib, ns.out, ns.pairs, ns.ops, ns.device)
+        record(ns.lib, ns.out, ns.pairs, ns.ops, ns.device, ns.ok_only)
         return 0
     return compare(ns.a, ns.b, ns.status_only)
 

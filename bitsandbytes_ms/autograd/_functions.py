@@ -81,13 +81,8 @@ class MatMul4Bit(_msnn.Cell):
 
     def bprop(self, A, bias, out, dout):
         _tag_device((A, bias, out, dout), like=(A,))  # autograd hands over tensors without mindtorch's device tag
-        N = int(self.quant_state.shape[0])
-        g = dout.reshape(-1, N).astype(_ms.float32)
-        W = _dequant_weight_f32(self.B, self.quant_state)
-        dA = _mm(g, W, (A,)).reshape(A.shape).astype(A.dtype)
-        if self.has_bias:
-            dbias = g.sum(axis=0).reshape(bias.shape).astype(bias.dtype)
-        else:
+        dA, dbias = _grad_4bit(A, self.B, self.quant_state, dout, bias if self.has_bias else None)
+        if dbias is None:
             dbias = _msops.zeros_like(bias)
             _tag_device(dbias, like=(A,))
         return dA, dbias
@@ -97,6 +92,41 @@ class MatMul4Bit(_msnn.Cell):
         cell = MatMul4Bit(B, quant_state, bias is not None)
         res = cell(A, bias if bias is not None else _Tensor(0.0, _ms.float32))
         return _F._write(out, res)
+
+    # upstream's torch.autograd.Function interface, for code that drives it by hand with a ctx object
+    @staticmethod
+    def forward(ctx, A, B, out=None, bias=None, quant_state=None):
+        """Upstream's ``MatMul4Bit.forward(ctx, A, B, out, bias, quant_state)``: the forward of :func:`matmul_4bit`
+        (no autograd recording); saves what :meth:`backward` needs on ``ctx``."""
+        ctx.is_empty = _math.prod(A.shape) == 0
+        ctx.A, ctx.B, ctx.bias, ctx.state = A, B, bias, quant_state
+        ctx.dtype_A, ctx.dtype_B, ctx.dtype_bias = A.dtype, B.dtype, None if bias is None else bias.dtype
+        return _F._write(out, _forward_4bit(A, B, quant_state, bias))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        """Upstream's five gradients ``(grad_A, grad_B, None, grad_bias, None)``: no gradient for the packed
+        weight; None where ``ctx.needs_input_grad`` (if set) asks for none."""
+        need = _needs_input_grad(ctx)
+        dA, dbias = _grad_4bit(ctx.A, ctx.B, ctx.state, grad_output, ctx.bias)
+        return dA if need[0] else None, None, None, dbias if need[3] else None, None
+
+
+def _grad_4bit(A, B, quant_state, dout, bias):
+    """Gradients of ``A @ W.T + bias`` for A (``dout @ W``, W dequantized in fp32, cast to A's dtype) and the bias
+    (``dout`` summed over the leading dimensions; None without a bias)."""
+    N = int(quant_state.shape[0])
+    g = dout.reshape(-1, N).astype(_ms.float32)
+    W = _dequant_weight_f32(B, quant_state)
+    dA = _mm(g, W, (A,)).reshape(A.shape).astype(A.dtype)
+    dbias = None if bias is None else g.sum(axis=0).reshape(bias.shape).astype(bias.dtype)
+    return dA, dbias
+
+
+def _needs_input_grad(ctx):
+    """``ctx.needs_input_grad`` as torch sets it for (A, B, out, bias, state); every gradient when unset."""
+    need = getattr(ctx, "needs_input_grad", None)
+    return tuple(need) if need is not None else (True, True, False, True, False)
 
 
 def matmul_4bit(A, B, quant_state, out: _Optional[_Tensor] = None, bias: _Optional[_Tensor] = None):
@@ -112,26 +142,46 @@ def matmul_4bit(A, B, quant_state, out: _Optional[_Tensor] = None, bias: _Option
     Single-row inputs use the native gemv kernel (reads the packed weight once); others dequantize
     to fp32 and use MindSpore's matmul. Differentiable w.r.t. ``A`` and ``bias`` (see :class:`MatMul4Bit`).
 
+    As upstream 0.50.2, a weight quantized from a [K, N] tensor (``A``'s last dimension equals
+    ``quant_state.shape[0]`` and not ``shape[1]``) still runs, with a DeprecationWarning.
+
     Raises:
-        ValueError: quant_state missing or not 2-D; K does not match.
+        ValueError: quant_state missing or not 2-D; ``A``'s last dimension matches neither dimension of
+            ``quant_state.shape``; ``B``'s bytes or the absmax entries other than exactly what
+            ``quant_state.shape`` and ``blocksize`` need; ``bias`` or ``out`` of the wrong size.
     """
+    fn = "matmul_4bit"
     if quant_state is None:
         raise ValueError("quant_state is required")
     if quant_state.shape is None or len(quant_state.shape) != 2:
         raise ValueError("matmul_4bit: quant_state.shape must be 2D [N, K]")
+    _F._check_dtype(A, _F.FLOAT_DTYPES, fn, "A")
+    _F._check_tensor(B, fn, "B")
+    _F._check_blocksize(quant_state.blocksize, _F.FOURBIT_BLOCKSIZES, fn)
+    _F._check_4bit_sizes(quant_state, _F._numel(B) * _F._itemsize(B.dtype), fn, "`B`")
     N, Kq = (int(x) for x in quant_state.shape)
+    if len(A.shape) == 0:
+        raise ValueError(f"{fn}: `A` must have at least one dimension, [..., {Kq}]; got a 0-d tensor")
     K = A.shape[-1]
-    if K == N and K != Kq:
+    kn = K == N and K != Kq  # the deprecated [K, N] orientation: the result has shape[1] columns
+    if not kn and K != Kq:
+        raise ValueError(f"{fn}: `A` must have last dimension {Kq} (quant_state.shape[1]); got shape {tuple(A.shape)}")
+    n_out = Kq if kn else N
+    if bias is not None:
+        _F._check_dtype(bias, _F.FLOAT_DTYPES, fn, "bias")
+        if _F._numel(bias) != n_out:
+            raise ValueError(f"{fn}: `bias` must have {n_out} elements (the output features); got shape "
+                             f"{tuple(bias.shape)}")
+    _F._check_out(out, tuple(A.shape[:-1]) + (n_out,), A.dtype, fn)
+    if kn:
         _warnings.warn(f"matmul_4bit: weight was quantized from a [K, N] tensor (quant_state.shape={list(quant_state.shape)}). "
-                       "Re-quantize from the weight in [N, K] (out_features, in_features) orientation.",
-                       DeprecationWarning, stacklevel=2)
+                       "Re-quantize from the weight in [N, K] (out_features, in_features) orientation. "
+                       "This will be an error in a future version.", DeprecationWarning, stacklevel=2)
         W = _dequant_weight_f32(B, quant_state)
         res = _mm(A.reshape(-1, K).astype(_ms.float32), W, (A,))
         if bias is not None:
             res = res + bias.astype(_ms.float32)
         return _F._write(out, res.reshape(tuple(A.shape[:-1]) + (Kq,)).astype(A.dtype))
-    if K != Kq:
-        raise ValueError(f"matmul_4bit: `A` must have last dimension {Kq} (quant_state.shape[1]); got {K}")
     if _math.prod(A.shape) == 0:
         return _F._write(out, _F._empty_np(tuple(A.shape[:-1]) + (N,), A.dtype))
     if _hostcall.active():  # inference: no autograd cell, the forward directly
@@ -415,9 +465,34 @@ class _Int8MatmulBiasCell(_Int8MatmulCell):
 
 
 class _Function:
-    """``apply(A, B, out=None, bias=None, state=None)`` as upstream's ``torch.autograd.Function``s."""
+    """``apply(A, B, out=None, bias=None, state=None)`` as upstream's ``torch.autograd.Function``s, and their
+    ``forward(ctx, ...)`` / ``backward(ctx, grad_output)`` static methods for code that drives them by hand."""
 
     _forward = None
+
+    @staticmethod
+    def _ctx_forward(fwd, ctx, A, B, out, bias, state):
+        state = state or MatmulLtState()
+        ctx.is_empty = _prod(A.shape) == 0
+        ctx.A, ctx.B, ctx.bias, ctx.state = A, B, bias, state
+        ctx.grad_shape, ctx.dtype_A = tuple(A.shape), A.dtype
+        ctx.dtype_bias = None if bias is None else bias.dtype
+        res = fwd(A, B, bias, state)
+        tag_device(res, like=(A,))
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        """Upstream's five gradients ``(grad_A, grad_B, None, grad_bias, None)`` (:func:`_backward`'s); None where
+        ``ctx.needs_input_grad`` (if set) asks for none."""
+        need = _needs_input_grad(ctx)
+        grads = _backward(ctx.A, ctx.B, ctx.bias, grad_output, ctx.state)
+        gbias = grads[2] if ctx.bias is not None else None
+        return (grads[0] if need[0] else None, grads[1] if need[1] else None, None,
+                gbias if need[3] else None, None)
 
     @classmethod
     def apply(cls, A, B, out=None, bias=None, state=None):
@@ -438,11 +513,21 @@ class MatMul8bitLt(_Function):
 
     _forward = staticmethod(_int8_forward)
 
+    @staticmethod
+    def forward(ctx, A, B, out=None, bias=None, state=None):
+        """Upstream's ``MatMul8bitLt.forward(ctx, A, B, out, bias, state)`` (no autograd recording)."""
+        return _Function._ctx_forward(_int8_forward, ctx, A, B, out, bias, state)
+
 
 class MatMul8bitFp(_Function):
     """``A @ dequant(quant(B)).T + bias`` in float (upstream ``MatMul8bitFp``, its CPU training path)."""
 
     _forward = staticmethod(_fp_forward)
+
+    @staticmethod
+    def forward(ctx, A, B, out=None, bias=None, state=None):
+        """Upstream's ``MatMul8bitFp.forward(ctx, A, B, out, bias, state)`` (no autograd recording)."""
+        return _Function._ctx_forward(_fp_forward, ctx, A, B, out, bias, state)
 
 
 def matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, state: Optional[MatmulLtState] = None,

@@ -77,10 +77,16 @@ class LogitStats:
     #: seconds of each window's forward pass (the model call and the logits' copy to the host)
     forward_seconds: List[float] = field(default_factory=list)
     window_tokens: List[int] = field(default_factory=list)
+    #: scored positions whose logits hold a NaN or an infinity (their NLL, and so the perplexity, is NaN)
+    nonfinite_positions: int = 0
 
     @property
     def perplexity(self) -> float:
-        return math.exp(self.nll_sum / max(self.n_tokens, 1))
+        """exp(mean NLL): NaN when a scored position's logits are not finite, inf when the exponent overflows."""
+        try:
+            return math.exp(self.nll_sum / max(self.n_tokens, 1))
+        except OverflowError:
+            return math.inf
 
     @property
     def prefill_tokens_per_second(self) -> Optional[float]:
@@ -113,6 +119,7 @@ def run_windows(model, windows: List[np.ndarray], keep_logits: bool = True, prog
             tgt = w[1:]
             stats.nll_sum += float(-logp[np.arange(len(tgt)), tgt].sum())
             stats.n_tokens += len(tgt)
+            stats.nonfinite_positions += int((~np.isfinite(lg[:-1])).any(axis=-1).sum())
             if keep_logits:
                 stats.logits.append(lg[:-1].astype(np.float32))
     return stats

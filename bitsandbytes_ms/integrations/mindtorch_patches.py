@@ -2,6 +2,7 @@
 torch API). Each is registered with :data:`bitsandbytes_ms.integrations.patches.registry`, applied by
 :func:`bitsandbytes_ms.register`, and has a test in tests/test_integration_patches.py."""
 
+from . import distributed as _distributed  # noqa: F401  (registers the torch.distributed patches)
 from .patches import registry
 
 
@@ -43,33 +44,49 @@ def _element_size_8bit(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-# ---- int8 (LLM.int8()) ----
-def _with_int8_storage():
+# ---- torch.save / torch.load of quantized layers (applied when bitsandbytes_ms.nn is imported) ----
+# Every dtype a quantized layer's state holds: int8 (Linear8bitLt weights), uint8 (4-bit codes), and each
+# Params4bit quant_storage (uint8, int8, int16, int32, float16, bfloat16, float32); PyTorch's storage names.
+_STORAGE_NAMES = (("int8", "CharStorage"), ("int16", "ShortStorage"), ("int32", "IntStorage"))
+
+
+def _with_int_storages():
     import numpy as np
     import mindspore as ms
     import mindtorch.serialization as ser
 
     save_map = dict(ser.storage_map)
-    save_map.setdefault(ms.int8, "CharStorage")  # PyTorch's name for int8 storage
     load_map = dict(ser.dtype_map)
-    load_map.setdefault("CharStorage", np.int8)
+    for dt, name in _STORAGE_NAMES:
+        save_map.setdefault(getattr(ms, dt), name)
+        load_map.setdefault(name, getattr(np, dt))
     return save_map, load_map
 
 
 try:
-    _SAVE_MAP, _LOAD_MAP = _with_int8_storage()
-except Exception:  # pragma: no cover - mindtorch layout changed; the patch is then not registered
+    _SAVE_MAP, _LOAD_MAP = _with_int_storages()
+except Exception:  # pragma: no cover - mindtorch layout changed; the patches are then not registered
     _SAVE_MAP = _LOAD_MAP = None
 
 if _SAVE_MAP is not None:
-    _WHY_INT8_SAVE = (
-        "mindtorch's torch.save/torch.load have no storage type for int8 tensors (KeyError: mindspore.int8 in "
-        "serialization.storage_map / dtype_map), so a Linear8bitLt (int8 weight) or its state_dict cannot be "
-        "saved with torch.save. Adds PyTorch's 'CharStorage' name for int8 to both tables.")
+    _WHY_INT_SAVE = (
+        "mindtorch's torch.save/torch.load have no storage type for int8 and int16 tensors (KeyError: "
+        "mindspore.int8 in serialization.storage_map) and torch.load none for int32 ones (KeyError: 'IntStorage' "
+        "in dtype_map), so a Linear8bitLt (int8 weight), a Params4bit stored as int8/int16/int32, or their "
+        "state_dicts could not be saved and loaded with torch.save. Adds PyTorch's CharStorage/ShortStorage/"
+        "IntStorage names to both tables.")
     registry.register_value("mindtorch-save-int8", "mindtorch.serialization", "storage_map", _SAVE_MAP,
-                            why=_WHY_INT8_SAVE, only_if_imported=False)
+                            why=_WHY_INT_SAVE, only_if_imported=False, on_import=True)
     registry.register_value("mindtorch-load-int8", "mindtorch.serialization", "dtype_map", _LOAD_MAP,
-                            why=_WHY_INT8_SAVE, only_if_imported=False)
+                            why=_WHY_INT_SAVE, only_if_imported=False, on_import=True)
+
+registry.register_value(
+    "mindtorch-load-bf16", "mindtorch._utils", "SUPPORT_BF16", True, only_if_imported=False, on_import=True,
+    why="torch.load turns every bfloat16 tensor into float16 (mindtorch._utils._rebuild_tensor_v2 converts the "
+        "array unless the device is an Ascend with bf16, its SUPPORT_BF16 flag), which rounds bf16 weights and "
+        "rewrites the packed bytes of a 4-bit weight stored as bfloat16 (quant_storage=bfloat16: 1012 of 1024 bytes "
+        "changed, and the reloaded layer computed garbage). MindSpore's CPU tensors hold bfloat16, so the flag "
+        "(read only by that rebuild) is set and the array keeps its dtype and bits.")
 
 # ---- fourbit3: CPU kernels and tensor methods upstream's 4-bit tests use ----
 # Each of these is a gap or bug in mindtorch 0.5.1 on the CPU target; tests in tests/test_mindtorch_patches.py

@@ -2,7 +2,10 @@
 mindtorch) when the user opts in with :func:`bitsandbytes_ms.register`.
 
 Each patch is a :class:`Patch`: a dotted target, a wrapt wrapper, and one line saying why. Nothing is
-patched at import time; ``apply`` is idempotent and ``remove`` restores the originals (tests use it).
+patched at import time except the few marked ``on_import`` (what ``torch.save``/``torch.load`` of quantized
+layers needs, so that saving them is safe with or without ``register()``): ``bitsandbytes_ms.nn`` applies
+those when it is imported (:meth:`PatchRegistry.apply_on_import`). ``apply`` is idempotent and ``remove``
+restores the originals (tests use it; ``remove()`` without names keeps the ``on_import`` ones).
 Modelled on MindSpeed's feature patches: the foreign library's files are never edited.
 """
 
@@ -28,6 +31,7 @@ class Patch:
     why: str
     value: object = _NO_VALUE  # for a value patch: the value the attribute is set to
     only_if_imported: bool = False  # skip (not import) the module when nothing imported it yet
+    on_import: bool = False  # applied when bitsandbytes_ms.nn is imported, not only by register()
 
 
 class PatchRegistry:
@@ -45,12 +49,12 @@ class PatchRegistry:
         return deco
 
     def register_value(self, name: str, module: str, attribute: str, value, why: str,
-                       only_if_imported: bool = True) -> None:
+                       only_if_imported: bool = True, on_import: bool = False) -> None:
         """Registers a patch that sets ``module.attribute = value`` (for module-level constants that
         were computed at import time)."""
         if name in self._patches:
             raise ValueError(f"patch {name!r} registered twice")
-        self._patches[name] = Patch(name, module, attribute, None, why, value, only_if_imported)
+        self._patches[name] = Patch(name, module, attribute, None, why, value, only_if_imported, on_import)
 
     def patches(self) -> List[Patch]:
         return list(self._patches.values())
@@ -81,9 +85,15 @@ class PatchRegistry:
             done.append(p.name)
         return done
 
+    def apply_on_import(self) -> List[str]:
+        """Applies the patches marked ``on_import``."""
+        return self.apply([p.name for p in self._patches.values() if p.on_import])
+
     def remove(self, names=None) -> None:
+        """Restores the originals of the named patches; without names, of every applied patch not marked
+        ``on_import``."""
         for name in list(self._originals):
-            if names is None or name in names:
+            if (name in names) if names is not None else not self._patches[name].on_import:
                 owner, attr, original = self._originals.pop(name)
                 if original is _NO_VALUE:
                     delattr(owner, attr)

@@ -19,3 +19,10 @@ from .modules import OutlierAwareLinear  # noqa: E402,F401
 
 # ---- full-precision layers kept in a quantized model (lm_head): native GEMV/GEMM forward ----
 from .linear_fp import LinearFP, use_fast_fp_layers  # noqa: E402,F401
+
+# ---- torch.save / torch.load of these layers, with or without bitsandbytes_ms.register() ----
+# (mindtorch lacks int8/int16/int32 storages and turns bfloat16 into float16 on load; integrations/patches.py)
+from ..integrations import mindtorch_patches as _mindtorch_patches  # noqa: E402,F401  (registers the patches)
+from ..integrations.patches import registry as _registry  # noqa: E402
+
+_registry.apply_on_import()

@@ -12,8 +12,10 @@ becomes the slowest layer of a decode step. ``LinearFP`` is an ``nn.Linear`` (sa
   at up to the native row limit: ONE native call through the host-call bridge -- the activation's host copy,
   the weight's own memory (no copy), a result array handed to MindSpore without a copy;
 * no gradient but no host calls (``BNB_MS_HOSTCALL=0``): the same kernel through ``ops.Custom``;
-* a gradient being recorded (``mindspore.value_and_grad``), graph mode, or an input whose dtype differs from
-  the weight's: ``nn.Linear``'s own forward (differentiable; the fast path is inference only).
+* a gradient being recorded (``mindspore.value_and_grad``), graph mode, or a dtype outside fp32/fp16/bf16:
+  ``nn.Linear``'s own forward (differentiable; the fast path is inference only);
+* an input whose dtype differs from the weight's: ``RuntimeError`` naming both, as torch (MindSpore's dense
+  raised a C++ error).
 
 :func:`use_fast_fp_layers` turns a model's plain ``nn.Linear`` layers into ``LinearFP`` in place (the class of
 the module object is swapped: parameters, hooks and ties stay as they are); the integration
@@ -34,6 +36,7 @@ from mindspore.common.api import _pynative_executor
 
 from .. import _hostcall as _H
 from .. import functional as _F
+from ..utils import dtype_name as _dtype_name
 
 _FLOAT = (_ms.float32, _ms.float16, _ms.bfloat16)
 _ENTRY = {dt: "cgemm_fp_" + sfx for dt, sfx in ((_ms.float32, "fp32"), (_ms.float16, "fp16"), (_ms.bfloat16, "bf16"))}
@@ -75,7 +78,10 @@ class LinearFP(torch.nn.Linear):
     def forward(self, x):
         w = self.weight
         dt = x.dtype
-        if dt != w.dtype or dt not in _FLOAT:
+        if dt != w.dtype:  # torch: "mat1 and mat2 must have the same dtype"; MindSpore's dense: a C++ error
+            raise RuntimeError(f"LinearFP: `input` must have the weight's dtype {_dtype_name(w.dtype)}; got "
+                               f"{_dtype_name(dt)}")
+        if dt not in _FLOAT:
             return super().forward(x)
         b = self.bias
         shape = x.shape

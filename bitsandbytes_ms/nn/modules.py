@@ -117,10 +117,12 @@ class Params4bit(torch.nn.Parameter):
         return new
 
     @classmethod
-    def from_prequantized(cls, data, quantized_stats: _Dict[str, _Any], requires_grad: bool = False, device="cpu",
+    def from_prequantized(cls, data, quantized_stats: _Dict[str, _Any], requires_grad: bool = False, device="cuda",
                           module=None, **kwargs) -> "Params4bit":
         """Rebuilds a quantized parameter from packed ``data`` and the ``weight.*`` entries of a
-        state dict (``QuantState.as_dict(packed=True)`` keys)."""
+        state dict (``QuantState.as_dict(packed=True)`` keys). ``device`` defaults to ``"cuda"`` as upstream and is
+        accepted and ignored, as by :meth:`QuantState.to`: MindSpore places tensors by its context (the CPU
+        here), so a call written for a CUDA machine runs unchanged."""
         qs = _F.QuantState.from_dict(qs_dict=quantized_stats, device=device)
         self = cls(data, requires_grad=requires_grad, quant_state=qs, blocksize=qs.blocksize,
                    compress_statistics=qs.nested, quant_type=qs.quant_type, quant_storage=data.dtype,
@@ -171,10 +173,45 @@ class Params4bit(torch.nn.Parameter):
     def cuda(self, device=None, non_blocking=False):
         return self.to("cuda" if device is None else device)
 
+    def xpu(self, device=None, non_blocking=False):
+        return _to_xpu(self, device)
+
+
+def _to_xpu(param, device):
+    """Upstream's ``.xpu()`` moves (and quantizes) a weight onto an Intel XPU; there is none on MindSpore: a clear
+    error, before anything is quantized (an explicit non-XPU ``device`` is an ordinary ``.to(device)``)."""
+    if device is None or str(getattr(device, "type", device)).split(":")[0] == "xpu":
+        raise RuntimeError(f"{type(param).__name__}.xpu(): bitsandbytes_ms has no Intel XPU backend (MindSpore: "
+                           f"CPU, and its CUDA library); use .cpu(), .cuda() or .to(device)")
+    return param.to(device)
+
 
 def _rebuild_params4bit(cls, data, requires_grad):
     """Unpickling helper of :class:`Params4bit` (its attributes arrive through ``__setstate__``)."""
     return cls(data, requires_grad=requires_grad)
+
+
+_LINEAR_DTYPES = (_ms.float32, _ms.float16, _ms.bfloat16)
+
+
+def _check_input_dtype(layer, t, arg: str, dtypes, expected: str) -> str:
+    """The first checks torch makes of a layer's input: a tensor (TypeError) of one of ``dtypes`` (RuntimeError,
+    as torch raises; ``expected`` says what it wants). Returns the layer's name for further messages."""
+    name = type(layer).__name__
+    if not isinstance(t, _ms.Tensor):
+        raise TypeError(f"{name}: `{arg}` must be a tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise RuntimeError(f"{name}: {expected}; got {_F.dtype_name(t.dtype)}")
+    return name
+
+
+def _check_linear_input(layer, x) -> None:
+    """What torch's ``linear`` requires of its input, checked before any kernel runs (torch raises
+    RuntimeError for an integer or a 0-d input; without this an int64 input came back as truncated int64)."""
+    name = _check_input_dtype(layer, x, "x", _LINEAR_DTYPES, "`x` must have dtype float32, float16 or bfloat16 "
+                                                             "(the layer's weight is floating point)")
+    if x.ndim == 0:
+        raise RuntimeError(f"{name}: `x` must have at least 1 dimension, [..., {layer.in_features}]; got a 0-d tensor")
 
 
 def fix_4bit_weight_quant_state_from_module(module) -> None:
@@ -241,6 +278,11 @@ class Linear4bit(torch.nn.Linear):
         if wkey in state_dict and qkeys:
             stats = {k[len(wkey) + 1:]: state_dict[k] for k in qkeys}
             data = state_dict[wkey]
+            qs = _F.QuantState.from_dict(qs_dict=stats)
+            errs = self._quantized_weight_errors(qs, data, wkey)
+            if errs:  # the layer is left as it was
+                error_msgs.extend(errs)
+                return
             self.weight = Params4bit.from_prequantized(torch.Tensor(data), stats, requires_grad=False, module=self)
             self.quant_state = self.weight.quant_state
             rest = {k: v for k, v in state_dict.items() if k != wkey and k not in qkeys}
@@ -253,7 +295,29 @@ class Linear4bit(torch.nn.Linear):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
+    def _quantized_weight_errors(self, qs, data, wkey):
+        """Why a quantized checkpoint's weight (packed ``data`` and its QuantState) cannot be this layer's: the
+        quantized shape must be [out_features, in_features] (a transposed or other layer's weight would compute
+        garbage through matmul_4bit's deprecated [K, N] branch) and the packed bytes and absmax entries exactly
+        what that shape and the blocksize need. Messages name the state-dict keys, as torch's size mismatches."""
+        want = (int(self.out_features), int(self.in_features))
+        shape = None if qs.shape is None else tuple(int(d) for d in qs.shape)
+        src = f"{wkey}.quant_state.bitsandbytes__{qs.quant_type}"
+        if shape != want:
+            return [f"size mismatch for {wkey}: copying a 4-bit weight of shape {shape} ({src}), the shape in current "
+                    f"model is {want} (out_features, in_features)"]
+        try:
+            _F._check_blocksize(qs.blocksize, _F.FOURBIT_BLOCKSIZES, src)
+            if qs.nested:
+                _F._check_blocksize(qs.state2.blocksize, _F.BLOCKWISE_BLOCKSIZES, src)
+        except (TypeError, ValueError) as e:
+            return [str(e)]
+        nbytes = int(_math.prod(data.shape)) * _F._itemsize(data.dtype)
+        keys = (f"the shape in {src}", f"{wkey}.absmax", f"{wkey}.nested_absmax")
+        return [f"size mismatch: {e}" for e in _F._4bit_size_errors(qs, nbytes, wkey, keys=keys)]
+
     def forward(self, x):
+        _check_linear_input(self, x)
         w = self.weight
         qs = getattr(w, "quant_state", None)
         if qs is not None and self.compute_type_is_set and x.dtype == (self.compute_dtype or x.dtype):
@@ -263,11 +327,30 @@ class Linear4bit(torch.nn.Linear):
                 res = plan.fast(x, w, self.bias, _F.LINEAR_4BIT_MAX_ROWS)
                 if res is not None:
                     return res
+        K = int(qs.shape[1]) if qs is not None and qs.shape is not None else int(self.in_features)
+        if x.ndim == 0 or x.shape[-1] != K:  # never matmul_4bit's deprecated [K, N] branch: the weight is [N, K]
+            raise ValueError(f"{type(self).__name__}: `x` must have last dimension {K} (in_features); got shape "
+                             f"{tuple(x.shape)}")
+        if not self.compute_type_is_set:
+            self.set_compute_type(x)
+            self.compute_type_is_set = True
+        b = self.bias
+        cdt = self.compute_dtype or x.dtype  # x's dtype in the matmul
+        if b is not None and b.dtype != cdt and cdt in _F.FLOAT_DTYPES:
+            b.data = _as_mindtorch(b.data.to(cdt))  # as upstream: the bias parameter itself is cast, once
         if (qs is not None and self.compute_type_is_set and _hostcall.active() and isinstance(w, Params4bit)
                 and x.dtype == (self.compute_dtype or x.dtype) and x.ndim >= 1
                 and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
             # inference, compute dtype = input dtype: one native call (kernel, bias and double-quant absmax fused)
             return _F.linear_4bit(x, w, qs, self.bias)
+        if (qs is not None and self.compute_type_is_set and x.dtype == _ms.float32 and isinstance(w, Params4bit)
+                and self.compute_dtype in (_ms.bfloat16, _ms.float16) and _hostcall.active()):
+            plan = qs.__dict__.get("_linear_plan")
+            if plan is not None and plan.matches(qs):
+                # the lean form of linear_4bit_compute below (its weight and bias seen before, nothing moved)
+                res = plan.fast_compute(x, w, self.bias, self.compute_dtype, _F.LINEAR_4BIT_MAX_ROWS)
+                if res is not None:
+                    return res
         if (qs is not None and self.compute_type_is_set and x.dtype == _ms.float32 and isinstance(w, Params4bit)
                 and self.compute_dtype in (_ms.bfloat16, _ms.float16) and x.ndim >= 1
                 and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
@@ -280,17 +363,10 @@ class Linear4bit(torch.nn.Linear):
                 self.weight.quantize()
             else:
                 fix_4bit_weight_quant_state_from_module(self)
-        bias = self.bias
-        if bias is not None and bias.dtype != x.dtype:
-            bias = bias.to(x.dtype)
-        if not self.compute_type_is_set:
-            self.set_compute_type(x)
-            self.compute_type_is_set = True
         inp_dtype = x.dtype
         if self.compute_dtype is not None:
             x = x.to(self.compute_dtype)
-        bias = None if bias is None else bias.to(self.compute_dtype or inp_dtype)
-        out = _matmul_4bit(x, self.weight.t(), quant_state=self.weight.quant_state, bias=bias)
+        out = _matmul_4bit(x, self.weight.t(), quant_state=self.weight.quant_state, bias=self.bias)
         return out.to(inp_dtype)
 
 
@@ -412,6 +488,9 @@ class Int8Params(torch.nn.Parameter):
     def cuda(self, device=None, non_blocking=False):
         return self.to("cuda" if device is None else device)
 
+    def xpu(self, device=None, non_blocking=False):
+        return _to_xpu(self, device)
+
     def to(self, *args, **kwargs):
         device = kwargs.get("device")
         dtype = kwargs.get("dtype")
@@ -530,6 +609,31 @@ class Linear8bitLt(torch.nn.Linear):
             self.weight = Int8Params(data, requires_grad=False, has_fp16_weights=False, CB=data, SCB=scb)
             self.state.has_fp16_weights = False
             self.state.reset_grads()
+        elif w_key in state_dict and isinstance(self.weight, Int8Params):
+            w = state_dict[w_key]
+            if w.dtype == _ms.int8:
+                # int8 codes are nothing without their row scales, and the layer's own belong to its own codes
+                error_msgs.append(f"{w_key}: an int8 (quantized) weight needs its row scales {scb_key}, which the "
+                                  f"state dict lacks")
+                return
+            if self.weight.is_quantized or self.state.CB is not None:
+                # a full-precision weight into a quantized layer: quantized again from it (copied into the int8
+                # codes it would be truncated, and the old row scales would stay)
+                want = (int(self.out_features), int(self.in_features))
+                if tuple(w.shape) != want:
+                    error_msgs.append(f"size mismatch for {w_key}: copying a param with shape {tuple(w.shape)}, "
+                                      f"the shape in current model is {want}")
+                    return
+                self.weight = Int8Params(_as_mindtorch(torch.Tensor(w).clone()), requires_grad=False,
+                                         has_fp16_weights=False).quantize()
+                self.state.CB = self.state.SCB = None
+                self.state.reset_grads()
+                rest = {k: v for k, v in state_dict.items() if k != w_key}
+                super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                              error_msgs)
+                if w_key in missing_keys:
+                    missing_keys.remove(w_key)
+                return
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
         for key in (scb_key, fmt_key):
@@ -569,11 +673,24 @@ class Linear8bitLt(torch.nn.Linear):
         if self.bias is not None and self.bias.dtype != x.dtype:
             self.bias.data = _as_mindtorch(self.bias.data.to(x.dtype))
         bias = self.bias
+        if not isinstance(w, Int8Params) and w.dtype != _ms.int8:
+            # a weight tied to (or replaced by) a plain float tensor, e.g. an input embedding: computed from its
+            # current values in full precision, as upstream's fix of its #1634 (0.50.2 raises AttributeError);
+            # an int8 copy kept in the state would go stale when the tensor changes
+            return _linear_full_precision(x, w, bias)
         out = matmul(x, w, bias=bias, state=self.state)
         # keep SCB reachable from the weight too (transformers reads `weight.SCB`)
         if w.dtype == _ms.int8 and getattr(w, "SCB", None) is None:
             w.SCB = self.state.SCB
         return out
+
+
+def _linear_full_precision(x, w, bias):
+    """``x @ w.T + bias`` in x's dtype, differentiable (bf16 through float32: MindSpore's CPU matmul has none)."""
+    dt = x.dtype
+    cdt = torch.float32 if dt == torch.bfloat16 else dt
+    out = torch.nn.functional.linear(x.to(cdt), w.to(cdt), None if bias is None else bias.to(cdt))
+    return out.to(dt)
 
 
 def _np_scalar(t):
@@ -655,8 +772,31 @@ class StableEmbedding(torch.nn.Embedding):
         _zero_padding_row(self.weight, self.padding_idx)
 
     def forward(self, input):
+        if _math.prod(input.shape) == 0:  # MindSpore's CPU LayerNorm rejects an empty batch
+            _check_indices(self, input)
+            return torch.zeros(tuple(input.shape) + (int(self.embedding_dim),), dtype=self.weight.dtype)
         emb = _embedding(self, input).to(torch.float32)  # layer norm always in full precision, as upstream
         return self.norm(emb).to(self.weight.dtype)
+
+
+_INDEX_DTYPES = (_ms.int32, _ms.int64)
+
+
+def _check_indices(mod, input) -> None:
+    """torch's checks of embedding indices, before the lookup: an int32/int64 tensor (RuntimeError, as torch;
+    the 8-/4-bit tables truncated float indices) holding indices in [0, num_embeddings) (IndexError, as torch;
+    MindSpore's gather returned the last row for -1 and raised a C++ error past the end). The values are read
+    in PyNative mode only (graph mode has none to read)."""
+    name = _check_input_dtype(mod, input, "input", _INDEX_DTYPES, "expected tensor for argument #1 'indices' "
+                              "(`input`) to have one of the following scalar types: Long, Int (int64, int32)")
+    if _math.prod(input.shape) == 0 or _ms.get_context("mode") != _ms.PYNATIVE_MODE:
+        return
+    idx = input.asnumpy()
+    num = int(mod.num_embeddings)
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= num:
+        raise IndexError(f"{name}: index out of range in self: `input` holds index {lo if lo < 0 else hi}; expected "
+                         f"indices in [0, {num})")
 
 
 def _embedding(mod, input):
@@ -664,6 +804,7 @@ def _embedding(mod, input):
     gathered in float32 and the rows rounded back, which gives the same values (bf16 -> fp32 -> bf16 is exact)
     and keeps the gradient; with ``max_norm`` the renormalisation then applies to the looked-up rows only (it
     cannot write back into a bf16 weight)."""
+    _check_indices(mod, input)
     w = mod.weight
     if w.dtype == torch.bfloat16:
         out = torch.nn.functional.embedding(input, w.to(torch.float32), mod.padding_idx, mod.max_norm, mod.norm_type,
@@ -750,6 +891,7 @@ class Embedding8bit(torch.nn.Embedding):
     def forward(self, input):
         if getattr(self.weight, "SCB", None) is None:
             raise RuntimeError("Embedding layer is not quantized. Please call .cuda() or .to(device) first.")
+        _check_indices(self, input)
         rows = _gather_rows(self.weight.data, input).astype(_ms.float32)
         stats = _gather_rows(self.weight.SCB.reshape(-1, 1), input).astype(_ms.float32)
         out = (rows * (stats / 127.0)).astype(self.dtype)
@@ -808,6 +950,7 @@ class Embedding4bit(torch.nn.Embedding):
         return out.to(self.dtype)
 
     def forward(self, input):
+        _check_indices(self, input)
         if not self.weight.bnb_quantized:
             self.weight.quantize()
         fix_4bit_weight_quant_state_from_module(self)
@@ -892,6 +1035,11 @@ class LinearWeightOnly(torch.nn.Linear):
             if strict and self.bias is not None and prefix + "bias" not in state_dict:
                 missing_keys.append(prefix + "bias")
             return
+        if wkey in state_dict and state_dict[wkey].dtype in (_ms.int8, _ms.uint8):
+            # integer codes without their scales: taken as weights they would be ~100x too large
+            error_msgs.append(f"{wkey}: an int{self.bits} (quantized) weight needs its scales {skey}, which the "
+                              f"state dict lacks")
+            return
         if wkey in state_dict and self.is_quantized:  # a float checkpoint into a quantized layer: re-quantize
             self.weight = torch.nn.Parameter(torch.Tensor(state_dict[wkey]))
             self.weight_scale = None
@@ -903,10 +1051,11 @@ class LinearWeightOnly(torch.nn.Linear):
                                       error_msgs)
 
     def forward(self, x):
+        _check_linear_input(self, x)
         self.quantize()
         bias = self.bias
         return _F.gemm_weight_only(x, self.weight.data, self.weight_scale, bits=self.bits,
-                                   bias=None if bias is None else bias.data)
+                                   bias=None if bias is None else bias.data, in_features=self.in_features)
 
 
 class OutlierAwareLinear(torch.nn.Linear):

@@ -1,6 +1,6 @@
 """Adagrad (lr_decay=0 and initial_accumulator_value=0 only, as upstream)."""
 
-from .optimizer import Optimizer1State
+from .optimizer import Optimizer1State, _check_nonnegative
 
 
 class Adagrad(Optimizer1State):
@@ -8,12 +8,7 @@ class Adagrad(Optimizer1State):
 
     def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10,
                  optim_bits=32, args=None, min_8bit_size=4096):
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
+        _check_nonnegative(type(self).__name__, lr=lr, weight_decay=weight_decay, eps=eps)
         if initial_accumulator_value != 0.0:
             raise ValueError("Initial accumulator value != 0.0 not supported!")
         if lr_decay != 0.0:
@@ -25,12 +20,7 @@ class Adagrad8bit(Optimizer1State):
 
     def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10,
                  optim_bits=8, args=None, min_8bit_size=4096):
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
+        _check_nonnegative(type(self).__name__, lr=lr, weight_decay=weight_decay, eps=eps)
         if initial_accumulator_value != 0.0:
             raise ValueError("Initial accumulator value != 0.0 not supported!")
         if lr_decay != 0.0:
@@ -44,12 +34,7 @@ class Adagrad32bit(Optimizer1State):
 
     def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10,
                  optim_bits=32, args=None, min_8bit_size=4096):
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
+        _check_nonnegative(type(self).__name__, lr=lr, weight_decay=weight_decay, eps=eps)
         if initial_accumulator_value != 0.0:
             raise ValueError("Initial accumulator value != 0.0 not supported!")
         if lr_decay != 0.0:

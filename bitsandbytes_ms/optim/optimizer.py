@@ -209,7 +209,8 @@ class Optimizer8bit:
         groups = self.param_groups
         saved_groups = state_dict["param_groups"]
         if len(groups) != len(saved_groups):
-            raise ValueError("loaded state dict has a different number of parameter groups")
+            raise ValueError(f"loaded state dict has a different number of parameter groups: `param_groups` holds "
+                             f"{len(saved_groups)}, the optimizer has {len(groups)} (load_state_dict expects the same)")
         for gi, s in enumerate(saved_groups):
             if "params" not in s:
                 raise ValueError(f"load_state_dict: param_groups[{gi}] has no 'params' key")
@@ -217,8 +218,11 @@ class Optimizer8bit:
             if missing:
                 raise ValueError(f"load_state_dict: param_groups[{gi}] lacks {missing[0]!r} (a hyper-parameter of "
                                  f"{type(self).__name__}: {sorted(self.defaults)}); is it the state dict of another optimizer?")
-        if any(len(g["params"]) != len(s["params"]) for g, s in zip(groups, saved_groups)):
-            raise ValueError("loaded state dict contains a parameter group that doesn't match the size of optimizer's group")
+        for gi, (g, s) in enumerate(zip(groups, saved_groups)):
+            if len(g["params"]) != len(s["params"]):
+                raise ValueError(f"loaded state dict contains a parameter group that doesn't match the size of "
+                                 f"optimizer's group: `param_groups[{gi}]['params']` lists {len(s['params'])}, the "
+                                 f"optimizer's group {gi} has {len(g['params'])} (load_state_dict expects the same)")
         id_map = {old: p for s, g in zip(saved_groups, groups) for old, p in zip(s["params"], g["params"])}
         for k, v in state_dict["state"].items():
             if k in id_map:
@@ -354,6 +358,23 @@ class Optimizer8bit:
         raise NotImplementedError
 
 
+#: upstream's words for each hyper-parameter in its "Invalid ..." errors
+_HYPER_WORDS = {"lr": "learning rate", "eps": "epsilon value", "weight_decay": "weight_decay value",
+                "momentum": "momentum value"}
+
+
+def _check_nonnegative(owner: str, **values) -> None:
+    """Upstream's checks of the hyper-parameters that must be >= 0 (its messages, ``Invalid learning rate: -1``),
+    with the argument named; a value that is not a number is a TypeError naming it (not a failed comparison)."""
+    for arg, v in values.items():
+        try:
+            ok = 0.0 <= float(v)
+        except (TypeError, ValueError):
+            raise TypeError(f"{owner}: `{arg}` must be a number; got {type(v).__name__} {v!r}") from None
+        if not ok:
+            raise ValueError(f"Invalid {_HYPER_WORDS[arg]}: {v} ({owner}: `{arg}` must be >= 0)")
+
+
 def _check_betas(betas, count: int, owner: str) -> None:
     what = "(beta1, beta2, beta3)" if count == 3 else "(beta1, beta2)"
     try:
@@ -375,18 +396,15 @@ class Optimizer2State(Optimizer8bit):
     def __init__(self, optimizer_name, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, optim_bits=32,
                  args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=False, alpha=0.0,
                  t_alpha: Optional[int] = None, t_beta3: Optional[int] = None):
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
+        _check_nonnegative(type(self).__name__, lr=lr, eps=eps)
         if isinstance(betas, str):
             betas = tuple(float(b) for b in betas.strip("()[] ").split(","))
         _check_betas(betas, 3 if optimizer_name == "ademamix" else 2, type(self).__name__)
         for i, b in enumerate(betas):
             if not 0.0 <= b < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {i}: {b}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+                raise ValueError(f"Invalid beta parameter at index {i}: {b} ({type(self).__name__}: `betas` must "
+                                 f"be in [0, 1))")
+        _check_nonnegative(type(self).__name__, weight_decay=weight_decay)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, alpha=alpha, t_alpha=t_alpha,
                         t_beta3=t_beta3)
         super().__init__(params, defaults, optim_bits, is_paged)
@@ -457,16 +475,13 @@ class Optimizer1State(Optimizer8bit):
 
     def __init__(self, optimizer_name, params, lr=1e-3, betas=(0.9, 0.0), eps=1e-8, weight_decay=0.0, optim_bits=32,
                  args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=False):
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
+        _check_nonnegative(type(self).__name__, lr=lr, eps=eps)
         _check_betas(betas, 2, type(self).__name__)
         for i, b in enumerate(betas):
             if not 0.0 <= b < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {i}: {b}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+                raise ValueError(f"Invalid beta parameter at index {i}: {b} ({type(self).__name__}: `betas` must "
+                                 f"be in [0, 1))")
+        _check_nonnegative(type(self).__name__, weight_decay=weight_decay)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults, optim_bits, is_paged)
         if args is None:
@@ -524,12 +539,7 @@ class PytorchLARS(Optimizer8bit):
     with momentum whose step is scaled to at most ``max_unorm * ||p||`` (float32 parameters)."""
 
     def __init__(self, params, lr=0.01, momentum=0, dampening=0, weight_decay=0, nesterov=False, max_unorm=0.02):
-        if lr < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if momentum < 0.0:
-            raise ValueError(f"Invalid momentum value: {momentum}")
-        if weight_decay < 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        _check_nonnegative(type(self).__name__, lr=lr, momentum=momentum, weight_decay=weight_decay)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,

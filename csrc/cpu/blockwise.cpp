@@ -6,7 +6,8 @@
 // bytes match: per block absmax = max|x|; x * (1/absmax) is clamped to [-1, 1] and mapped onto a
 // 65536-bin grid, idx = (v + 1) * 0.5 * 65535 + 0.5 (truncated), and a precomputed 65536-entry
 // table gives the nearest code entry for each bin (ties between codes go to the lower index).
-// An all-zero block stores absmax 0 and codes 0.
+// An all-zero block stores absmax 0 and codes 0; a block whose 1/absmax overflows (absmax < 2^-128) is
+// scaled by 2^64 first (quant_block_scale in quant_lut.h; upstream maps it to +-1 and 0 to code 0).
 // Dequantize: out = code[q] * absmax[block], rounded to the output dtype.
 #include <immintrin.h>
 
@@ -66,8 +67,8 @@ BNB_MS_INLINE void quantize_blocks_generic(const QuantLut *lut, const T *A, floa
       std::memset(out + s, 0, (size_t)(e - s));
       continue;
     }
-    const float inv = 1.0f / amax;
-    for (int64_t i = s; i < e; ++i) out[i] = lut->table[grid_index(to_f32(A[i]) * inv)];
+    const QuantScale k = quant_block_scale(amax);
+    for (int64_t i = s; i < e; ++i) out[i] = lut->table[grid_index(to_f32(A[i]) * k.pre * k.inv)];
   }
 }
 
@@ -116,14 +117,15 @@ BNB_MS_TARGET_AVX2 void quantize_blocks_avx2(const QuantLut *lut, const T *A, fl
       std::memset(o, 0, (size_t)len);
       continue;
     }
-    const float inv = 1.0f / amax;
-    const __m256 vinv = _mm256_set1_ps(inv);
+    const QuantScale k = quant_block_scale(amax);
+    const __m256 vpre = _mm256_set1_ps(k.pre), vinv = _mm256_set1_ps(k.inv);
     for (i = 0; i < len32; i += kGroup8) {
-      for (int k = 0; k < 4; ++k)
-        _mm256_store_si256((__m256i *)(idx + 8 * k), quant_grid_index8(_mm256_mul_ps(load8<T>(a + i + 8 * k), vinv)));
+      for (int j = 0; j < 4; ++j)
+        _mm256_store_si256((__m256i *)(idx + 8 * j),
+                           quant_grid_index8(_mm256_mul_ps(_mm256_mul_ps(load8<T>(a + i + 8 * j), vpre), vinv)));
       lut_codes<kGroup8>(lut->table, idx, o + i);
     }
-    for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * inv)];
+    for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * k.pre * k.inv)];
   }
 }
 
@@ -172,11 +174,12 @@ BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A
       std::memset(o, 0, (size_t)len);
       continue;
     }
-    const float inv = 1.0f / amax;
-    const __m512 vinv = _mm512_set1_ps(inv);
+    const QuantScale k = quant_block_scale(amax);
+    const __m512 vpre = _mm512_set1_ps(k.pre), vinv = _mm512_set1_ps(k.inv);
     for (i = 0; i + 16 <= len; i += 16)
-      _mm_storeu_si128((__m128i *)(o + i), lut_gather16(lut, quant_grid_index16(_mm512_mul_ps(load16<T>(a + i), vinv))));
-    for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * inv)];
+      _mm_storeu_si128((__m128i *)(o + i),
+                       lut_gather16(lut, quant_grid_index16(_mm512_mul_ps(_mm512_mul_ps(load16<T>(a + i), vpre), vinv))));
+    for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * k.pre * k.inv)];
   }
 }
 

@@ -65,7 +65,7 @@ namespace bnb_ms {
 namespace {
 
 // ---- small fp32 vector helpers ----------------------------------------------------------------------
-// dot(a, b): a fp32, b fp32 | fp16 | bf16 (widened exactly in registers); fp32 accumulation, the same order
+// dot(a, b) (attention scores): a fp32, b fp32 | fp16 | bf16 (widened exactly in registers); fp32 accumulation, the same order
 // for every element type of b.
 template <class T>
 float dot_scalar(const float *a, const T *b, int64_t n) {
@@ -235,18 +235,6 @@ int parse_lin(const Call<> &c, int i0, int64_t N, int64_t K, Lin *l) {
   return OK;
 }
 
-// out[m, n] = x[m, :] . W[n, :] (+ bias[n]), dense fp32 / fp16 / bf16 W (widened in registers), parallel over n.
-template <class T>
-void dense_gemv(const T *W, const float *bias, const float *x, float *out, int64_t M, int64_t N, int64_t K) {
-  parallel_for(N, std::max<int64_t>(16, 16384 / std::max<int64_t>(K, 1)), [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const T *w = W + n * K;
-      const float b = bias ? bias[n] : 0.0f;
-      for (int64_t m = 0; m < M; ++m) out[m * N + n] = dot(x + m * K, w, K) + b;
-    }
-  });
-}
-
 // ---- many rows (prefill): the packed-panel GEMM of gemm_panel.h.  Threads take chunks of output columns;
 // a chunk's weight rows are packed into panels (4-bit: dequantized first, the values of dequantize_4bit)
 // sized to stay in L2 while every row of x runs against them.
@@ -291,9 +279,8 @@ constexpr int64_t kGemvMaxRows = 8;
 void apply_lin(const Lin &l, const float *x, float *out, int64_t M) {
   if (l.int8) int8_linear_f32(l.q8, x, l.bias, out, M, l.N, l.K);
   else if (M > kGemvMaxRows) gemm_rows(l, x, out, M);
-  else if (l.dense) dense_gemv<float>(l.W, l.bias, x, out, M, l.N, l.K);
-  else if (l.wdt == DType::f16) dense_gemv<fp16_t>(static_cast<const fp16_t *>(l.W16), l.bias, x, out, M, l.N, l.K);
-  else if (l.wdt == DType::bf16) dense_gemv<bf16_t>(static_cast<const bf16_t *>(l.W16), l.bias, x, out, M, l.N, l.K);
+  else if (l.dense) dense_linear_f32(x, l.W, DType::f32, l.bias, out, M, l.N, l.K);
+  else if (l.W16) dense_linear_f32(x, l.W16, l.wdt, l.bias, out, M, l.N, l.K);
   else linear4_f32(l.q4, x, l.bias, out, M, l.N, l.K);
 }
 

@@ -375,10 +375,8 @@ struct Gemv4Scalar {
   float code[kCode4];
   float bacc[kGroup], acc[8];
   static int xelem(int p) { return p < 16 ? 2 * p : 2 * (p - 16) + 1; }
-  void init(const float *c) {
-    std::memcpy(code, c, sizeof(code));
-    std::fill(acc, acc + 8, 0.0f);
-  }
+  void init(const float *c) { std::memcpy(code, c, sizeof(code)); }
+  void row_begin() { std::fill(acc, acc + 8, 0.0f); }
   void seg_begin() { std::fill(bacc, bacc + kGroup, 0.0f); }
   void group(const uint8_t *p, const float *xp) {
     for (int s = 0; s < kGroup; ++s) {
@@ -418,8 +416,8 @@ struct Gemv4Avx2 {
       for (int k = 0; k < 4; ++k) pl[k][i] = (uint8_t)(u >> (8 * k));
     }
     for (int k = 0; k < 4; ++k) plane[k] = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)pl[k]));
-    acc = _mm256_setzero_ps();
   }
+  BNB_MS_TARGET_AVX2 BNB_MS_INLINE void row_begin() { acc = _mm256_setzero_ps(); }
   BNB_MS_TARGET_AVX2 BNB_MS_INLINE void seg_begin() { b0 = b1 = b2 = b3 = _mm256_setzero_ps(); }
   BNB_MS_TARGET_AVX2 BNB_MS_INLINE void group(const uint8_t *p, const float *xp) {
     // lane 0: bytes 0-7 twice, lane 1: bytes 8-15 twice; then high nibbles in the first 8 bytes of a
@@ -453,10 +451,8 @@ struct Gemv4Avx2 {
 struct Gemv4Avx512 {
   __m512 tab, bh, bl, acc;
   static int xelem(int p) { return p < 16 ? 2 * p : 2 * (p - 16) + 1; }
-  BNB_MS_TARGET_AVX512 BNB_MS_INLINE void init(const float *code) {
-    tab = _mm512_loadu_ps(code);
-    acc = _mm512_setzero_ps();
-  }
+  BNB_MS_TARGET_AVX512 BNB_MS_INLINE void init(const float *code) { tab = _mm512_loadu_ps(code); }
+  BNB_MS_TARGET_AVX512 BNB_MS_INLINE void row_begin() { acc = _mm512_setzero_ps(); }
   BNB_MS_TARGET_AVX512 BNB_MS_INLINE void seg_begin() { bh = bl = _mm512_setzero_ps(); }
   BNB_MS_TARGET_AVX512 BNB_MS_INLINE void group(const uint8_t *p, const float *xp) {
     const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
@@ -498,12 +494,13 @@ BNB_MS_INLINE T with_bias(T r, const T *bias, int64_t n) {
                    const float *xp, const T *bias, T *out, int64_t M, int64_t N, int64_t K, int64_t bs,        \
                    int64_t n0, int64_t n1) {                                                                  \
     const int64_t K32 = K / kGroup * kGroup;                                                                  \
+    KERN k;                                                                                                   \
+    k.init(code); /* the code's tables once per call; row_begin() per output */                              \
     if (K % bs == 0 && bs % kGroup == 0) { /* common case: whole blocks per row, every group full */          \
       const int64_t G = bs / kGroup, nb = K / bs;                                                             \
       for (int64_t m = 0; m < M; ++m)                                                                         \
         for (int64_t n = n0; n < n1; ++n) {                                                                   \
-          KERN k;                                                                                             \
-          k.init(code);                                                                                       \
+          k.row_begin();                                                                                      \
           const uint8_t *qg = q + n * K / 2;                                                                  \
           const float *xg = xp + m * K, *am = absmax + (n * nb - blk_off);                                    \
           for (int64_t b = 0; b < nb; ++b) {                                                                  \
@@ -526,8 +523,7 @@ BNB_MS_INLINE T with_bias(T r, const T *bias, int64_t n) {
       const float *xrow = xn + m * K, *xprow = xp + m * K32;                                                  \
       for (int64_t n = n0; n < n1; ++n) {                                                                     \
         const int64_t r0 = n * K;                                                                             \
-        KERN k;                                                                                               \
-        k.init(code);                                                                                         \
+        k.row_begin();                                                                                        \
         int64_t blk = r0 / bs;                                                                                \
         for (int64_t s = r0, e; s < r0 + K; s = e, ++blk) {                                                  \
           e = std::min((blk + 1) * bs, r0 + K);                                                               \

@@ -31,6 +31,7 @@
 #include "aot.h"
 #include "checks/gemm_fp.h"
 #include "cpu/cpu_features.h"
+#include "cpu/linear_kernels.h"
 #include "cpu/parallel.h"
 #include "cpu/simd_convert.h"
 #ifndef BNB_GEMM_FP_MR
@@ -166,8 +167,9 @@ inline int64_t rows_per_block(int64_t M, int64_t K, int MR) {
   return std::min(cap, (mb + MR - 1) / MR * MR);
 }
 
-template <class Kern, int MR, int NR, class T>
-void drive(const float *a32, const T *W, const float *bias, T *out, int64_t M, int64_t N, int64_t K) {
+// T: the weight's element type; O: the result's (T for the entry points, fp32 for dense_linear_f32).
+template <class Kern, int MR, int NR, class T, class O>
+void drive(const float *a32, const T *W, const float *bias, O *out, int64_t M, int64_t N, int64_t K) {
   const int64_t NT = (N + NR - 1) / NR;  // tiles of NR weight rows
   const int64_t MB = rows_per_block(M, K, MR);
   // ~64K multiply-adds per chunk at least (thread start-up is ~10 us)
@@ -176,7 +178,7 @@ void drive(const float *a32, const T *W, const float *bias, T *out, int64_t M, i
     float res[MR * NR];
     auto store = [&](int64_t m, int64_t n, float r) {
       if (bias) r = r + bias[n];
-      out[m * N + n] = from_f32<T>(r);
+      out[m * N + n] = from_f32<O>(r);
     };
     for (int64_t m0 = 0; m0 < M; m0 += MB) {
       const int64_t m1 = std::min(M, m0 + MB);
@@ -216,10 +218,19 @@ void drive(const float *a32, const T *W, const float *bias, T *out, int64_t M, i
   });
 }
 
-template <class Kern, class T>
-void run(const float *a32, const T *W, const float *bias, T *out, int64_t M, int64_t N, int64_t K) {
-  if (M < Kern::MR) drive<Kern, 1, Kern::NR1, T>(a32, W, bias, out, M, N, K);
-  else drive<Kern, Kern::MR, Kern::NR, T>(a32, W, bias, out, M, N, K);
+template <class Kern, class T, class O>
+void run(const float *a32, const T *W, const float *bias, O *out, int64_t M, int64_t N, int64_t K) {
+  if (M < Kern::MR) drive<Kern, 1, Kern::NR1, T, O>(a32, W, bias, out, M, N, K);
+  else drive<Kern, Kern::MR, Kern::NR, T, O>(a32, W, bias, out, M, N, K);
+}
+
+// The kernel at the CPU's SIMD level (K > 0).
+template <class T, class O>
+void run_simd(const float *a32, const T *W, const float *bias, O *out, int64_t M, int64_t N, int64_t K) {
+  const SimdLevel lvl = simd_level();
+  if (lvl >= SimdLevel::avx512) run<KernAvx512>(a32, W, bias, out, M, N, K);
+  else if (lvl >= SimdLevel::avx2) run<KernAvx2>(a32, W, bias, out, M, N, K);
+  else run<KernScalar>(a32, W, bias, out, M, N, K);
 }
 
 template <class B>
@@ -262,14 +273,20 @@ int gemm_fp_entry(BNB_MS_AOT_ARGS) {
     widen(a.A, a_buf.data(), M * K);
     a32 = a_buf.data();
   }
-  const SimdLevel lvl = simd_level();
-  if (lvl >= SimdLevel::avx512) run<KernAvx512>(a32, a.W, bias, a.out, M, N, K);
-  else if (lvl >= SimdLevel::avx2) run<KernAvx2>(a32, a.W, bias, a.out, M, N, K);
-  else run<KernScalar>(a32, a.W, bias, a.out, M, N, K);
+  run_simd(a32, a.W, bias, a.out, M, N, K);
   return OK;
 }
 
 }  // namespace
+
+void dense_linear_f32(const float *A, const void *W, DType wdt, const float *bias, float *out, int64_t M, int64_t N,
+                      int64_t K) {
+  if (linear_without_products(bias, out, M, N, K)) return;
+  if (wdt == DType::f16) run_simd(A, static_cast<const fp16_t *>(W), bias, out, M, N, K);
+  else if (wdt == DType::bf16) run_simd(A, static_cast<const bf16_t *>(W), bias, out, M, N, K);
+  else run_simd(A, static_cast<const float *>(W), bias, out, M, N, K);
+}
+
 }  // namespace bnb_ms
 
 using bnb_ms::bf16_t;

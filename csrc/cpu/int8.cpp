@@ -9,7 +9,9 @@
 //    left out of the row absmax and quantize to 0, and when there is more than one row every column
 //    that holds an outlier is zeroed in the output.  q = round_half_even(x * ((1 / absmax) * 127)) in
 //    fp32 (torch computes the scalar / tensor `127.0 / row_stats` as a reciprocal times 127);
-//    a row whose absmax is 0 gives 0 (upstream: NaN converted to int8, which is 0 on x86).
+//    a row whose absmax is 0 gives 0 (upstream: NaN converted to int8, which is 0 on x86).  A NaN in a row
+//    (never an outlier) makes its absmax NaN, as torch.max propagates it, and its codes 0, so the row's
+//    outputs are NaN after the dequant.
 //  * GEMM: out[m, n] = sum_k A[m, k] * B[n, k] exactly in int32 (upstream's AVX2 path uses an fp32
 //    matmul, inexact once partial sums pass 2^24; its AVX-512 path uses torch._int_mm, exact).
 //  * mm dequant: out = float(A) * (row * col) * 6.200124e-05f (+ float(bias)), each step rounded in
@@ -18,7 +20,8 @@
 // Kernel paths (chosen at run time from CPUID; BNB_MS_SIMD=scalar|avx2|avx512 lowers the level):
 //  * vector quant and mm dequant: portable, AVX2 (F16C for fp16) and AVX-512 variants that do the same
 //    fp32 operations in the same order per element, so every level gives the same bytes.
-//  * GEMM: scalar, AVX2 (vpmaddwd on int16-widened A), AVX-512 (same), AVX-VNNI and AVX-512 VNNI
+//  * GEMM: scalar, AVX2 (vpmaddwd on int16-widened A; from 12 rows on against B widened into packed
+//    16-column panels), AVX-512 (same as the former), AVX-VNNI and AVX-512 VNNI
 //    (vpdpbusd: u8 x s8 with B fed as b + 128 and 128 * sum_k A[m, k] subtracted per output; the
 //    non-saturating instruction wraps mod 2^32 and the true result fits int32, so it is exact), and
 //    AMX-INT8 (tdpbssd, s8 x s8, for M >= 8).  BNB_MS_INT8_GEMM=scalar|avx2|avx512|avxvnni|avx512vnni|amx
@@ -33,6 +36,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -56,24 +60,35 @@ BNB_MS_INLINE int8_t vq_elem(float x, float s, bool any, float thr) {
   return (int8_t)(int)std::nearbyint(x * s);
 }
 
-// One row: absmax (outliers and NaN left out) into *stat, then the int8 codes; `zf` (the column
+// A row's absmax as upstream's torch.max: a NaN anywhere in the row (NaN is never an outlier) makes it NaN
+// (the quiet NaN 0x7fc00000, whatever the input's NaN bits).  Stores it; true when the codes still have
+// to be computed, false when they are all 0 (absmax 0, or NaN: x * NaN converts to 0, as upstream's).
+BNB_MS_INLINE bool vq_row_stat(float amax, bool nan, int8_t *o, int64_t cols, float *stat) {
+  if (nan) amax = std::numeric_limits<float>::quiet_NaN();
+  *stat = amax;
+  if (amax > 0.0f) return true;
+  std::memset(o, 0, (size_t)cols);
+  return false;
+}
+
+// The absmax of columns [c, cols) folded into *amax (outliers left out), NaN seen into *nan.
+template <class T>
+BNB_MS_INLINE void vq_absmax_tail(const T *a, int64_t c, int64_t cols, bool any, float thr, float *amax, bool *nan) {
+  for (; c < cols; ++c) {
+    const float v = std::fabs(to_f32<T>(a[c]));
+    *nan |= v != v;
+    if (!(any && v >= thr) && v > *amax) *amax = v;
+  }
+}
+
+// One row: absmax (outliers left out, NaN propagated) into *stat, then the int8 codes; `zf` (the column
 // flags, or null) zeroes whole outlier columns.
 template <class T>
 void vq_row_generic(const T *a, int8_t *o, int64_t cols, bool any, float thr, const uint8_t *zf, float *stat) {
   float amax = 0.0f;
-  if (any) {
-    for (int64_t c = 0; c < cols; ++c) {
-      const float v = std::fabs(to_f32<T>(a[c]));
-      if (!(v >= thr) && v > amax) amax = v;
-    }
-  } else {
-    for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(to_f32<T>(a[c])));
-  }
-  *stat = amax;
-  if (amax == 0.0f) {
-    std::memset(o, 0, (size_t)cols);
-    return;
-  }
+  bool nan = false;
+  vq_absmax_tail<T>(a, 0, cols, any, thr, &amax, &nan);
+  if (!vq_row_stat(amax, nan, o, cols, stat)) return;
   // torch evaluates `127.0 / row_stats` (scalar / tensor) as reciprocal(row_stats) * 127: two roundings.
   const float s = (1.0f / amax) * 127.0f;
   for (int64_t c = 0; c < cols; ++c) o[c] = vq_elem(to_f32<T>(a[c]), s, any, thr);
@@ -93,27 +108,18 @@ template <class T>
 BNB_MS_TARGET_AVX2 void vq_row_avx2(const T *a, int8_t *o, int64_t cols, bool any, float thr, const uint8_t *zf,
                                     float *stat) {
   const __m256 sign = _mm256_set1_ps(-0.0f), vthr = _mm256_set1_ps(thr);
-  __m256 vmax = _mm256_setzero_ps();
+  __m256 vmax = _mm256_setzero_ps(), vnan = _mm256_setzero_ps();
   int64_t c = 0;
   for (; c + 8 <= cols; c += 8) {
     __m256 v = _mm256_andnot_ps(sign, load8<T>(a + c));
+    vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     if (any) v = _mm256_and_ps(v, _mm256_cmp_ps(v, vthr, _CMP_LT_OQ));  // outliers and NaN -> 0
-    vmax = _mm256_max_ps(v, vmax);  // NaN lanes keep vmax (MAXPS returns its second operand)
+    vmax = _mm256_max_ps(v, vmax);  // NaN lanes keep vmax (MAXPS returns its second operand); vnan has them
   }
   float amax = hmax8(vmax);
-  for (; c < cols; ++c) {
-    const float v = std::fabs(to_f32<T>(a[c]));
-    if (any) {
-      if (!(v >= thr) && v > amax) amax = v;
-    } else {
-      amax = std::max(amax, v);
-    }
-  }
-  *stat = amax;
-  if (amax == 0.0f) {
-    std::memset(o, 0, (size_t)cols);
-    return;
-  }
+  bool nan = !_mm256_testz_ps(vnan, vnan);
+  vq_absmax_tail<T>(a, c, cols, any, thr, &amax, &nan);
+  if (!vq_row_stat(amax, nan, o, cols, stat)) return;
   const float s = (1.0f / amax) * 127.0f;
   const __m256 vs = _mm256_set1_ps(s);
   const __m256i low = _mm256_set1_epi32(0xff);
@@ -136,26 +142,18 @@ BNB_MS_TARGET_AVX512 void vq_row_avx512(const T *a, int8_t *o, int64_t cols, boo
                                         float *stat) {
   const __m512 vthr = _mm512_set1_ps(thr);
   __m512 vmax = _mm512_setzero_ps();
+  __mmask16 mnan = 0;
   int64_t c = 0;
   for (; c + 16 <= cols; c += 16) {
     __m512 v = _mm512_abs_ps(load16<T>(a + c));
+    mnan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     if (any) v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, vthr, _CMP_LT_OQ), v);  // outliers and NaN -> 0
-    vmax = _mm512_max_ps(v, vmax);  // NaN lanes keep vmax
+    vmax = _mm512_max_ps(v, vmax);  // NaN lanes keep vmax; mnan has them
   }
   float amax = _mm512_reduce_max_ps(vmax);
-  for (; c < cols; ++c) {
-    const float v = std::fabs(to_f32<T>(a[c]));
-    if (any) {
-      if (!(v >= thr) && v > amax) amax = v;
-    } else {
-      amax = std::max(amax, v);
-    }
-  }
-  *stat = amax;
-  if (amax == 0.0f) {
-    std::memset(o, 0, (size_t)cols);
-    return;
-  }
+  bool nan = mnan != 0;
+  vq_absmax_tail<T>(a, c, cols, any, thr, &amax, &nan);
+  if (!vq_row_stat(amax, nan, o, cols, stat)) return;
   const float s = (1.0f / amax) * 127.0f;
   const __m512 vs = _mm512_set1_ps(s);
   c = 0;
@@ -557,7 +555,155 @@ void run_row_tile(GemmPath p, const void *Ap, const int8_t *B, const int32_t *su
   else if (n1 - n == 1) run_tile<MR, 1>(p, Ap, B, sums, C, K, ldc, k0, k1, m0, n, first);
 }
 
+// ---- AVX2, many rows: packed 16-column panels of B, 6 x 16 register tile ---------------------------
+// B (int8, [N, K]) is widened per call into panels of 16 columns: pair p of a panel holds, for column
+// j, (B[n0 + j][2p], B[n0 + j][2p + 1]) as two int16, columns 0-7 in one ymm and 8-15 in the next.
+// vpmaddwd of such a ymm with a broadcast pair of A (int16) adds two products per column, so the
+// 6 x 16 tile is 12 named accumulators + 2 panel registers + 1 broadcast (no horizontal sums; the
+// 4 x 3 dot-product tile above keeps 12 accumulators + 3 widened B + 1 A and GCC spills it).
+// int32 sums are exact, so any tiling gives the bytes of every other path.
+constexpr int kI8Panel = 16;
+constexpr int kI8MR = 6;
+constexpr int64_t kI8KC = 512;   // k per block (even): a packed panel is 16 KiB, a 6-row A tile 6 KiB
+constexpr int64_t kI8NC = 96;    // columns packed at a time per thread (6 panels, 96 KiB in L2)
+constexpr int64_t kI8PanelMinRows = 12;  // below this the dot-product tiles win (packing B costs more than it saves)
+
+// 8 columns x 8 pairs (16 k from k) of B into the panel's half at d (pair pr at d + 32 pr): each
+// column's 16 int8 widened to 8 int32-sized pairs, then an 8 x 8 transpose of those pairs.
+BNB_MS_TARGET_AVX2 void pack_i8_8x16_avx2(const int8_t *b, int64_t K, int16_t *d) {
+  __m256i r[8];
+  for (int j = 0; j < 8; ++j) r[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + j * K)));
+  __m256i t[8], u[8];
+  for (int j = 0; j < 8; j += 2) {
+    t[j] = _mm256_unpacklo_epi32(r[j], r[j + 1]);
+    t[j + 1] = _mm256_unpackhi_epi32(r[j], r[j + 1]);
+  }
+  for (int j = 0; j < 8; j += 4) {
+    u[j] = _mm256_unpacklo_epi64(t[j], t[j + 2]);
+    u[j + 1] = _mm256_unpackhi_epi64(t[j], t[j + 2]);
+    u[j + 2] = _mm256_unpacklo_epi64(t[j + 1], t[j + 3]);
+    u[j + 3] = _mm256_unpackhi_epi64(t[j + 1], t[j + 3]);
+  }
+  // u[q] (q < 4) holds pairs q (low lane) and q + 4 (high lane) of columns 0-3, u[q + 4] of columns 4-7
+  for (int q = 0; q < 4; ++q) {
+    _mm256_storeu_si256((__m256i *)(d + q * 32), _mm256_permute2x128_si256(u[q], u[q + 4], 0x20));
+    _mm256_storeu_si256((__m256i *)(d + (q + 4) * 32), _mm256_permute2x128_si256(u[q], u[q + 4], 0x31));
+  }
+}
+
+// Panel of columns [n0, n0 + nc) (nc <= 16), k in [k0, k0 + kc) (kc even; k >= K reads as 0).
+void pack_i8_panel(const int8_t *B, int64_t K, int64_t n0, int nc, int64_t k0, int64_t kc, int16_t *P) {
+  int64_t pr = 0;
+  if (nc == kI8Panel)
+    for (; k0 + 2 * pr + 16 <= std::min(K, k0 + kc); pr += 8) {
+      pack_i8_8x16_avx2(B + n0 * K + k0 + 2 * pr, K, P + pr * 32);
+      pack_i8_8x16_avx2(B + (n0 + 8) * K + k0 + 2 * pr, K, P + pr * 32 + 16);
+    }
+  for (; pr < kc / 2; ++pr) {
+    int16_t *d = P + pr * 2 * kI8Panel;
+    const int64_t k = k0 + 2 * pr;
+    for (int j = 0; j < kI8Panel; ++j) {
+      const int8_t *b = B + (n0 + j) * K;
+      const bool col = j < nc;
+      d[2 * j] = (int16_t)(col && k < K ? b[k] : 0);
+      d[2 * j + 1] = (int16_t)(col && k + 1 < K ? b[k + 1] : 0);
+    }
+  }
+}
+
+BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256i bcast_pair(const int16_t *a) {
+  int32_t v;
+  std::memcpy(&v, a, sizeof(v));
+  return _mm256_set1_epi32(v);
+}
+
+// C rows [0, mr) x columns [0, nc) (+)= the 6-row A tile (int16, row stride lda, 6 readable rows of
+// 2 * npairs values) times one packed panel.
+BNB_MS_TARGET_AVX2 void tile_i8_panel_avx2(const int16_t *A, int64_t lda, int64_t mr, const int16_t *P,
+                                           int64_t npairs, int nc, int32_t *C, int64_t ldc, bool first) {
+  const int16_t *a0 = A, *a1 = A + lda, *a2 = A + 2 * lda, *a3 = A + 3 * lda, *a4 = A + 4 * lda, *a5 = A + 5 * lda;
+  __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+          c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  for (int64_t pr = 0; pr < npairs; ++pr) {
+    const __m256i b0 = _mm256_loadu_si256((const __m256i *)(P + pr * 32)),
+                  b1 = _mm256_loadu_si256((const __m256i *)(P + pr * 32 + 16));
+    __m256i a = bcast_pair(a0 + 2 * pr);
+    c00 = _mm256_add_epi32(c00, _mm256_madd_epi16(a, b0));
+    c01 = _mm256_add_epi32(c01, _mm256_madd_epi16(a, b1));
+    a = bcast_pair(a1 + 2 * pr);
+    c10 = _mm256_add_epi32(c10, _mm256_madd_epi16(a, b0));
+    c11 = _mm256_add_epi32(c11, _mm256_madd_epi16(a, b1));
+    a = bcast_pair(a2 + 2 * pr);
+    c20 = _mm256_add_epi32(c20, _mm256_madd_epi16(a, b0));
+    c21 = _mm256_add_epi32(c21, _mm256_madd_epi16(a, b1));
+    a = bcast_pair(a3 + 2 * pr);
+    c30 = _mm256_add_epi32(c30, _mm256_madd_epi16(a, b0));
+    c31 = _mm256_add_epi32(c31, _mm256_madd_epi16(a, b1));
+    a = bcast_pair(a4 + 2 * pr);
+    c40 = _mm256_add_epi32(c40, _mm256_madd_epi16(a, b0));
+    c41 = _mm256_add_epi32(c41, _mm256_madd_epi16(a, b1));
+    a = bcast_pair(a5 + 2 * pr);
+    c50 = _mm256_add_epi32(c50, _mm256_madd_epi16(a, b0));
+    c51 = _mm256_add_epi32(c51, _mm256_madd_epi16(a, b1));
+  }
+  alignas(32) int32_t acc[kI8MR][kI8Panel];
+  _mm256_store_si256((__m256i *)acc[0], c00);
+  _mm256_store_si256((__m256i *)(acc[0] + 8), c01);
+  _mm256_store_si256((__m256i *)acc[1], c10);
+  _mm256_store_si256((__m256i *)(acc[1] + 8), c11);
+  _mm256_store_si256((__m256i *)acc[2], c20);
+  _mm256_store_si256((__m256i *)(acc[2] + 8), c21);
+  _mm256_store_si256((__m256i *)acc[3], c30);
+  _mm256_store_si256((__m256i *)(acc[3] + 8), c31);
+  _mm256_store_si256((__m256i *)acc[4], c40);
+  _mm256_store_si256((__m256i *)(acc[4] + 8), c41);
+  _mm256_store_si256((__m256i *)acc[5], c50);
+  _mm256_store_si256((__m256i *)(acc[5] + 8), c51);
+  for (int64_t i = 0; i < mr; ++i) {
+    int32_t *c = C + i * ldc;
+    if (first) std::memcpy(c, acc[i], sizeof(int32_t) * (size_t)nc);
+    else
+      for (int j = 0; j < nc; ++j) c[j] += acc[i][j];
+  }
+}
+
+void int8_gemm_panel_avx2(const int8_t *A, const int8_t *B, int32_t *C, int64_t M, int64_t N, int64_t K) {
+  // A widened to int16 with an even row stride and whole 6-row tiles (zero padding).
+  const int64_t lda = K + (K & 1), Mp = (M + kI8MR - 1) / kI8MR * kI8MR;
+  std::vector<int16_t> a16((size_t)(Mp * lda), 0);
+  parallel_for(M, std::max<int64_t>(1, 65536 / lda), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t k = 0; k < K; ++k) a16[(size_t)(r * lda + k)] = A[r * K + k];
+  });
+  const int64_t nkb = (lda + kI8KC - 1) / kI8KC;
+  int64_t chunk = N / (4 * (int64_t)max_threads());  // ~4 chunks per thread, whole panels, <= kI8NC
+  chunk = std::min<int64_t>(kI8NC, std::max<int64_t>(kI8Panel, (chunk + kI8Panel - 1) / kI8Panel * kI8Panel));
+  parallel_chunks(N, chunk, true, [&](int64_t nc0, int64_t nc1) {
+    static thread_local std::vector<int16_t> packed;
+    for (int64_t nb = nc0; nb < nc1; nb += kI8NC) {
+      const int64_t ne = std::min(nb + kI8NC, nc1), npan = (ne - nb + kI8Panel - 1) / kI8Panel;
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        const int64_t k0 = kb * kI8KC, kc = std::min(kI8KC, lda - k0), pstride = kc * kI8Panel;
+        packed.resize((size_t)(npan * pstride));
+        for (int64_t q = 0; q < npan; ++q) {
+          const int64_t n0 = nb + q * kI8Panel;
+          pack_i8_panel(B, K, n0, (int)std::min<int64_t>(kI8Panel, ne - n0), k0, kc, packed.data() + q * pstride);
+        }
+        for (int64_t m = 0; m < M; m += kI8MR) {
+          const int64_t mr = std::min<int64_t>(kI8MR, M - m);
+          for (int64_t q = 0; q < npan; ++q) {
+            const int64_t n0 = nb + q * kI8Panel;
+            tile_i8_panel_avx2(a16.data() + m * lda + k0, lda, mr, packed.data() + q * pstride, kc / 2,
+                               (int)std::min<int64_t>(kI8Panel, ne - n0), C + m * N + n0, N, kb == 0);
+          }
+        }
+      }
+    }
+  });
+}
+
 void int8_gemm_simd(GemmPath p, const int8_t *A, const int8_t *B, int32_t *C, int64_t M, int64_t N, int64_t K) {
+  if (p == GemmPath::avx2 && M >= kI8PanelMinRows) return int8_gemm_panel_avx2(A, B, C, M, N, K);
   const bool vnni = p == GemmPath::avx512vnni || p == GemmPath::avxvnni;
   const int64_t nkb = (K + kKC - 1) / kKC;
   std::vector<int16_t> a16;

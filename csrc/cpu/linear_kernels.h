@@ -11,8 +11,15 @@
 // quantization (as upstream), int8 GEMM, dequantization; threshold > 0 multiplies the outlier columns in fp32.
 // K <= 131071 (exact int32 accumulation; the caller checks).  Threads: the kernel's own.  Scratch: per calling
 // thread, as the entry point's.
+//
+// dense_linear_f32: the full-precision linear of gemm_fp.cpp (cgemm_fp_*'s kernel) on fp32 activations A [M, K]
+// and an fp32 / fp16 / bf16 weight W [N, K] (widened in registers), with an fp32 result: per output the same fma
+// chain and reduction tree as the entry points (cgemm_fp_fp32's bits for an fp32 weight; for a 16-bit weight the
+// value cgemm_fp_fp16/bf16 rounds to its dtype last, on fp32 activations).  Threads: the kernel's own.
 #pragma once
 #include <cstdint>
+
+#include "aot.h"
 
 namespace bnb_ms {
 
@@ -51,5 +58,8 @@ struct Int8Weight {
 
 void int8_linear_f32(const Int8Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
                      int64_t K);
+
+void dense_linear_f32(const float *A, const void *W, DType wdt, const float *bias, float *out, int64_t M, int64_t N,
+                      int64_t K);
 
 }  // namespace bnb_ms

@@ -216,8 +216,8 @@ BNB_MS_INLINE void requant_block(const OptLut *lut, const float *v, int64_t len,
   for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(v[i]));
   *absmax = amax;
   if (amax == 0.0f) { std::memset(q, 0, (size_t)len); return; }
-  const float inv = 1.0f / amax;
-  for (int64_t i = 0; i < len; ++i) q[i] = lut_quant(lut, v[i] * inv);
+  const QuantScale k = quant_block_scale(amax);
+  for (int64_t i = 0; i < len; ++i) q[i] = lut_quant(lut, v[i] * k.pre * k.inv);
 }
 
 struct State8 {
@@ -302,7 +302,7 @@ template <> SIMD_TARGET BNB_MS_INLINE void store<bf16_t>(bf16_t *p, F v) {
 }
 // The state lookups (cpu/quant_lut.h says why AVX2 uses scalar loads).  StateSrc: one block's dequantized
 // state, code[q[i]] * absmax, here written into the block buffer through a table of the 256 products
-// (prepare), then read by lane groups (at) or elements (at1); requant32: the 32 codes of v[0..32) * inv.
+// (prepare), then read by lane groups (at) or elements (at1); requant32: the 32 codes of v[0..32) * pre * inv.
 // kAhead: software prefetch distance in blocks (the scalar lookups leave the hardware prefetchers idle for
 // long stretches; Adam8bit on Zen 3: 3-5% less thread time).
 constexpr int64_t kAhead = 4;
@@ -316,9 +316,10 @@ struct StateSrc {
   SIMD_TARGET BNB_MS_INLINE F at(int64_t i) const { return load<float>(buf + i); }
   BNB_MS_INLINE float at1(int64_t i) const { return buf[i]; }
 };
-SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F inv, uint8_t *q) {
+SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F pre, F inv, uint8_t *q) {
   alignas(32) uint32_t idx[32];
-  for (int j = 0; j < 32; j += W) _mm256_store_si256((__m256i *)(idx + j), quant_grid_index8(vmul(load<float>(v + j), inv)));
+  for (int j = 0; j < 32; j += W)
+    _mm256_store_si256((__m256i *)(idx + j), quant_grid_index8(vmul(vmul(load<float>(v + j), pre), inv)));
   lut_codes<32>(lut->table, idx, q);
 }
 SIMD_TARGET BNB_MS_INLINE float hmax(F v) {
@@ -391,9 +392,9 @@ struct StateSrc {
   }
   BNB_MS_INLINE float at1(int64_t i) const { return code[q[i]] * absmax; }
 };
-SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F inv, uint8_t *q) {
+SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F pre, F inv, uint8_t *q) {
   for (int j = 0; j < 32; j += W)
-    _mm_storeu_si128((__m128i *)(q + j), lut_gather16(lut, quant_grid_index16(vmul(load<float>(v + j), inv))));
+    _mm_storeu_si128((__m128i *)(q + j), lut_gather16(lut, quant_grid_index16(vmul(vmul(load<float>(v + j), pre), inv))));
 }
 SIMD_TARGET BNB_MS_INLINE float hmax(F v) { return _mm512_reduce_max_ps(v); }
 #include "cpu/optim_simd.inc"

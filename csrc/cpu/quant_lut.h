@@ -14,6 +14,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -42,6 +43,20 @@ BNB_MS_INLINE uint32_t quant_grid_index(float v) {
 }
 
 BNB_MS_INLINE uint8_t quant_lookup(const QuantLut *lut, float v) { return lut->table[quant_grid_index(v)]; }
+
+// The factors a block's values are multiplied by before the lookup: v = (x * pre) * inv. Normally pre = 1 and
+// inv = 1 / absmax, upstream's computation (x * 1 is exact, so these are upstream's bytes). When 1 / absmax
+// overflows (absmax < 2^-128: a block of subnormals) upstream multiplies by inf, so 0 becomes NaN and takes
+// code 0 (-absmax once dequantized) and every other value +-1. Such a block is scaled by 2^64 first (exact:
+// its values are below 2^-126), so it maps as the same block at a normal magnitude does. absmax > 0.
+struct QuantScale {
+  float pre, inv;
+};
+BNB_MS_INLINE QuantScale quant_block_scale(float absmax) {
+  const float inv = 1.0f / absmax;
+  if (inv <= FLT_MAX) return {1.0f, inv};
+  return {0x1p64f, 1.0f / (absmax * 0x1p64f)};
+}
 
 // quant_grid_index of 8 / 16 lanes.  One multiply fewer, the same integers: (v + 1) * 0.5 is exact, so
 // fma((v + 1) * 0.5, 65535, 0.5) == fma(v + 1, 32767.5, 0.5), and clamping v + 1 to [0, 2] instead of v to

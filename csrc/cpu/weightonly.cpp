@@ -2,6 +2,9 @@
 // ChatGLM-6B's quantized checkpoints (THUDM, quantization.py): a [N, K] weight is stored as
 //   scale[n] = max_k |W[n, k]| / qmax        (qmax = 127 for int8, 7 for int4; fp32 here)
 //   q[n, k]  = round_half_even(W[n, k] / scale[n]) clamped to [-qmax, qmax]   (0 where scale == 0)
+// as torch computes the scheme: a row holding NaN gets scale NaN (the max propagates it; the quiet NaN
+// 0x7fc00000) and codes 0; a row holding inf gets scale inf and codes 0 (inf / inf is NaN, cast as 0), so
+// either row dequantizes to NaN and poisons only its own outputs.
 // int4: two signed (two's complement) nibbles per byte, row by row: byte j of row n holds k = 2j in the
 // high nibble and k = 2j+1 in the low one; an odd K pads each row with a zero nibble (row stride (K+1)/2).
 //
@@ -27,6 +30,8 @@
 
 namespace bnb_ms {
 namespace {
+
+constexpr float kWoNaN = __builtin_nanf("");  // 0x7fc00000, the CUDA library's too
 
 BNB_MS_INLINE float wo_reduce16(const float *acc) {
   float t[8], u[4];
@@ -147,13 +152,19 @@ int quantize_wo_entry(BNB_MS_AOT_ARGS) {
     for (int64_t n = n0; n < n1; ++n) {
       const T *r = a.W + n * K;
       float am = 0.0f;
-      for (int64_t k = 0; k < K; ++k) am = std::max(am, std::fabs(to_f32(r[k])));
-      const float s = am / qmax;
+      bool nan = false;
+      for (int64_t k = 0; k < K; ++k) {
+        const float x = to_f32(r[k]);
+        nan |= std::isnan(x);
+        am = std::max(am, std::fabs(x));
+      }
+      const float s = nan ? kWoNaN : am / qmax;
       a.scale[n] = s;
       uint8_t *o = a.q + n * rb;
       if (BITS == 4) std::memset(o, 0, (size_t)rb);
       for (int64_t k = 0; k < K; ++k) {
         float v = s > 0.0f ? std::nearbyint(to_f32(r[k]) / s) : 0.0f;
+        if (std::isnan(v)) v = 0.0f;  // inf / inf in a row holding inf
         v = std::min(qmax, std::max(-qmax, v));
         const int iv = (int)v;
         if (BITS == 8) o[k] = (uint8_t)(int8_t)iv;

@@ -133,6 +133,21 @@ template <> struct DevType<float> { using type = float; };
 template <> struct DevType<fp16_t> { using type = __half; };
 template <> struct DevType<bf16_t> { using type = __nv_bfloat16; };
 
+// ---- blockwise 8-bit scaling (quant_block_scale of cpu/quant_lut.h) ------------------------------
+// A block's values are looked up as (x * pre) * inv: pre = 1, inv = 1 / absmax, or, where that reciprocal
+// overflows (absmax < 2^-128), the block scaled by 2^64 first. absmax > 0.
+struct QuantScale {
+  float pre, inv;
+};
+__device__ __forceinline__ QuantScale quant_block_scale(float absmax) {
+  const float inv = __fdiv_rn(1.0f, absmax);
+  if (!isinf(inv)) return {1.0f, inv};
+  return {18446744073709551616.0f, __fdiv_rn(1.0f, __fmul_rn(absmax, 18446744073709551616.0f))};
+}
+__device__ __forceinline__ float quant_block_scaled(float x, QuantScale k) {
+  return __fmul_rn(__fmul_rn(x, k.pre), k.inv);
+}
+
 #ifdef BNB_MS_NEEDS_CUBLASLT
 // ---- cuBLASLt context ---------------------------------------------------------------------------
 // One handle per process and device, created on first use; one workspace per (device, stream), so

@@ -143,8 +143,8 @@ __device__ __forceinline__ void store_codes(uint8_t *p, const uint8_t (&c)[Vec<T
   }
 }
 
-__device__ __forceinline__ uint8_t quant_one(const uint8_t *lut, float x, float inv) {
-  return lut[grid_index(__fmul_rn(x, inv))];
+__device__ __forceinline__ uint8_t quant_one(const uint8_t *lut, float x, QuantScale k) {
+  return lut[grid_index(quant_block_scaled(x, k))];
 }
 
 // ---- quantize: fast path ------------------------------------------------------------------------
@@ -209,7 +209,7 @@ quantize_fast(const float *__restrict__ code, const T *__restrict__ A, float *__
     }
     if (!valid) continue;
     if (t == 0) absmax[b] = amax;
-    const float inv = amax == 0.0f ? 0.0f : __fdiv_rn(1.0f, amax);
+    const QuantScale inv = amax == 0.0f ? QuantScale{1.0f, 0.0f} : quant_block_scale(amax);
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t off = base + (int64_t)(t + k * TS) * V;
@@ -245,7 +245,7 @@ quantize_generic(const float *__restrict__ code, const T *__restrict__ A, float 
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     if (lane == 0) absmax[b] = amax;
-    const float inv = amax == 0.0f ? 0.0f : __fdiv_rn(1.0f, amax);
+    const QuantScale inv = amax == 0.0f ? QuantScale{1.0f, 0.0f} : quant_block_scale(amax);
     for (int64_t i = s + lane; i < e; i += 32)
       out[i] = amax == 0.0f ? (uint8_t)0 : quant_one(lut, to_float(A[i]), inv);
   }

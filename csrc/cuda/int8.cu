@@ -4,7 +4,7 @@
 //  * cint8_vector_quant: with threshold > 0 a first kernel flags the columns holding an outlier
 //    (|x| >= threshold rounded to A's dtype; flags zeroed on the stream first; without a threshold
 //    the row kernel zeroes them, so that case is one launch).  Then one thread
-//    block per row: absmax over the non-outliers (NaN ignored, as the CPU's max does), row_stats,
+//    block per row: absmax over the non-outliers (a NaN makes it the quiet NaN 0x7fc00000, as the CPU), row_stats,
 //    q = round_half_even(x * ((1 / absmax) * 127)) in fp32 with explicit _rn intrinsics; outliers,
 //    and (when there is more than one row) flagged columns, give 0; a row with absmax 0 gives 0.
 //    A product that is NaN or out of int32 range converts to 0, which is what the CPU's
@@ -67,15 +67,20 @@ __device__ __forceinline__ int8_t q8(float x, float s) {
   return (int8_t)__float2int_rn(p);
 }
 
+// max of two |x| that propagates NaN (torch.max's rule; fmaxf drops it) as the CPU's 0x7fc00000.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+}
+
 template <class T>
 __device__ __forceinline__ float block_max(float v, float *red) {
-  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   if (l == 0) red[w] = v;
   __syncthreads();
   if (w == 0) {
     v = l < (int)(blockDim.x >> 5) ? red[l] : 0.0f;
-    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
     if (l == 0) red[32] = v;
   }
   __syncthreads();
@@ -108,13 +113,13 @@ __global__ void __launch_bounds__(kVqThreads) vq_rows(const T *__restrict__ A, i
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           const float v = fabsf(to_float(x.t[j]));
-          if (!(split && v >= thr)) amax = fmaxf(amax, v);
+          if (!(split && v >= thr)) amax = max_nan(amax, v);
         }
       }
     } else {
       for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
         const float v = fabsf(to_float(a[c]));
-        if (!(split && v >= thr)) amax = fmaxf(amax, v);
+        if (!(split && v >= thr)) amax = max_nan(amax, v);
       }
     }
     amax = block_max<T>(amax, red);

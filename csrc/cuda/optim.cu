@@ -328,9 +328,9 @@ opt8(Kd k, const T *__restrict__ g, T *__restrict__ p, uint8_t *__restrict__ s1,
       if (two_state(O)) a2[b] = am2;
     }
     if (valid) {
-      s1[i] = am1 == 0.0f ? 0 : quant_thr(thr1, __fmul_rn(m, __fdiv_rn(1.0f, am1)));
-      if (O == ADEMAMIX) s1[n + i] = amb == 0.0f ? 0 : quant_thr(thr1, __fmul_rn(mb, __fdiv_rn(1.0f, amb)));
-      if (two_state(O)) s2[i] = am2 == 0.0f ? 0 : quant_thr(thr2, __fmul_rn(v, __fdiv_rn(1.0f, am2)));
+      s1[i] = am1 == 0.0f ? 0 : quant_thr(thr1, quant_block_scaled(m, quant_block_scale(am1)));
+      if (O == ADEMAMIX) s1[n + i] = amb == 0.0f ? 0 : quant_thr(thr1, quant_block_scaled(mb, quant_block_scale(amb)));
+      if (two_state(O)) s2[i] = am2 == 0.0f ? 0 : quant_thr(thr2, quant_block_scaled(v, quant_block_scale(am2)));
     }
   }
 }

@@ -1,7 +1,7 @@
 // weightonly.cu -- CUDA twin of csrc/cpu/weightonly.cpp: weight-only per-output-channel int8 / int4
 // (W8A16 / W4A16).  Same entry points, params, checks, status codes and bytes as the CPU library:
-//   scale[n] = max_k |W[n, k]| / qmax   (qmax 127 | 7; NaN ignored by the max, as std::max does)
-//   q[n, k]  = clamp(rint(W[n, k] / scale[n]), -qmax, qmax)  (0 where scale == 0; NaN -> -qmax)
+//   scale[n] = max_k |W[n, k]| / qmax   (qmax 127 | 7; the quiet NaN 0x7fc00000 for a row holding NaN)
+//   q[n, k]  = clamp(rint(W[n, k] / scale[n]), -qmax, qmax)  (0 where scale == 0 or NaN, and for inf / inf)
 //   int4: two's-complement nibbles, byte j of row n holds k = 2j (high nibble) and 2j+1 (low),
 //         row stride (K+1)/2.
 //   dequantize: out = from_f32(q * scale[n]).
@@ -64,14 +64,21 @@ __global__ void __launch_bounds__(kQThreads) wo_quantize(const T *__restrict__ W
   for (int64_t n = (int64_t)blockIdx.x * (kQThreads / 32) + (threadIdx.x >> 5); n < N; n += warps) {
     const T *r = W + n * K;
     float am = 0.0f;
-    for (int64_t k = lane; k < K; k += 32) am = std_max(am, fabsf(to_float(r[k])));
+    bool nan = false;
+    for (int64_t k = lane; k < K; k += 32) {
+      const float x = to_float(r[k]);
+      nan |= isnan(x);
+      am = std_max(am, fabsf(x));
+    }
 #pragma unroll
     for (int o = 16; o; o >>= 1) am = std_max(am, __shfl_xor_sync(0xffffffffu, am, o));
-    const float s = __fdiv_rn(am, qmax);
+    nan = __any_sync(0xffffffffu, nan);
+    const float s = nan ? __int_as_float(0x7fc00000) : __fdiv_rn(am, qmax);
     if (lane == 0) sc[n] = s;
     uint8_t *dst = q + n * rb;
     auto code = [&](float x) -> int {
       float v = s > 0.0f ? rintf(__fdiv_rn(x, s)) : 0.0f;
+      if (isnan(v)) v = 0.0f;  // inf / inf in a row holding inf
       v = std_min(qmax, std_max(-qmax, v));
       return (int)v;
     };
