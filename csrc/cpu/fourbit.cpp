@@ -101,6 +101,17 @@ BNB_MS_INLINE void absmax4_span(const T *A, int64_t i, int64_t e, float *amax, b
   }
 }
 
+// The scale of a block from the SIMD absmax: `top` is the integer max of |x|'s bits over [s, i) (every NaN is
+// above +inf there), the rest [i, e) goes through absmax4_span.
+template <class T>
+BNB_MS_INLINE Scale4 scale4_from_bits(uint32_t top, const T *A, int64_t i, int64_t e, bool partial, float *stored) {
+  float amax;
+  std::memcpy(&amax, &top, 4);
+  bool nan = top > 0x7f800000u;
+  absmax4_span(A, i, e, &amax, &nan);
+  return Scale4(nan ? NAN : amax, partial, stored);
+}
+
 // ---- portable path: the reference --------------------------------------------------------------
 template <class T>
 void quantize4_blocks_generic(const Bounds4 &bd, const T *A, float *absmax, uint8_t *out, int64_t bs, int64_t n,
@@ -163,11 +174,7 @@ BNB_MS_TARGET_AVX2 void quantize4_blocks_avx2(const Bounds4 &bd, const T *A, flo
     _mm256_store_si256((__m256i *)mb, _mm256_max_epu32(mx0, mx1));
     uint32_t top = 0;
     for (int k = 0; k < 8; ++k) top = std::max(top, mb[k]);
-    float amax;
-    std::memcpy(&amax, &top, 4);
-    bool nan = top > 0x7f800000u;
-    absmax4_span(A, i, e, &amax, &nan);
-    const Scale4 sc(nan ? NAN : amax, e - s < bs, absmax + blk);
+    const Scale4 sc = scale4_from_bits(top, A, i, e, e - s < bs, absmax + blk);
     const __m256 vinv = _mm256_set1_ps(sc.inv), vam = _mm256_set1_ps(sc.am);
     for (i = s; i < g_end; i += kQ4Group) {
       __m256i c[4];
@@ -222,12 +229,7 @@ BNB_MS_TARGET_AVX512 void quantize4_blocks_avx512(const Bounds4 &bd, const T *A,
     int64_t i = s;
     for (; i + 16 <= e; i += 16)
       mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_castps_si512(load16<T>(A + i)), absbits));
-    const uint32_t top = (uint32_t)_mm512_reduce_max_epu32(mx);
-    float amax;
-    std::memcpy(&amax, &top, 4);
-    bool nan = top > 0x7f800000u;
-    absmax4_span(A, i, e, &amax, &nan);
-    const Scale4 sc(nan ? NAN : amax, e - s < bs, absmax + blk);
+    const Scale4 sc = scale4_from_bits((uint32_t)_mm512_reduce_max_epu32(mx), A, i, e, e - s < bs, absmax + blk);
     const __m512 vinv = _mm512_set1_ps(sc.inv), vam = _mm512_set1_ps(sc.am);
     for (i = s; i < g_end; i += kQ4Group) {
       __m128i c[2];
