@@ -113,6 +113,9 @@ def make_input(n: int, dt: torch.dtype, bs: int, seed: int, special: bool = Fals
         x[bs:2 * bs] = 0.0
         x[2 * bs:3 * bs] = -0.0
         x[3 * bs + 1] = 1e4
+    if n > 6 * bs and dt == torch.float32:  # a block of subnormals and zeros (absmax < 2^-128: the scaled lookup)
+        x[5 * bs:6 * bs] = torch.randn(bs, generator=g) * 1e-39
+        x[5 * bs + 2] = 0.0
     if dt == torch.float32 and n > 10:
         x[5:9] = torch.tensor([1e-40, -3e-39, 1e-45, 0.0])  # subnormals
     if special and n > 40:
