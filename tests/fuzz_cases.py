@@ -896,13 +896,8 @@ def _guarded_call(sd, name, args, seed) -> int:
         ptrs.append(None if p.null else addr)
         shapes.append(p.shape)
         dts.append(p.dtype)
-    n = len(args)
-    params = (ct.c_void_p * n)(*ptrs)
-    ndims = (ct.c_int * n)(*[len(s) for s in shapes])
-    dims = [(ct.c_int64 * max(1, len(s)))(*s) for s in shapes]
-    shp = (ct.POINTER(ct.c_int64) * n)(*[ct.cast(d, ct.POINTER(ct.c_int64)) for d in dims])
-    dtp = (ct.c_char_p * n)(*[d.encode() for d in dts])
-    return fn(n, params, ndims, shp, dtp, None, None)
+    arrays, dims = sd.aot_args(ptrs, shapes, dts)
+    return fn(*arrays, None, None)
 
 
 # ---------------------------------------------------------------------------------------------

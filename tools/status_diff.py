@@ -313,6 +313,18 @@ def fill(p, rng, nbytes):
     return buf
 
 
+def aot_args(ptrs, shapes, dts):
+    """The AOT signature's first five arguments for params at ``ptrs`` (None: null) of ``shapes`` and dtype
+    names ``dts`` -- (nparam, params, ndims, shapes, dtypes) -- and what must stay alive while they are used."""
+    n = len(ptrs)
+    params = (ct.c_void_p * n)(*ptrs)
+    ndims = (ct.c_int * n)(*[len(s) for s in shapes])
+    keep = [(ct.c_int64 * max(1, len(s)))(*s) for s in shapes]
+    shp = (ct.POINTER(ct.c_int64) * n)(*[ct.cast(k, ct.POINTER(ct.c_int64)) for k in keep])
+    dtp = (ct.c_char_p * n)(*[d.encode() for d in dts])
+    return (n, params, ndims, shp, dtp), keep
+
+
 class Lib:
     """One library; device "cuda" puts every buffer (scalars too, as MindSpore's GPU runtime may) in
     device memory through torch and passes torch's current stream."""
@@ -345,16 +357,11 @@ class Lib:
             ptrs.append(None if p.null else (b.ctypes.data if self.torch is None else b.data_ptr()))
             shapes.append(p.shape)
             dts.append(p.dtype)
-        n = len(args)
-        params = (ct.c_void_p * n)(*ptrs)
-        ndims = (ct.c_int * n)(*[len(s) for s in shapes])
-        keep = [(ct.c_int64 * max(1, len(s)))(*s) for s in shapes]
-        shp = (ct.POINTER(ct.c_int64) * n)(*[ct.cast(k, ct.POINTER(ct.c_int64)) for k in keep])
-        dtp = (ct.c_char_p * n)(*[d.encode() for d in dts])
+        arrays, keep = aot_args(ptrs, shapes, dts)
         stream = None
         if self.torch is not None and self.device.type == "cuda":
             stream = self.torch.cuda.current_stream().cuda_stream
-        rc = self.fns[name](n, params, ndims, shp, dtp, stream, None)
+        rc = self.fns[name](*arrays, stream, None)
         if self.torch is not None:
             try:
                 if self.device.type == "cuda":
