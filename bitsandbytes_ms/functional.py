@@ -1221,6 +1221,13 @@ class _Linear4bitPlan:
             watch.append((t, v.ptr))
         return (B, bias, tuple(watch))
 
+    def _lean_entry(self, dtype, bf16_dot, rows: int, slot: int, B: Tensor, bias: Optional[Tensor]):
+        """This thread's bound call for ``dtype`` and kernel whose lean record ``slot`` (0: :meth:`fast`, 1:
+        :meth:`fast_compute`) was made with these very weight and bias objects, or None."""
+        entry = self.calls.get((dtype, _get_ident(), dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows)))
+        f = entry[2][slot] if entry is not None else None
+        return entry if f is not None and f[0] is B and f[1] is bias else None
+
     def fast(self, A: Tensor, B: Tensor, bias: Optional[Tensor], max_rows: int = 1 << 62,
              bf16_dot: Optional[bool] = None):
         """The lean host call: when this thread already ran a full call with these very weight/bias objects
@@ -1232,12 +1239,10 @@ class _Linear4bitPlan:
         if not rows:
             return None
         K = self.K
-        entry = self.calls.get((dt, _get_ident(), dt == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows)))
+        entry = self._lean_entry(dt, bf16_dot, rows, 0, B, bias)
         if entry is None:
             return None
         f = entry[2][0]
-        if f is None or f[0] is not B or f[1] is not bias:
-            return None
         xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
         if not _unmoved(f[2]):
             return None
@@ -1256,18 +1261,16 @@ class _Linear4bitPlan:
         if not rows:
             return None
         K = self.K
-        entry = self.calls.get((compute_dtype, _get_ident(), compute_dtype == ms.bfloat16 and _use_bf16_dot(None, rows)))
+        entry = self._lean_entry(compute_dtype, None, rows, 1, B, bias)
         if entry is None:
             return None
         f = entry[2][1]
-        if f is None or f[0] is not B or f[1] is not bias:
-            return None
         npdt = _hostcall.np_dtype(compute_dtype)
         xa = _hostcall.act_array(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
         if not _unmoved(f[2]):
             return None
         if bias is not None and bias.dtype != compute_dtype:
-            b = self.views[6].array.reshape(-1).astype(npdt)  # the bias's own memory (its address checked above)
+            b = _hostcall.host_view(self.views[6], bias).reshape(-1).astype(npdt)  # the bias's own memory
             entry[0].set(7, b)
             entry[1][7] = b
         out = np.empty(shape[:-1] + (self.N,), npdt)
