@@ -1597,7 +1597,8 @@ def int8_double_quant(A: Tensor, col_stats=None, row_stats=None, out_col=None, o
 
     Returns ``(CA, CAt, row_stats, col_stats, outlier_cols)``: ``CA``/``row_stats``/``outlier_cols`` as
     :func:`int8_vectorwise_quant`; ``col_stats`` float32 [K] = column absmax (outliers left out when
-    ``threshold > 0``), ``CAt = round_half_even(x * 127 / col_stats)`` int8 shaped like ``A`` (outliers 0).
+    ``threshold > 0``; NaN for a column holding a NaN, as upstream's amax), ``CAt = round_half_even(x * 127 /
+    col_stats)`` int8 shaped like ``A`` (outliers and NaN columns 0).
 
     Raises:
         ValueError: any of the preallocated arguments is given (upstream does not support them), or ``A``
@@ -1618,6 +1619,9 @@ def int8_double_quant(A: Tensor, col_stats=None, row_stats=None, out_col=None, o
         a = _tag(O.select(_tag(O.ge(_tag(O.abs(a), L), thr), L), _tag(O.zeros_like(a), L), a), L)
     if _numel(A):
         cstats = _tag(O.reduce_max(_tag(O.abs(a), L), 0), L)
+        # MindSpore's CPU max skips NaN; upstream's amax propagates it (a NaN column gets a NaN scale)
+        nan_cols = _tag(O.any(_tag(O.isnan(a), L), 0), L)
+        cstats = _tag(O.select(nan_cols, _tag(O.full_like(cstats, float("nan")), L), cstats), L)
         # upstream CUDA computes round(A * 127 / col_stats); a zero column gives NaN -> 0 here
         q = _tag(O.round(O.div(_tag(O.mul(a, 127.0), L), _tag(O.reshape(cstats, (1, K)), L))), L)
         q = _tag(O.select(_tag(O.isfinite(q), L), q, _tag(O.zeros_like(q), L)), L)

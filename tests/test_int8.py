@@ -84,6 +84,24 @@ def test_double_quant_is_refused_upstream_but_runs_here():
         F.int8_double_quant(to_ms(A), row_stats=ms.Tensor(np.zeros(17, np.float32)))
 
 
+@pytest.mark.parametrize("threshold", [0.0, 6.0])
+def test_double_quant_nan_column_gets_nan_col_stats(threshold):
+    """upstream CUDA's col_stats is A.abs().amax(0): a NaN propagates into its column's scale (MindSpore's CPU
+    max skipped it, leaving a finite scale for a column holding NaN)."""
+    A = np.random.RandomState(5).randn(6, 9).astype(np.float32)
+    A[2, 4] = np.nan
+    A[0, 7] = 20.0  # an outlier column beside it
+    CA, CAt, rs, cs, cols = F.int8_double_quant(to_ms(A), threshold=threshold)
+    a = np.where(np.abs(A) >= threshold, 0, A) if threshold else A
+    want = np.abs(a).max(0)
+    assert np.isnan(want[4]) and np.isnan(cs.asnumpy()[4])
+    np.testing.assert_array_equal(cs.asnumpy(), want)
+    keep = [c for c in range(9) if c != 4]
+    np.testing.assert_array_equal(CAt.asnumpy()[:, keep], np.rint(a[:, keep] * 127 / want[keep]).astype(np.int8))
+    assert (CAt.asnumpy()[:, 4] == 0).all()
+    assert np.isnan(rs.asnumpy()[2]) and np.isfinite(np.delete(rs.asnumpy(), 2)).all()
+
+
 # ---------------------------------------------------------------------------------------------
 # native vs reference
 # ---------------------------------------------------------------------------------------------
