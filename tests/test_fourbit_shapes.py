@@ -232,6 +232,27 @@ def test_linear4bit_refuses_truncated_or_longer_tensors(nested):
     np.testing.assert_array_equal(dst(x).numpy(), src(x).numpy())
 
 
+@pytest.mark.parametrize("key,bad,msg", [
+    ("weight.quant_map", lambda t: t[:8], r"weight.quant_map: expected the 16-entry 4-bit code, float32 with 16 "
+                                          r"elements; got float32 shape \(8,\)"),
+    ("weight.quant_map", lambda t: t.half(), r"weight.quant_map: .*; got float16 shape \(16,\)"),
+    ("weight.absmax", lambda t: t.float(), r"weight.absmax: expected 8-bit codes of the block absmax \(nested\), "
+                                           r"uint8; got float32 shape \(32,\)"),
+    ("weight.nested_absmax", lambda t: t.half(), r"weight.nested_absmax: expected the nested block absmax, float32; "
+                                                 r"got float16 shape \(1,\)"),
+    ("weight.nested_quant_map", lambda t: t[:8], r"weight.nested_quant_map: expected the 256-entry 8-bit code, "
+                                                 r"float32 with 256 elements; got float32 shape \(8,\)"),
+])
+def test_linear4bit_refuses_codes_and_dtypes_at_load(key, bad, msg):
+    """Tensors of the quant state that forward would refuse (or decode with) are refused by load_state_dict,
+    naming the key (was: "All keys matched", then an error from linear_4bit naming quant_state fields)."""
+    sd = _linear(64, 32, True, True).state_dict()
+    dst = _linear(64, 32, True, True, quantize=False)
+    with pytest.raises(RuntimeError, match=msg):
+        dst.load_state_dict({**sd, key: bad(sd[key])})
+    assert not dst.weight.bnb_quantized
+
+
 @pytest.mark.parametrize("rows", [1, 4, 40])
 def test_linear4bit_forward_rejects_the_other_orientation(rows):
     """x with out_features columns used to run matmul_4bit's [K, N] branch (40 rows) and return garbage."""

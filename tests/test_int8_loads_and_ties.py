@@ -85,6 +85,52 @@ def test_checkpoint_with_scb_still_loads_bit_exact():
         np.testing.assert_array_equal(dst(x).numpy(), src(x).numpy())
 
 
+@pytest.mark.parametrize("bad", ["short", "long", "int32"])
+def test_scb_of_another_length_or_dtype_is_refused_at_load(bad):
+    """An SCB that does not give one float scale per row of the int8 weight is refused by load_state_dict, naming
+    the key, the expected and the found (was: "All keys matched", then a MindSpore broadcast error in forward)."""
+    src = _int8_layer(_w(12, 16, seed=6))
+    sd = src.state_dict()
+    scb = {"short": sd["SCB"][:11], "long": torch.cat([sd["SCB"], sd["SCB"][:1]]),
+           "int32": sd["SCB"].to(torch.int32)}[bad]
+    dst = _int8_layer(_w(12, 16, seed=7))
+    x = _x(16)
+    before = dst(x).numpy()
+    found = "int32 shape (12,)" if bad == "int32" else f"float32 shape ({11 if bad == 'short' else 13},)"
+    with pytest.raises(RuntimeError, match=r"SCB: expected one row scale per row of weight, float32 or float16 or "
+                                           r"bfloat16 with 12 elements; got " + found.replace("(", r"\(").replace(")", r"\)")):
+        dst.load_state_dict({**sd, "SCB": scb})
+    np.testing.assert_array_equal(dst(x).numpy(), before)  # left as it was
+    dst.load_state_dict({**sd, "SCB": sd["SCB"].to(torch.float16)})  # a half-precision SCB is widened
+    want = (torch.tensor(sd["SCB"].numpy().astype(np.float16).astype(np.float32)))
+    np.testing.assert_array_equal(dst.state_dict()["SCB"].numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bad", ["scale_short", "weight_rows", "weight_cols", "weight_float"])
+def test_weight_only_tensors_of_another_shape_or_dtype_are_refused_at_load(bits, bad):
+    src = LinearWeightOnly(16, 12, bits=bits).quantize()
+    sd = src.state_dict()
+    w, sc = sd["weight"], sd["weight_scale"]
+    width = 16 if bits == 8 else 8
+    code = "int8" if bits == 8 else "uint8"
+    change, msg = {
+        "scale_short": ({"weight_scale": sc[:11]}, r"weight_scale: expected one scale per output row, float32 or "
+                                                   r"float16 or bfloat16 with 12 elements; got float32 shape \(11,\)"),
+        "weight_rows": ({"weight": w[:11]}, rf"weight: expected the int{bits} codes of a \[12, 16\] weight, {code} "
+                                            rf"with shape \(12, {width}\); got {code} shape \(11, {width}\)"),
+        "weight_cols": ({"weight": w[:, :4]}, rf"weight: expected .* with shape \(12, {width}\); got {code} "
+                                              r"shape \(12, 4\)"),
+        "weight_float": ({"weight": w.float()}, rf"weight: expected .*; got float32 shape \(12, {width}\)"),
+    }[bad]
+    dst = LinearWeightOnly(16, 12, bits=bits).quantize()
+    x = _x(16)
+    before = dst(x).numpy()
+    with pytest.raises(RuntimeError, match=msg):
+        dst.load_state_dict({**sd, **change})
+    np.testing.assert_array_equal(dst(x).numpy(), before)
+
+
 # ---- LinearWeightOnly without weight_scale ---------------------------------------------------------------------
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("quantized", [False, True])

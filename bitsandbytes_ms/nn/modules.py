@@ -205,6 +205,20 @@ def _check_input_dtype(layer, t, arg: str, dtypes, expected: str) -> str:
     return name
 
 
+def _loaded_tensor_error(key: str, t, dtypes, numel: _Optional[int], shape=None, what: str = ""):
+    """Why a state-dict tensor cannot be what a layer needs at ``key`` (None when it can): one of ``dtypes`` and,
+    when given, exactly ``numel`` elements / exactly ``shape``. Checked at load, so that a checkpoint that "matched
+    all keys" never fails (or computes garbage) only at forward; the message names the key, the expected and the
+    found."""
+    names = " or ".join(_F.dtype_name(d) for d in dtypes)
+    want = f" with shape {tuple(shape)}" if shape is not None else "" if numel is None else f" with {numel} elements"
+    if (t.dtype not in dtypes or (shape is not None and tuple(t.shape) != tuple(shape))
+            or (numel is not None and _math.prod(t.shape) != numel)):
+        return (f"{key}: expected {what + ', ' if what else ''}{names}{want}; got {_F.dtype_name(t.dtype)} "
+                f"shape {tuple(t.shape)}")
+    return None
+
+
 def _check_linear_input(layer, x) -> None:
     """What torch's ``linear`` requires of its input, checked before any kernel runs (torch raises
     RuntimeError for an integer or a 0-d input; without this an int64 input came back as truncated int64)."""
@@ -314,7 +328,17 @@ class Linear4bit(torch.nn.Linear):
             return [str(e)]
         nbytes = int(_math.prod(data.shape)) * _F._itemsize(data.dtype)
         keys = (f"the shape in {src}", f"{wkey}.absmax", f"{wkey}.nested_absmax")
-        return [f"size mismatch: {e}" for e in _F._4bit_size_errors(qs, nbytes, wkey, keys=keys)]
+        f32 = (_ms.float32,)
+        checks = [(f"{wkey}.quant_map", qs.code, f32, 16, "the 16-entry 4-bit code"),
+                  (f"{wkey}.absmax", qs.absmax, (_ms.uint8,) if qs.nested else f32, None,
+                   "8-bit codes of the block absmax (nested)" if qs.nested else "the block absmax")]
+        if qs.nested:
+            checks += [(f"{wkey}.nested_absmax", qs.state2.absmax, f32, None, "the nested block absmax"),
+                       (f"{wkey}.nested_quant_map", qs.state2.code, f32, 256, "the 256-entry 8-bit code")]
+            if isinstance(qs.offset, _ms.Tensor):
+                checks.append((f"{wkey}.nested_offset", qs.offset, f32, 1, "one offset"))
+        errs = [e for e in (_loaded_tensor_error(k, t, d, n, what=w) for k, t, d, n, w in checks) if e]
+        return errs + [f"size mismatch: {e}" for e in _F._4bit_size_errors(qs, nbytes, wkey, keys=keys)]
 
     def forward(self, x):
         _check_linear_input(self, x)
@@ -603,6 +627,11 @@ class Linear8bitLt(torch.nn.Linear):
             if tuple(w.shape) != tuple(self.weight.shape):
                 error_msgs.append(f"size mismatch for {w_key}: copying a param with shape {tuple(w.shape)}, "
                                   f"the shape in current model is {tuple(self.weight.shape)}")
+                return
+            err = _loaded_tensor_error(scb_key, state_dict[scb_key], _F.FLOAT_DTYPES, int(w.shape[0]),
+                                       what=f"one row scale per row of {w_key}")
+            if err:
+                error_msgs.append(err)
                 return
             scb = _as_mindtorch(state_dict[scb_key].astype(_ms.float32).reshape(-1).copy())
             data = _as_mindtorch(w.copy())
@@ -1026,6 +1055,16 @@ class LinearWeightOnly(torch.nn.Linear):
                               error_msgs):
         wkey, skey = prefix + "weight", prefix + "weight_scale"
         if skey in state_dict and wkey in state_dict:
+            N, K = int(self.out_features), int(self.in_features)
+            width = K if self.bits == 8 else (K + 1) // 2
+            errs = [e for e in (
+                _loaded_tensor_error(wkey, state_dict[wkey], (_ms.int8,) if self.bits == 8 else (_ms.uint8,),
+                                     N * width, shape=(N, width), what=f"the int{self.bits} codes of a [{N}, {K}] weight"),
+                _loaded_tensor_error(skey, state_dict[skey], _F.FLOAT_DTYPES, N, what="one scale per output row"))
+                if e]
+            if errs:  # the layer is left as it was
+                error_msgs.extend(errs)
+                return
             q = torch.Tensor(state_dict[wkey])
             self.weight = torch.nn.Parameter(q, requires_grad=False)
             self.weight_scale = torch.Tensor(state_dict[skey])
