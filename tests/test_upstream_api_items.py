@@ -150,3 +150,31 @@ def test_xpu_exists_and_raises_a_clear_error():
         q.xpu("xpu:0")
     assert q.dtype == ms.float32
     assert q.xpu("cpu").dtype == ms.int8  # an explicit other device is an ordinary .to(device): quantized
+
+
+# ---- MatmulLtState: upstream's dataclass fields in upstream's order ----------------------------------------------
+def test_matmul_lt_state_fields_and_deprecated_attributes_as_upstream():
+    import dataclasses
+    import warnings
+
+    from bitsandbytes_ms.autograd._functions import GlobalOutlierPooler
+
+    # upstream 0.50.2's fields (the annotated class attributes), in order
+    assert [f.name for f in dataclasses.fields(MatmulLtState)] == [
+        "force_no_igemmlt", "CB", "SB", "SCB", "SBt", "CBt", "subB", "outlier_pool", "idx"]
+    cb, scb = ms.Tensor(np.ones((2, 3), np.int8)), ms.Tensor(np.ones(2, np.float32))
+    st = MatmulLtState(False, cb, None, scb)  # positional, as upstream: CB second, SCB fourth
+    assert st.CB is cb and st.SCB is scb and st.SB is None and st.force_no_igemmlt is False
+    pool = GlobalOutlierPooler.get_instance()
+    assert MatmulLtState(outlier_pool=pool).outlier_pool is pool
+    assert (st.threshold, st.is_training, st.has_fp16_weights, st.use_pool, st.has_accumulated_gradients) == (
+        0.0, True, True, False, False)
+    for name in ("CxB", "CxBt", "formatB", "_tile_indices"):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            assert getattr(st, name) is None
+        assert any(issubclass(x.category, FutureWarning) and name in str(x.message) for x in w), name
+    with pytest.raises(AttributeError, match="'MatmulLtState' object has no attribute 'nope'"):
+        st.nope
+    st.reset_grads()
+    assert st.CB is None and st.SCB is None

@@ -234,31 +234,37 @@ class MatmulLtState:
     the quantized weight ``CB`` (int8 [N, K]) and its row scales ``SCB`` (float32 [N]), the outlier
     ``threshold``, ``idx`` (outlier columns of the last forward), and the training flags."""
 
-    _tile_indices: Optional[Tensor] = None  # deprecated, kept for ported code
+    # upstream's dataclass fields, in its order (positional and keyword construction land where upstream puts them);
+    # the unannotated ones are class attributes, as upstream
     force_no_igemmlt: bool = False
     CB: Optional[Tensor] = None
-    CxB: Optional[Tensor] = None  # deprecated
     SB: Optional[Tensor] = None
     SCB: Optional[Tensor] = None
-    CxBt: Optional[Tensor] = None  # deprecated
     SBt: Optional[Tensor] = None
     CBt: Optional[Tensor] = None
     subB: Optional[Tensor] = None
-    outlier_pool = None
-    has_accumulated_gradients: bool = False
-    threshold: float = 0.0
+    outlier_pool: Optional[GlobalOutlierPooler] = None
+    has_accumulated_gradients = False
+    threshold = 0.0
     idx: Optional[Tensor] = None
-    is_training: bool = True
-    has_fp16_weights: bool = True
-    use_pool: bool = False
-    formatB: str = "row"  # deprecated
+    is_training = True
+    has_fp16_weights = True
+    use_pool = False
+
+    # deprecated (always None, a FutureWarning on reading), as upstream keeps them for TGI / vLLM
+    _deprecated_fields = frozenset({"CxB", "CxBt", "formatB", "_tile_indices"})
+
+    def __getattr__(self, name):
+        if name in MatmulLtState._deprecated_fields:
+            warnings.warn(f"MatmulLtState.{name} is deprecated and will be removed in the next bitsandbytes release.",
+                          FutureWarning, stacklevel=2)
+            return None
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def reset_grads(self):
         self.CB = None
-        self.CxB = None
         self.SB = None
         self.SCB = None
-        self.CxBt = None
         self.SBt = None
         self.CBt = None
 
