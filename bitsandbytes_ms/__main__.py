@@ -405,11 +405,16 @@ def _save_atomically(save_dir, write) -> None:
 
 def _check_loaded(model, info, model_dir) -> None:
     """The loaded model must hold the checkpoint's weights: nothing left randomly initialised (a missing tensor,
-    a config declaring more layers), nothing resized, every weight floating point."""
+    a config declaring more layers), nothing of the checkpoint left unused (a config declaring fewer layers would
+    silently run a truncated model), nothing resized, every weight floating point."""
     missing = list(info.get("missing_keys") or [])
     if missing:
         raise CliError(f"--model {model_dir}: the checkpoint lacks {len(missing)} tensor(s) the config needs "
                        f"({_abbrev(sorted(missing), 3)}); it would run on randomly initialised weights")
+    unused = list(info.get("unexpected_keys") or [])  # transformers already leaves out the keys it may ignore
+    if unused:
+        raise CliError(f"--model {model_dir}: the checkpoint holds {len(unused)} tensor(s) the config has no place "
+                       f"for ({_abbrev(sorted(unused), 3)}); the config and the checkpoint do not match")
     mismatched = list(info.get("mismatched_keys") or [])
     if mismatched:
         raise CliError(f"--model {model_dir}: tensors of the wrong shape: {_abbrev([str(m) for m in mismatched], 3)}")

@@ -159,6 +159,11 @@ def broken_checkpoints(tmp_path_factory):
     t = dict(tensors)
     t["model.layers.0.self_attn.q_proj.weight"] = t["model.layers.0.self_attn.q_proj.weight"][:, :-1].copy()
     clone("shape", t)
+    d = clone("fewer_layers")  # the last layer's tensors unused: a truncated model ran with exit 0
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_hidden_layers"] -= 1
+    (d / "config.json").write_text(json.dumps(cfg))
+    clone("extra", {**tensors, "model.layers.0.mlp.bogus.weight": np.ones((2, 2), np.float32)})
     return out
 
 
@@ -167,6 +172,8 @@ def broken_checkpoints(tmp_path_factory):
     ("more_layers", "lacks 9 tensor(s) the config needs (model.layers.4."),
     ("int32", "weights of dtype int32; a full-precision"),
     ("shape", "size mismatch for weight: copying a param with shape"),
+    ("fewer_layers", "the checkpoint holds 9 tensor(s) the config has no place for (model.layers.3."),
+    ("extra", "the checkpoint holds 1 tensor(s) the config has no place for (model.layers.0.mlp.bogus.weight)"),
 ])
 def test_broken_checkpoints_fail_in_one_line(broken_checkpoints, name, message):
     r = run("quantize", "--model", str(broken_checkpoints[name]), "--max-new-tokens", "2", "--eval-windows", "1")
