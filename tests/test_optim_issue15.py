@@ -167,12 +167,19 @@ def test_adam8bit_optim_bits_and_amsgrad_as_upstream():
     bnb.optim.AdamW(_ps(), amsgrad=True)  # ignored, as upstream
 
 
-@pytest.mark.parametrize("betas", [(0.9,), 0.9, ("a", "b")])
+@pytest.mark.parametrize("betas", [(0.9,), 0.9, ("a", "b"), "ab", "(0.9, x)"])
 def test_bad_betas_name_betas(betas):
     with pytest.raises(ValueError, match="betas"):
         bnb.optim.Adam(_ps(), betas=betas)
     with pytest.raises(ValueError, match="betas"):
         bnb.optim.Lion(_ps(), betas=betas)
+
+
+def test_betas_string_in_upstreams_format():
+    opt = bnb.optim.Adam(_ps(), betas="(0.8, 0.95)")
+    assert tuple(opt.param_groups[0]["betas"]) == (0.8, 0.95)
+    with pytest.raises(ValueError, match=r"Invalid beta parameter at index 1: 1.5"):
+        bnb.optim.Adam(_ps(), betas="(0.8, 1.5)")
 
 
 def test_ademamix_needs_three_betas():

@@ -375,15 +375,27 @@ def _check_nonnegative(owner: str, **values) -> None:
             raise ValueError(f"Invalid {_HYPER_WORDS[arg]}: {v} ({owner}: `{arg}` must be >= 0)")
 
 
-def _check_betas(betas, count: int, owner: str) -> None:
+def _check_betas(betas, count: int, owner: str) -> tuple:
+    """``betas`` as a tuple of ``count`` numbers in [0, 1) (upstream's "Invalid beta parameter at index i" error);
+    a string in upstream's format ``"(beta1, beta2)"`` is parsed as upstream does. Anything else is a ValueError
+    naming ``betas`` and saying what was expected."""
     what = "(beta1, beta2, beta3)" if count == 3 else "(beta1, beta2)"
+    bad = ValueError(f"{owner}: `betas` must be a sequence of {count} floats {what}; got {betas!r}")
+    if isinstance(betas, str):
+        try:
+            betas = tuple(float(b) for b in betas.replace("(", "").replace(")", "").strip().split(","))
+        except ValueError:
+            raise bad from None
     try:
-        n = len(betas)
-        ok = n >= count and all(isinstance(b, (int, float, np.floating, np.integer)) for b in betas)
+        ok = len(betas) >= count and all(isinstance(b, (int, float, np.floating, np.integer)) for b in betas)
     except TypeError:
         ok = False
     if not ok:
-        raise ValueError(f"{owner}: `betas` must be a sequence of {count} floats {what}; got {betas!r}")
+        raise bad
+    for i, b in enumerate(betas):
+        if not 0.0 <= b < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {b} ({owner}: `betas` must be in [0, 1))")
+    return betas
 
 
 def _blocks(n: int) -> int:
@@ -397,13 +409,7 @@ class Optimizer2State(Optimizer8bit):
                  args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=False, alpha=0.0,
                  t_alpha: Optional[int] = None, t_beta3: Optional[int] = None):
         _check_nonnegative(type(self).__name__, lr=lr, eps=eps)
-        if isinstance(betas, str):
-            betas = tuple(float(b) for b in betas.strip("()[] ").split(","))
-        _check_betas(betas, 3 if optimizer_name == "ademamix" else 2, type(self).__name__)
-        for i, b in enumerate(betas):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {i}: {b} ({type(self).__name__}: `betas` must "
-                                 f"be in [0, 1))")
+        betas = _check_betas(betas, 3 if optimizer_name == "ademamix" else 2, type(self).__name__)
         _check_nonnegative(type(self).__name__, weight_decay=weight_decay)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, alpha=alpha, t_alpha=t_alpha,
                         t_beta3=t_beta3)
@@ -476,11 +482,7 @@ class Optimizer1State(Optimizer8bit):
     def __init__(self, optimizer_name, params, lr=1e-3, betas=(0.9, 0.0), eps=1e-8, weight_decay=0.0, optim_bits=32,
                  args=None, min_8bit_size=4096, max_unorm=0.0, skip_zeros=False, is_paged=False):
         _check_nonnegative(type(self).__name__, lr=lr, eps=eps)
-        _check_betas(betas, 2, type(self).__name__)
-        for i, b in enumerate(betas):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {i}: {b} ({type(self).__name__}: `betas` must "
-                                 f"be in [0, 1))")
+        betas = _check_betas(betas, 2, type(self).__name__)
         _check_nonnegative(type(self).__name__, weight_decay=weight_decay)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults, optim_bits, is_paged)
