@@ -100,7 +100,7 @@ class DeviceView:
         same = self.ref is not None and self.ref() is t
         ptr = t._data_ptr() if same else 0
         if not ptr:
-            ptr = int(t.data_ptr())
+            ptr = _ms_threads.quiet_ptr(t.data_ptr)
         if ptr != self.ptr or not same or self.array is None:
             if not ptr:
                 return None

@@ -23,7 +23,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from . import _hostcall, _reference
+from . import _hostcall, _ms_threads, _reference
 from .cextension import BNB_BACKEND, get_ptr, lib, tag_device  # noqa: F401  (get_ptr re-exported as upstream)
 from .utils import Singleton as _Singleton, dtype_from_name, dtype_name, pack_dict_to_tensor, to_numpy as _to_numpy
 from .utils import unpack_tensor_to_dict
@@ -604,7 +604,7 @@ def _own_memory(t: Tensor, fn: str, arg: str) -> Optional[np.ndarray]:
     of a view), which an ops.Custom call cannot do: MindSpore hands an AOT kernel a contiguous copy of
     a view (non-contiguous or not), and mindtorch's ``contiguous()`` returns a non-contiguous tensor
     itself, so an in-place update of a view used to be lost."""
-    ptr = int(t.data_ptr())  # mindtorch: the storage's start (the offset is separate)
+    ptr = _ms_threads.quiet_ptr(t.data_ptr)  # mindtorch: the storage's start (the offset is separate)
     if not ptr:
         return None
     dtype = _hostcall.np_dtype(t.dtype)
