@@ -118,10 +118,19 @@ def _mean_f32(t: Tensor) -> Tensor:
     return out
 
 
-def _write(out: Optional[Tensor], result: Tensor) -> Tensor:
-    """Honours an ``out=`` argument: copies ``result`` into ``out`` and returns ``out``."""
-    if out is None:
+def _write(out: Optional[Tensor], result: Tensor, fn: str = "functional", arg: str = "out") -> Tensor:
+    """Honours an ``out=`` argument: writes ``result`` into ``out``'s own memory and returns ``out``. A view (a row,
+    a slice, a transpose of a preallocated buffer) is written where it lives, so its base holds the result too, as
+    torch's ``out=`` does: mindtorch's ``copy_`` into a view leaves the base as it was (as its ``contiguous()``
+    returns the view itself, see :func:`_own_memory`). Where host memory is not available, ``copy_``."""
+    if out is None or result is out:
         return result
+    if _hostcall.active():
+        out.wait_pipeline()
+        mem = _own_memory(out, fn, arg)
+        if mem is not None:
+            mem[...] = _hostcall.host(result).reshape(mem.shape)
+            return out
     out.copy_(result)
     return out
 
@@ -505,9 +514,9 @@ def quantize_blockwise(A: Tensor, code: Optional[Tensor] = None, absmax: Optiona
                            state2=state2, shape=A.shape)
     else:
         state = QuantState(absmax=amax, code=code.copy(), blocksize=blocksize, dtype=A.dtype, shape=A.shape)
-    q = _write(out, q)
+    q = _write(out, q, fn)
     if absmax is not None:
-        state.absmax = _write(absmax, state.absmax)
+        state.absmax = _write(absmax, state.absmax, fn, "absmax")
     return q, state
 
 
@@ -554,10 +563,10 @@ def dequantize_blockwise(A: Tensor, quant_state: Optional[QuantState] = None, ab
     if _numel(amax) != -(-n // bs):
         raise ValueError(f"{fn}: `absmax` must have ceil({n}/{bs}) = {-(-n // bs)} entries; got {_numel(amax)}")
     if n == 0:
-        return _write(out, _empty_np(A.shape, quant_state.dtype))
+        return _write(out, _empty_np(A.shape, quant_state.dtype), fn)
     res = getattr(lib, f"cdequantize_blockwise_{_SUFFIX[quant_state.dtype]}")(
         quant_state.code, _contiguous(A), _contiguous(amax), bs)
-    return _write(out, res)
+    return _write(out, res, fn)
 
 
 # ---- optim ----
@@ -912,8 +921,8 @@ def quantize_4bit(A: Tensor, absmax: Optional[Tensor] = None, out: Optional[Tens
                            quant_type=quant_type)
     if absmax is not None:
         _check_out(absmax, state.absmax.shape, state.absmax.dtype, fn, "absmax")
-        state.absmax = _write(absmax, state.absmax)
-    return _write(out, packed), state
+        state.absmax = _write(absmax, state.absmax, fn, "absmax")
+    return _write(out, packed, fn), state
 
 
 def quantize_fp4(A: Tensor, absmax: Optional[Tensor] = None, out: Optional[Tensor] = None, blocksize=None,
@@ -1030,7 +1039,7 @@ def dequantize_4bit(A: Tensor, quant_state: Optional[QuantState] = None, absmax:
         res = res.t()
     if out is not None and tuple(out.shape) != tuple(res.shape):
         res = res.reshape(out.shape)
-    return _write(out, res)
+    return _write(out, res, fn)
 
 
 def dequantize_fp4(A: Tensor, quant_state: Optional[QuantState] = None, absmax: Optional[Tensor] = None,
@@ -1089,13 +1098,13 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
     if _numel(A) == K and N and state.nested and _hostcall.active():
         # one row of inference: the fused call decodes the double-quant absmax in the kernel (the same bits as
         # dequantizing it first, without the separate MindSpore ops)
-        return _write(out, linear_4bit(A, B, state))
+        return _write(out, linear_4bit(A, B, state), fn)
     amax = _contiguous(_absmax_4bit(state))
     _check_dtype(amax, (ms.float32,), fn, "state.absmax")
     if _numel(A) == 0 or N == 0:
-        return _write(out, _empty_np(out_shape, A.dtype))
+        return _write(out, _empty_np(out_shape, A.dtype), fn)
     res = getattr(lib, f"cgemm_4bit_inference_naive_{_SUFFIX[A.dtype]}")(_contiguous(A), raw, amax, code, bs, N)
-    return _write(out, res)
+    return _write(out, res, fn)
 
 class _Linear4bitPlan:
     """What :func:`linear_4bit` needs of one quant_state, checked once: shapes, blocksizes, dtypes and sizes
@@ -1659,13 +1668,13 @@ def int8_linear_matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, dtype
     shape = tuple(A.shape[:-1]) + (int(B.shape[0]),)
     _check_out(out, shape, ms.int32, fn, "out")
     if math.prod(shape) == 0:
-        return _write(out, _empty_np(shape, ms.int32))
+        return _write(out, _empty_np(shape, ms.int32), fn)
     K = int(A.shape[-1])
     if K == 0:
-        return _write(out, _empty_np(shape, ms.int32))
+        return _write(out, _empty_np(shape, ms.int32), fn)
     if K > checks_int8_max_K:
-        return _write(out, _int8_matmul_long_k(A, B, shape))
-    return _write(out, lib.cigemmlt_32(_contiguous(A), _contiguous(B)))
+        return _write(out, _int8_matmul_long_k(A, B, shape), fn)
+    return _write(out, lib.cigemmlt_32(_contiguous(A), _contiguous(B)), fn)
 
 
 def _int8_matmul_long_k(A: Tensor, B: Tensor, shape) -> Tensor:
@@ -1730,7 +1739,7 @@ def int8_mm_dequant(A: Tensor, row_stats: Tensor, col_stats: Tensor, out: Option
     res = _mm_dequant(A, row_stats, col_stats, bias, ms.float16, fn)
     if out is not None:
         _check_out(out, res.shape, ms.float16, fn, "out")
-    return _write(out, res)
+    return _write(out, res, fn)
 
 
 def int8_scaled_mm(A: Tensor, B: Tensor, row_stats: Tensor, col_stats: Tensor, bias: Optional[Tensor] = None,
@@ -2078,8 +2087,8 @@ def dequantize_weight_only(q: Tensor, scale: Tensor, in_features: Optional[int] 
     N = _numel(scale)
     _check_out(out, (N, K), dtype, fn)
     if N * K == 0:
-        return _write(out, _empty_np((N, K), dtype))
-    return _write(out, getattr(lib, f"cdequantize_weight_only_int{bits}_{_SUFFIX[dtype]}")(_contiguous(q), scale, K))
+        return _write(out, _empty_np((N, K), dtype), fn)
+    return _write(out, getattr(lib, f"cdequantize_weight_only_int{bits}_{_SUFFIX[dtype]}")(_contiguous(q), scale, K), fn)
 
 
 def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: Optional[Tensor] = None,
@@ -2122,7 +2131,7 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
     _check_out(out, out_shape, A.dtype, fn)
     rows = _numel(A) // K if K else int(math.prod(A.shape[:-1]))
     if rows * N == 0:
-        return _write(out, _empty_np(out_shape, A.dtype))
+        return _write(out, _empty_np(out_shape, A.dtype), fn)
     if K == 0:  # empty dot products: 0 (+ bias); the entry point counts no rows in a [..., 0] A
         res = _empty_np(out_shape, ms.float32)
         if bias is not None:
@@ -2140,7 +2149,7 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
             res = res + bias.reshape(-1).astype(ms.float32)
         res = res.reshape(out_shape).astype(A.dtype)
     tag_device(res, like=(A,))
-    return _write(out, res)
+    return _write(out, res, fn)
 
 
 # ---- full-precision linear (the layers a quantized model keeps in full precision: lm_head) ----
@@ -2207,7 +2216,7 @@ def gemm_fp(A: Tensor, W: Tensor, bias: Optional[Tensor] = None, out: Optional[T
     _check_out(out, out_shape, A.dtype, fn)
     rows = int(math.prod(A.shape[:-1]))
     if rows * N == 0:
-        return _write(out, _empty_np(out_shape, A.dtype))
+        return _write(out, _empty_np(out_shape, A.dtype), fn)
     b = None if bias is None else _contiguous(bias).reshape(N)
     if gemm_fp_uses_native(rows, A.dtype) or K == 0:
         res = getattr(lib, f"cgemm_fp_{_SUFFIX[A.dtype]}")(_contiguous(A), _contiguous(W), b)
@@ -2218,7 +2227,7 @@ def gemm_fp(A: Tensor, W: Tensor, bias: Optional[Tensor] = None, out: Optional[T
             res = ms.ops.add(res, ms.ops.cast(b, res.dtype))
         res = ms.ops.reshape(res, out_shape)
     tag_device(res, like=(A,))
-    return _write(out, res)
+    return _write(out, res, fn)
 
 
 # ---- upstream's remaining public names (issue 15) -------------------------------------------------------------
@@ -2343,7 +2352,7 @@ def igemm(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: bool
         return batched_igemm(A, B, out, transposed_A, transposed_B)
     shape = check_matmul(A, B, out, transposed_A, transposed_B)
     res = _igemm_host(_to_numpy(A), _to_numpy(B), transposed_A, transposed_B)
-    return _write(out, Tensor(res.reshape(shape)))
+    return _write(out, Tensor(res.reshape(shape)), "igemm")
 
 
 def batched_igemm(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: bool = False,
@@ -2355,4 +2364,4 @@ def batched_igemm(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed
     shape = check_matmul(A, B, out, transposed_A, transposed_B)
     a, b = _to_numpy(A), _to_numpy(B)
     parts = [_igemm_host(a[i], b[i], transposed_A, transposed_B) for i in range(a.shape[0])]
-    return _write(out, Tensor(np.stack(parts).reshape(shape)))
+    return _write(out, Tensor(np.stack(parts).reshape(shape)), "batched_igemm")
