@@ -577,6 +577,49 @@ void gemv4_parallel_rows(int64_t N, int64_t K, F &&f) {
   parallel_for_dynamic(N, chunk, f);
 }
 
+// Double-quant absmax of blocks [b0, b1): dst[b - b0] = code2[q[b]] * absmax2[b / bs2] + offset (an fp32
+// multiply, then an fp32 add: the library is built with -ffp-contract=off, so every level rounds twice,
+// exactly as dequantize_blockwise + "+ offset" does).  Runs of one absmax2 block at a time (no division per
+// block); AVX-512 / AVX2 gather 16 / 8 code2 entries at once.
+BNB_MS_TARGET_AVX512 void nested_absmax_avx512(const uint8_t *q, const float *code2, const float *absmax2,
+                                               float offset, int64_t bs2, int64_t b0, int64_t b1, float *dst) {
+  const __m512 off = _mm512_set1_ps(offset);
+  for (int64_t b = b0; b < b1;) {
+    const int64_t j = b / bs2, e = std::min(b1, (j + 1) * bs2);
+    const float s = absmax2[j];
+    const __m512 vs = _mm512_set1_ps(s);
+    for (; b + 16 <= e; b += 16) {
+      const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + b)));
+      _mm512_storeu_ps(dst + (b - b0), _mm512_add_ps(_mm512_mul_ps(_mm512_i32gather_ps(idx, code2, 4), vs), off));
+    }
+    for (; b < e; ++b) dst[b - b0] = code2[q[b]] * s + offset;
+  }
+}
+
+BNB_MS_TARGET_AVX2 void nested_absmax_avx2(const uint8_t *q, const float *code2, const float *absmax2, float offset,
+                                           int64_t bs2, int64_t b0, int64_t b1, float *dst) {
+  const __m256 off = _mm256_set1_ps(offset);
+  for (int64_t b = b0; b < b1;) {
+    const int64_t j = b / bs2, e = std::min(b1, (j + 1) * bs2);
+    const float s = absmax2[j];
+    const __m256 vs = _mm256_set1_ps(s);
+    for (; b + 8 <= e; b += 8) {
+      const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + b)));
+      _mm256_storeu_ps(dst + (b - b0), _mm256_add_ps(_mm256_mul_ps(_mm256_i32gather_ps(code2, idx, 4), vs), off));
+    }
+    for (; b < e; ++b) dst[b - b0] = code2[q[b]] * s + offset;
+  }
+}
+
+void nested_absmax_scalar(const uint8_t *q, const float *code2, const float *absmax2, float offset, int64_t bs2,
+                          int64_t b0, int64_t b1, float *dst) {
+  for (int64_t b = b0; b < b1;) {
+    const int64_t j = b / bs2, e = std::min(b1, (j + 1) * bs2);
+    const float s = absmax2[j];
+    for (; b < e; ++b) dst[b - b0] = code2[q[b]] * s + offset;
+  }
+}
+
 // absmax of a 4-bit weight: fp32 per block, or (double quant, QLoRA's nested statistics) uint8 codes
 // of a 256-entry code with fp32 absmax2 per bs2 blocks and an fp32 offset: the value of block b is
 // code2[q[b]] * absmax2[b / bs2] + offset, in fp32, which is exactly what dequantize_blockwise followed by
@@ -604,7 +647,9 @@ struct Absmax4 {
     return a;
   }
   void decode(int64_t b0, int64_t b1, float *dst) const {
-    for (int64_t b = b0; b < b1; ++b) dst[b - b0] = code2[q[b]] * absmax2[b / bs2] + offset;
+    if (has_avx512()) nested_absmax_avx512(q, code2, absmax2, offset, bs2, b0, b1, dst);
+    else if (has_avx2()) nested_absmax_avx2(q, code2, absmax2, offset, bs2, b0, b1, dst);
+    else nested_absmax_scalar(q, code2, absmax2, offset, bs2, b0, b1, dst);
   }
   // The fp32 scales of the blocks that weight rows [n0, n1) touch: the array itself, or (nested) those blocks
   // decoded into this thread's buffer.  *off is the first block the returned pointer holds.
