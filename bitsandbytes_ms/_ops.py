@@ -19,7 +19,7 @@ outputs of ours (such as ``n``) are accepted and ignored.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import mindspore as ms
@@ -360,6 +360,13 @@ define(NativeOp(
     doc="one linear layer given as a linear spec (fp32/fp16/bf16, 4-bit or int8 weight), fp32 x [..., K] -> "
         "[..., n_out] (e.g. the lm_head of a fused model)",
 ))
+# The same three with a 4-bit weight's prefill (more than 8 rows) computed as a bf16 dot product (vdpbf16ps where
+# the CPU has AVX512-BF16; csrc/cpu/gemm_panel.h's bf16 variant documents the order and the bound vs the exact
+# entries); decode rows, and every other weight kind, run exactly as in the exact entries.
+for _n in ("cdecoder_attention_fp32", "cdecoder_mlp_fp32", "cdecoder_linear_fp32"):
+    define(replace(OPS[_n], name=f"{_n}_bf16dot",
+                   doc=OPS[_n].doc + "; a 4-bit weight's prefill (> 8 rows) in bf16 (x and the dequantized weight "
+                       "rounded to bf16, pairs accumulated in fp32 as vdpbf16ps)"))
 define(NativeOp(
     name="crms_norm_fp32",
     cpu_only=True,

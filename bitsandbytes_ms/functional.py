@@ -1325,10 +1325,11 @@ def _resolve_bf16_dot(mode) -> int:
 
 
 def set_bf16_dot(mode="auto") -> None:
-    """Sets the process-wide default of the 4-bit bf16-compute kernel: ``"auto"`` (the dot kernel for 2+ rows
+    """Sets the process-wide default of the 4-bit bf16-compute kernels: ``"auto"`` (the dot kernel for 2+ rows
     where the CPU has AVX512-BF16, else the exact kernels), ``True``/``"on"`` (the bf16 dot-product kernel for
     every call; the portable one without the instruction), ``False``/``"off"``/``"exact"`` (always the exact
-    fp32-accumulation kernels), or ``None`` (read ``BNB_MS_4BIT_BF16_DOT`` again)."""
+    fp32-accumulation kernels), or ``None`` (read ``BNB_MS_4BIT_BF16_DOT`` again). The fused decoder
+    (integrations.fused) follows the same switch for its 4-bit prefill (more than 8 rows), fp32 models too."""
     global _bf16_dot_min_rows
     if mode is None:
         _bf16_dot_min_rows = None
