@@ -332,8 +332,9 @@ def quantize_job(args) -> int:
               f"unquantized model's are finite)" + ("; --save skipped" if args.save else ""), file=sys.stderr)
         return 1
     if args.save:
-        import torch
         from transformers import BitsAndBytesConfig
+
+        from .utils import DTYPE_OF_SUFFIX
 
         save_dir = Path(args.save)
         if args.mode == "int8":
@@ -342,7 +343,7 @@ def quantize_job(args) -> int:
         else:
             model.config.quantization_config = BitsAndBytesConfig(
                 load_in_4bit=True, bnb_4bit_quant_type=args.mode, bnb_4bit_use_double_quant=args.double_quant,
-                bnb_4bit_compute_dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.compute_dtype],
+                bnb_4bit_compute_dtype=DTYPE_OF_SUFFIX[args.compute_dtype],
                 llm_int8_skip_modules=skip)
         try:
             _save_atomically(save_dir, lambda d: (model.save_pretrained(str(d), safe_serialization=True),

@@ -215,6 +215,13 @@ class Bound:
         if rc:
             raise cextension.status_error(self._name, rc)
 
+    def run_as(self, entry: "Entry") -> None:
+        """Runs ``entry`` -- an entry point declared with this one's arguments (e.g. its ``*_bf16dot`` twin) --
+        on the bound arguments."""
+        rc = entry._fn(self._n, self._params, self._ndims, self._shapes, self._dtypes, None, None)
+        if rc:
+            raise cextension.status_error(entry.name, rc)
+
     def run_rows(self, ia: int, a_ptr: int, rows: int, cols: int, io: int, out: np.ndarray, ix: int = -1,
                  extra: Optional[np.ndarray] = None) -> None:
         """The lean per-call form of ``set(ia, A); set(io, out); ()``: argument ``ia`` becomes the [rows, cols]

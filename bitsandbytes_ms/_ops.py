@@ -19,16 +19,15 @@ outputs of ours (such as ``n``) are accepted and ignored.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import mindspore as ms
 
+from .utils import DTYPE_OF_SUFFIX, SUFFIX_OF_DTYPE  # noqa: F401  (views of the package's one dtype map)
+
 Shape = Tuple[int, ...]
 
-#: bitsandbytes' dtype suffixes in C names -> MindSpore dtypes.
-DTYPE_SUFFIX = {"fp32": ms.float32, "fp16": ms.float16, "bf16": ms.bfloat16}
-SUFFIX_OF_DTYPE = {v: k for k, v in DTYPE_SUFFIX.items()}
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ def _numel(shape: Shape) -> int:
 # ---------------------------------------------------------------------------------------------
 # Blockwise 8-bit quantization (functional.quantize_blockwise / dequantize_blockwise)
 # ---------------------------------------------------------------------------------------------
-for _sfx, _dt in DTYPE_SUFFIX.items():
+for _sfx, _dt in DTYPE_OF_SUFFIX.items():
     define(NativeOp(
         name=f"cquantize_blockwise_{_sfx}",
         inputs=("code", "A", "blocksize"),
@@ -151,7 +150,7 @@ for _opt, _names in OPTIM_8BIT_BLOCKWISE_NAMES.items():
         ))
 
 # ---- 4-bit (NF4/FP4) quantization and inference ----
-for _sfx, _dt in DTYPE_SUFFIX.items():
+for _sfx, _dt in DTYPE_OF_SUFFIX.items():
     for _qt in ("fp4", "nf4"):
         define(NativeOp(
             name=f"cquantize_blockwise_{_sfx}_{_qt}",
@@ -186,7 +185,7 @@ for _sfx, _dt in DTYPE_SUFFIX.items():
             "packed weight [N, K] in registers (fp32 accumulation in 32 fixed slots, absmax applied once per block)",
     ))
 
-for _sfx, _dt in DTYPE_SUFFIX.items():
+for _sfx, _dt in DTYPE_OF_SUFFIX.items():
     define(NativeOp(
         name=f"clinear_4bit_{_sfx}",
         inputs=("A", "B", "absmax", "code", "absmax2", "code2", "offset", "bias", "blocksize", "blocksize2", "n_out"),
@@ -244,7 +243,7 @@ define(NativeOp(
     bnb_args=("context", "m", "n", "k", "B", "A", "out", "row_scale", "lda", "ldb", "ldc", "stream"),
     doc="out[..., n] = sum_k A[..., k] * B[n, k], int8 x int8 with exact int32 accumulation",
 ))
-for _sfx, _dt in DTYPE_SUFFIX.items():
+for _sfx, _dt in DTYPE_OF_SUFFIX.items():
     define(NativeOp(
         name=f"cdequant_mm_int32_{_sfx}",
         inputs=("A", "row_stats", "col_stats", "bias"),
@@ -256,7 +255,7 @@ for _sfx, _dt in DTYPE_SUFFIX.items():
 
 # LLM.int8() outlier columns and the fused linear forward (ours; no upstream C name): see csrc/cpu/int8.cpp
 # ("mixed mm dequant") for the numerics. cint8_linear_<sfx> is MatMul8bitLt's inference forward in one call.
-for _sfx, _dt in DTYPE_SUFFIX.items():
+for _sfx, _dt in DTYPE_OF_SUFFIX.items():
     define(NativeOp(
         name=f"cint8_mixed_mm_dequant_{_sfx}",
         inputs=("C", "row_stats", "col_stats", "bias", "A", "CB", "col_flags"),
@@ -284,7 +283,7 @@ def _wo_row_bytes(bits: int, K: int) -> int:
     return K if bits == 8 else (K + 1) // 2
 
 
-for _sfx, _dt in DTYPE_SUFFIX.items():
+for _sfx, _dt in DTYPE_OF_SUFFIX.items():
     for _bits in (8, 4):
         _qdt = ms.int8 if _bits == 8 else ms.uint8
         define(NativeOp(
@@ -361,6 +360,13 @@ define(NativeOp(
     doc="one linear layer given as a linear spec (fp32/fp16/bf16, 4-bit or int8 weight), fp32 x [..., K] -> "
         "[..., n_out] (e.g. the lm_head of a fused model)",
 ))
+# The same three with a 4-bit weight's prefill (more than 8 rows) computed as a bf16 dot product (vdpbf16ps where
+# the CPU has AVX512-BF16; csrc/cpu/gemm_panel.h's bf16 variant documents the order and the bound vs the exact
+# entries); decode rows, and every other weight kind, run exactly as in the exact entries.
+for _n in ("cdecoder_attention_fp32", "cdecoder_mlp_fp32", "cdecoder_linear_fp32"):
+    define(replace(OPS[_n], name=f"{_n}_bf16dot",
+                   doc=OPS[_n].doc + "; a 4-bit weight's prefill (> 8 rows) in bf16 (x and the dequantized weight "
+                       "rounded to bf16, pairs accumulated in fp32 as vdpbf16ps)"))
 define(NativeOp(
     name="crms_norm_fp32",
     cpu_only=True,
@@ -375,7 +381,7 @@ define(NativeOp(
 # csrc/cpu/gemm_fp.cpp: fp32 accumulation in 16 fixed lanes (lane = k mod 16, fused multiply-add in k
 # order), a fixed reduction tree, then + bias in fp32 and one rounding to the suffix's dtype; the same
 # bits at every SIMD level (the order is spelled out in _reference.gemm_fp).
-for _sfx, _dt in DTYPE_SUFFIX.items():
+for _sfx, _dt in DTYPE_OF_SUFFIX.items():
     define(NativeOp(
         name=f"cgemm_fp_{_sfx}",
         inputs=("A", "W", "bias"),

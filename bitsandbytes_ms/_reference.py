@@ -396,6 +396,31 @@ def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, c
     return out.reshape(lead + (N,))
 
 
+def gemm_bf16_pairs(x: np.ndarray, W: np.ndarray, bias=None) -> np.ndarray:
+    """Twin, bit for bit, of ``gemm_panel_bf16`` (csrc/cpu/gemm_panel.h: the fused decoder's 4-bit prefill in
+    bf16, ``cdecoder_*_fp32_bf16dot`` above 8 rows): fp32 ``x`` [M, K] and ``W`` [N, K] rounded to bf16 (nearest
+    even, bf16 denormals flushed; an odd K padded with 0); per output one chain over the pairs p, as vdpbf16ps
+    runs it: acc = ftz(fma(w[2p+1], x[2p+1], acc)), then acc = ftz(fma(w[2p], x[2p], acc)); + ``bias`` [N]
+    (fp32 add). Returns float32 [M, N]."""
+    x = np.asarray(x, np.float32)
+    W = np.asarray(W, np.float32)
+    M, K = x.shape
+    N, K2 = W.shape[0], -(-K // 2)
+    xp = np.zeros((M, 2 * K2), np.float32)
+    wp = np.zeros((N, 2 * K2), np.float32)
+    xp[:, :K] = bf16_bits_f32(bf16_round_bits(x, flush=True))
+    wp[:, :K] = bf16_bits_f32(bf16_round_bits(W, flush=True))
+    xp, wp = xp.reshape(M, K2, 2), wp.reshape(N, K2, 2)
+    acc = np.zeros((M, N), np.float32)
+    for p in range(K2):
+        for e in (1, 0):
+            acc = fma_f32(wp[None, :, p, e], xp[:, None, p, e], acc)
+            acc = np.where(np.abs(acc) < _FLT_MIN, np.copysign(np.float32(0), acc), acc).astype(np.float32)
+    if bias is not None:
+        acc = (acc + np.asarray(bias, np.float32).reshape(-1)).astype(np.float32)
+    return acc
+
+
 def int8_vector_quant(A: np.ndarray, threshold: float = 0.0, dtype: str = "float32"):
     """Twin of ``cint8_vector_quant``: returns (int8 CA shaped like A, float32 row_stats[rows],
     uint8 col_flags[K]). ``A`` holds the values (float32 widening of the input); ``dtype`` is the

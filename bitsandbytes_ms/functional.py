@@ -26,10 +26,10 @@ from mindspore import Tensor
 from . import _hostcall, _ms_threads, _reference
 from .cextension import BNB_BACKEND, get_ptr, lib, tag_device  # noqa: F401  (get_ptr re-exported as upstream)
 from .utils import Singleton as _Singleton, dtype_from_name, dtype_name, pack_dict_to_tensor, to_numpy as _to_numpy
+from .utils import ITEMSIZES as _ITEMSIZE, NP_DTYPES as _NP_DTYPE, SUFFIX_OF_DTYPE as _SUFFIX  # the one dtype map
 from .utils import unpack_tensor_to_dict
 
 FLOAT_DTYPES = (ms.float32, ms.float16, ms.bfloat16)
-_SUFFIX = {ms.float32: "fp32", ms.float16: "fp16", ms.bfloat16: "bf16"}
 
 #: Blocksizes accepted by blockwise 8-bit quantization: powers of two from 32 to 16384 (upstream's
 #: CUDA kernels take 64..4096; its CPU kernel any size, and its CPU tests use 16384).
@@ -79,22 +79,12 @@ def _contiguous(t: Tensor) -> Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-_ITEMSIZE = {ms.float16: 2, ms.bfloat16: 2, ms.int16: 2, ms.uint16: 2, ms.float32: 4, ms.int32: 4, ms.uint32: 4,
-             ms.float64: 8, ms.int64: 8}
-
-
 def _itemsize(dtype) -> int:
     return _ITEMSIZE.get(dtype, 1)  # a dict lookup: comparing MindSpore dtypes one by one costs ~1 us each
 
 
 def _numel(t: Tensor) -> int:
     return int(math.prod(t.shape))
-
-
-# numpy dtypes of MindSpore dtypes (mindspore.dtype_to_nptype is deprecated and logs a warning per call)
-_NP_DTYPE = {ms.float32: np.float32, ms.float16: np.float16, ms.float64: np.float64, ms.int8: np.int8,
-             ms.uint8: np.uint8, ms.int16: np.int16, ms.uint16: np.uint16, ms.int32: np.int32,
-             ms.uint32: np.uint32, ms.int64: np.int64, ms.bool_: np.bool_}
 
 
 def _empty_np(shape, dtype) -> Tensor:
@@ -899,7 +889,7 @@ def quantize_4bit(A: Tensor, absmax: Optional[Tensor] = None, out: Optional[Tens
                          f"got {quant_storage}")
     n = _numel(A)
     nbytes = (n + 1) // 2
-    item = {ms.uint8: 1, ms.int8: 1, ms.float16: 2, ms.bfloat16: 2, ms.int16: 2, ms.float32: 4, ms.int32: 4}[quant_storage]
+    item = _itemsize(quant_storage)
     if nbytes % item:
         raise ValueError(f"{fn}: `quant_storage` {dtype_name(quant_storage)} must hold a whole number of "
                          f"{item}-byte words; `A` ({n} elements) packs into {nbytes} bytes")
@@ -1344,10 +1334,11 @@ def _resolve_bf16_dot(mode) -> int:
 
 
 def set_bf16_dot(mode="auto") -> None:
-    """Sets the process-wide default of the 4-bit bf16-compute kernel: ``"auto"`` (the dot kernel for 2+ rows
+    """Sets the process-wide default of the 4-bit bf16-compute kernels: ``"auto"`` (the dot kernel for 2+ rows
     where the CPU has AVX512-BF16, else the exact kernels), ``True``/``"on"`` (the bf16 dot-product kernel for
     every call; the portable one without the instruction), ``False``/``"off"``/``"exact"`` (always the exact
-    fp32-accumulation kernels), or ``None`` (read ``BNB_MS_4BIT_BF16_DOT`` again)."""
+    fp32-accumulation kernels), or ``None`` (read ``BNB_MS_4BIT_BF16_DOT`` again). The fused decoder
+    (integrations.fused) follows the same switch for its 4-bit prefill (more than 8 rows), fp32 models too."""
     global _bf16_dot_min_rows
     if mode is None:
         _bf16_dot_min_rows = None

@@ -6,7 +6,7 @@ import json
 import logging
 import shlex
 import subprocess
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -33,9 +33,46 @@ def to_numpy(t) -> np.ndarray:
     return t.asnumpy() if isinstance(t, Tensor) else np.asarray(t)
 
 
-DTYPE_NAMES = {ms.float32: "float32", ms.float16: "float16", ms.bfloat16: "bfloat16", ms.float64: "float64",
-               ms.int8: "int8", ms.uint8: "uint8", ms.int16: "int16", ms.uint16: "uint16", ms.int32: "int32",
-               ms.uint32: "uint32", ms.int64: "int64", ms.uint64: "uint64", ms.bool_: "bool"}
+try:  # numpy has no bfloat16: the type MindSpore's own asnumpy() returns (registered by MindSpore, ml_dtypes')
+    from mindspore.common.np_dtype import bfloat16 as _np_bfloat16
+except ImportError:  # pragma: no cover - other MindSpore versions
+    from ml_dtypes import bfloat16 as _np_bfloat16
+
+
+class DtypeInfo(NamedTuple):
+    """One row of :data:`DTYPES`."""
+
+    name: str  # upstream's name, as written into checkpoints ("float16")
+    np: Any  # the numpy dtype of the tensor's elements (bfloat16: MindSpore's / ml_dtypes')
+    itemsize: int  # bytes per element
+    suffix: Optional[str]  # bitsandbytes' suffix in C entry-point names ("fp16"); None if no entry point takes it
+
+
+#: The package's one dtype map: MindSpore dtype -> :class:`DtypeInfo`. Everything else that maps dtypes
+#: (names, numpy dtypes, sizes, C-name suffixes) is a view of it, made here.
+DTYPES = {
+    ms.float32: DtypeInfo("float32", np.float32, 4, "fp32"),
+    ms.float16: DtypeInfo("float16", np.float16, 2, "fp16"),
+    ms.bfloat16: DtypeInfo("bfloat16", _np_bfloat16, 2, "bf16"),
+    ms.float64: DtypeInfo("float64", np.float64, 8, None),
+    ms.int8: DtypeInfo("int8", np.int8, 1, None),
+    ms.uint8: DtypeInfo("uint8", np.uint8, 1, None),
+    ms.int16: DtypeInfo("int16", np.int16, 2, None),
+    ms.uint16: DtypeInfo("uint16", np.uint16, 2, None),
+    ms.int32: DtypeInfo("int32", np.int32, 4, None),
+    ms.uint32: DtypeInfo("uint32", np.uint32, 4, None),
+    ms.int64: DtypeInfo("int64", np.int64, 8, None),
+    ms.uint64: DtypeInfo("uint64", np.uint64, 8, None),
+    ms.bool_: DtypeInfo("bool", np.bool_, 1, None),
+}
+# views of DTYPES, for one dict lookup on hot paths (comparing MindSpore dtypes one by one costs ~1 us each)
+DTYPE_NAMES = {dt: info.name for dt, info in DTYPES.items()}
+NP_DTYPES = {dt: info.np for dt, info in DTYPES.items()}
+ITEMSIZES = {dt: info.itemsize for dt, info in DTYPES.items()}
+SUFFIX_OF_DTYPE = {dt: info.suffix for dt, info in DTYPES.items() if info.suffix}  # ms.float32 -> "fp32"
+DTYPE_OF_SUFFIX = {sfx: dt for dt, sfx in SUFFIX_OF_DTYPE.items()}  # "fp32" -> ms.float32
+#: the float dtypes by upstream's name or C suffix ("float16" or "fp16"), for string options
+FLOAT_DTYPE_OF_NAME = {key: dt for dt, sfx in SUFFIX_OF_DTYPE.items() for key in (sfx, DTYPES[dt].name)}
 
 
 def dtype_name(dtype) -> str:

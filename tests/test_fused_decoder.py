@@ -50,6 +50,15 @@ INT8_LOGIT_BOUND = 1e-2
 FP16_MODEL_BOUND = 1e-2
 
 
+@pytest.fixture(autouse=True)
+def _exact_prefill():
+    """These tests check the exact path's claims: 4-bit prefill in fp32 (on an AVX512-BF16 CPU the default computes
+    it in bf16; tests/test_fused_bf16_prefill.py checks that path against its own bound)."""
+    F.set_bf16_dot("exact")
+    yield
+    F.set_bf16_dot(None)
+
+
 # ---- native layer vs reference ----------------------------------------------------------------------
 def _spec(rng, N, K, mode, bias=False):
     W = (rng.randn(N, K) * 0.05).astype(np.float32)

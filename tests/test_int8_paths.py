@@ -83,11 +83,12 @@ for K in (1, 3, 10, 63, 64, 65, 127, 128, 129, 4095):
     for M in (1, 2, 3, 4, 5, 11, 12, 15, 16, 17, 33):
         for N in (1, 2, 3, 15, 16, 17, 50):
             check(rnd(M, K), rnd(N, K), "random")
-for M, N, K in ((32, 64, 128), (64, 96, 256), (48, 48, 192), (272, 40, 4095), (20, 300, 4500), (3, 1000, 2100)):
+for M, N, K in ((32, 64, 128), (64, 96, 256), (48, 48, 192), (272, 40, 4095), (20, 300, 4500), (3, 1000, 2100),
+                (40, 33, 2101), (41, 250, 1030)):
     check(rnd(M, K), rnd(N, K), "blocks")  # whole AMX tiles, several m-blocks, K blocks, thread chunks
 for K in (1, 63, 64, 65, 4095, 131071):
     for a, b in ((-128, -128), (127, -128), (-128, 127), (127, 127)):
-        for M, N in (((1, 1), (17, 3), (2, 17), (33, 50)) if K < 5000 else ((2, 3), (17, 2))):
+        for M, N in (((1, 1), (17, 3), (2, 17), (33, 50)) if K < 5000 else ((2, 3), (17, 2), (33, 3))):
             check(np.full((M, K), a, np.int8), np.full((N, K), b, np.int8), f"const({a},{b})")
 A = rnd(5, 200); A[:, ::2] = -128; A[1] = 127
 B = rnd(19, 200); B[:, 1::3] = -128
@@ -106,7 +107,7 @@ def test_int8_gemm_path_exact(path):
         pytest.skip(f"CPU lacks {ISA[path]} (the library used {res['path']})")
     # a forced path is used for every M (also below the automatic AMX row threshold)
     assert res["path_m1"] == res["path_m16"] == path
-    assert res["cases"] == 10 * 11 * 7 + 6 + 4 * (5 * 4 + 1 * 2) + 3
+    assert res["cases"] == 10 * 11 * 7 + 8 + 4 * (5 * 4 + 1 * 3) + 3
     assert res["nfail"] == 0, res["fails"]
 
 

@@ -106,6 +106,11 @@ class _Timed:
         self._call()
         self._acc[self._key] = self._acc.get(self._key, 0.0) + time.perf_counter() - t
 
+    def run_as(self, entry):
+        t = time.perf_counter()
+        self._call.run_as(entry)
+        self._acc[self._key] = self._acc.get(self._key, 0.0) + time.perf_counter() - t
+
 
 def profile_prefill(model, ids, reps=3):
     """Where a fused prefill's time goes: the attention halves, the MLP halves, final norm + lm_head, the rest

@@ -1,22 +1,29 @@
-"""Autograd functions (MatMul8bitLt, MatMul4Bit, matmul, matmul_4bit) — built on
-:mod:`bitsandbytes_ms.functional`."""
+"""Autograd functions (MatMul8bitLt, MatMul8bitFp, MatMul4Bit, matmul, matmul_4bit) -- built on
+:mod:`bitsandbytes_ms.functional`.
 
+Names: ``_ms`` / ``_msops`` / ``_msnn`` are MindSpore and its ``ops`` / ``nn``; ``_F`` is
+:mod:`bitsandbytes_ms.functional` (the op table, :mod:`bitsandbytes_ms._ops`, is not used here)."""
 
-# ---- 4-bit (MatMul4Bit, matmul_4bit) ----
 import math as _math
+import os as _os
 import warnings as _warnings
+from dataclasses import dataclass as _dataclass
 from typing import Optional as _Optional
 
+import numpy as _np
 import mindspore as _ms
 from mindspore import Tensor as _Tensor
 from mindspore import nn as _msnn
 from mindspore import ops as _msops
+from mindspore.common.api import _pynative_executor
 
 from .. import _hostcall
 from .. import functional as _F
-from ..cextension import tag_device as _tag_device
+from ..cextension import BNB_BACKEND as _BNB_BACKEND, tag_device as _tag_device
+from ..utils import Singleton as _Singleton
 
 
+# ---- 4-bit (MatMul4Bit, matmul_4bit) ----
 def _mm(a, b, like=()):
     """MindSpore matmul whose result carries a device tag (mindtorch needs one on every tensor)."""
     r = _msops.matmul(a, b)
@@ -188,27 +195,9 @@ def matmul_4bit(A, B, quant_state, out: _Optional[_Tensor] = None, bias: _Option
         return _F._write(out, _forward_4bit(A, B, quant_state, bias))
     return MatMul4Bit.apply(A, B, out, bias, quant_state)
 
-# ---- int8 (LLM.int8()) ----
-import logging
-import os
-import warnings
-from dataclasses import dataclass
-from typing import Optional
 
-import numpy as np
-import mindspore as ms
-from mindspore import Tensor, nn as _msnn, ops as _ops
-
-from mindspore.common.api import _pynative_executor
-
-from .. import functional as F
-from ..utils import Singleton
-from ..cextension import BNB_BACKEND, tag_device
-
-logger = logging.getLogger(__name__)
-
-
-class GlobalOutlierPooler(Singleton):
+# ---- int8 (LLM.int8(): MatmulLtState, MatMul8bitLt, MatMul8bitFp, matmul) ----
+class GlobalOutlierPooler(_Singleton):
     """Upstream's singleton collecting outlier feature indices across layers of one model dimension
     (``GlobalOutlierPooler.get_instance()``; ``add_outliers(idx, feature_dim)``, ``get_current_outlier_idx()``)."""
 
@@ -221,14 +210,14 @@ class GlobalOutlierPooler(Singleton):
             self.model_dim = feature_dim
         if feature_dim != self.model_dim:
             return  # outliers of another dimension (e.g. the second FFN layer) are not pooled
-        idx = outlier_idx.asnumpy() if hasattr(outlier_idx, "asnumpy") else np.asarray(outlier_idx)
+        idx = outlier_idx.asnumpy() if hasattr(outlier_idx, "asnumpy") else _np.asarray(outlier_idx)
         self.outliers.update(int(i) for i in idx.reshape(-1))
 
     def get_current_outlier_idx(self):
-        return Tensor(np.array(sorted(self.outliers), dtype=np.int64))
+        return _Tensor(_np.array(sorted(self.outliers), dtype=_np.int64))
 
 
-@dataclass
+@_dataclass
 class MatmulLtState:
     """State of an LLM.int8() matmul (upstream ``bitsandbytes.autograd._functions.MatmulLtState``):
     the quantized weight ``CB`` (int8 [N, K]) and its row scales ``SCB`` (float32 [N]), the outlier
@@ -237,16 +226,16 @@ class MatmulLtState:
     # upstream's dataclass fields, in its order (positional and keyword construction land where upstream puts them);
     # the unannotated ones are class attributes, as upstream
     force_no_igemmlt: bool = False
-    CB: Optional[Tensor] = None
-    SB: Optional[Tensor] = None
-    SCB: Optional[Tensor] = None
-    SBt: Optional[Tensor] = None
-    CBt: Optional[Tensor] = None
-    subB: Optional[Tensor] = None
-    outlier_pool: Optional[GlobalOutlierPooler] = None
+    CB: _Optional[_Tensor] = None
+    SB: _Optional[_Tensor] = None
+    SCB: _Optional[_Tensor] = None
+    SBt: _Optional[_Tensor] = None
+    CBt: _Optional[_Tensor] = None
+    subB: _Optional[_Tensor] = None
+    outlier_pool: _Optional[GlobalOutlierPooler] = None
     has_accumulated_gradients = False
     threshold = 0.0
-    idx: Optional[Tensor] = None
+    idx: _Optional[_Tensor] = None
     is_training = True
     has_fp16_weights = True
     use_pool = False
@@ -256,8 +245,8 @@ class MatmulLtState:
 
     def __getattr__(self, name):
         if name in MatmulLtState._deprecated_fields:
-            warnings.warn(f"MatmulLtState.{name} is deprecated and will be removed in the next bitsandbytes release.",
-                          FutureWarning, stacklevel=2)
+            _warnings.warn(f"MatmulLtState.{name} is deprecated and will be removed in the next bitsandbytes release.",
+                           FutureWarning, stacklevel=2)
             return None
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
@@ -270,7 +259,7 @@ class MatmulLtState:
 
     @property
     def tile_indices(self):
-        warnings.warn("MatmulLtState.tile_indices is deprecated and always None", FutureWarning, stacklevel=2)
+        _warnings.warn("MatmulLtState.tile_indices is deprecated and always None", FutureWarning, stacklevel=2)
         return None
 
     def _set_outlier_flags(self, flags, like) -> None:
@@ -285,8 +274,8 @@ def _state_idx_get(self):
     pending = d.get("_idx_flags")
     if pending is not None:
         flags, like = pending
-        f = flags if isinstance(flags, np.ndarray) else flags.asnumpy()
-        d["idx"] = F._tag(Tensor(np.nonzero(f)[0].astype(np.int64)), (like,))
+        f = flags if isinstance(flags, _np.ndarray) else flags.asnumpy()
+        d["idx"] = _F._tag(_Tensor(_np.nonzero(f)[0].astype(_np.int64)), (like,))
         d["_idx_flags"] = None
     return d.get("idx")
 
@@ -302,20 +291,16 @@ def _state_idx_set(self, value):
 MatmulLtState.idx = property(_state_idx_get, _state_idx_set)
 
 
-def _prod(shape):
-    return int(np.prod(shape)) if len(shape) else 1
-
-
 def _zeros(shape, dtype, like=()):
-    t = F._empty_np(shape, dtype)
-    tag_device(t, like=like)
+    t = _F._empty_np(shape, dtype)
+    _tag_device(t, like=like)
     return t
 
 
-def _quantize_weight(B: Tensor, state: MatmulLtState) -> None:
+def _quantize_weight(B: _Tensor, state: MatmulLtState) -> None:
     """Upstream's weight handling: (re)quantize B row-wise when it holds fp weights that may have changed
     (training, has_fp16_weights) or when there is no CB/SCB yet. An int8 B is taken as already quantized."""
-    if B.dtype == ms.int8:
+    if B.dtype == _ms.int8:
         if state.CB is None:
             state.CB = B
         if state.SCB is None:
@@ -324,30 +309,30 @@ def _quantize_weight(B: Tensor, state: MatmulLtState) -> None:
     if state.has_fp16_weights or state.CB is None or state.SCB is None:
         if state.is_training or state.CB is None or state.SCB is None:
             state.reset_grads()
-            state.CB, state.SCB, _ = F.int8_vectorwise_quant(_as_quant_input(F._contiguous(B)))
+            state.CB, state.SCB, _ = _F.int8_vectorwise_quant(_as_quant_input(_F._contiguous(B)))
 
 
-def _as_quant_input(t: Tensor) -> Tensor:
+def _as_quant_input(t: _Tensor) -> _Tensor:
     """Upstream quantizes float32 weights and activations after casting them to float16 (so the int8
     codes and scales match upstream's bytes); bfloat16 is quantized as is, since float16 could
     overflow it (upstream casts it too)."""
-    return _d(_ops.cast(t, ms.float16), (t,)) if t.dtype == ms.float32 else t
+    return _d(_msops.cast(t, _ms.float16), (t,)) if t.dtype == _ms.float32 else t
 
 
 def _d(t, like=()):
     """Tags an intermediate result with mindtorch's ``_device`` (mindtorch's Tensor methods require it)."""
-    tag_device(t, like=like)
+    _tag_device(t, like=like)
     return t
 
 
-def _dequant_weight(state: MatmulLtState) -> Tensor:
+def _dequant_weight(state: MatmulLtState) -> _Tensor:
     """CB * SCB / 127 in float32 ([N, K])."""
-    cb = _d(_ops.cast(state.CB, ms.float32))
-    scale = _d(_ops.mul(_d(_ops.reshape(state.SCB, (-1, 1))), float(np.float32(1.0 / 127.0))))
-    return _d(_ops.mul(cb, scale))
+    cb = _d(_msops.cast(state.CB, _ms.float32))
+    scale = _d(_msops.mul(_d(_msops.reshape(state.SCB, (-1, 1))), float(_np.float32(1.0 / 127.0))))
+    return _d(_msops.mul(cb, scale))
 
 
-def _int8_forward(A: Tensor, B: Tensor, bias: Optional[Tensor], state: MatmulLtState) -> Tensor:
+def _int8_forward(A: _Tensor, B: _Tensor, bias: _Optional[_Tensor], state: MatmulLtState) -> _Tensor:
     """The forward of :class:`MatMul8bitLt`: out = A @ W.T (+ bias) in A's dtype, W quantized row-wise
     and A row-wise (vector-wise, LLM.int8()); with ``state.threshold > 0`` the outlier columns of A are
     multiplied in A's dtype against the dequantized weight columns. As upstream, float32 activations are
@@ -356,66 +341,63 @@ def _int8_forward(A: Tensor, B: Tensor, bias: Optional[Tensor], state: MatmulLtS
     _quantize_weight(B, state)
     N = int(state.CB.shape[0])
     shape = tuple(A.shape)
-    if _prod(shape) == 0:
+    if _math.prod(shape) == 0:
         return _zeros(shape[:-1] + (N,), A.dtype, (A,))
-    A2 = _d(_ops.reshape(F._contiguous(A), (-1, shape[-1])), (A,))
+    A2 = _d(_msops.reshape(_F._contiguous(A), (-1, shape[-1])), (A,))
     Aq = _as_quant_input(A2)
     if state.threshold > 0.0:
-        CA, SCA, outlier_cols = F.int8_vectorwise_quant(Aq, threshold=state.threshold)
+        CA, SCA, outlier_cols = _F.int8_vectorwise_quant(Aq, threshold=state.threshold)
         state.idx = outlier_cols
-        out, _ = F.int8_mixed_scaled_mm(A2, CA, state.CB, SCA, state.SCB, outlier_cols, bias)
+        out, _ = _F.int8_mixed_scaled_mm(A2, CA, state.CB, SCA, state.SCB, outlier_cols, bias)
     else:
-        CA, SCA, _ = F.int8_vectorwise_quant(Aq)
-        out = F.int8_scaled_mm(CA, state.CB, SCA, state.SCB, bias=bias, dtype=A.dtype)
-    out = _d(_ops.reshape(out, shape[:-1] + (N,)), (A,))
+        CA, SCA, _ = _F.int8_vectorwise_quant(Aq)
+        out = _F.int8_scaled_mm(CA, state.CB, SCA, state.SCB, bias=bias, dtype=A.dtype)
+    out = _d(_msops.reshape(out, shape[:-1] + (N,)), (A,))
     return out
 
 
-def _int8_forward_fused(A: Tensor, B: Tensor, out: Optional[Tensor], bias: Optional[Tensor],
-                        state: MatmulLtState) -> Tensor:
+def _int8_forward_fused(A: _Tensor, B: _Tensor, out: _Optional[_Tensor], bias: _Optional[_Tensor],
+                        state: MatmulLtState) -> _Tensor:
     """:func:`_int8_forward` in one native call (``cint8_linear_<dtype>`` through the
     :class:`~bitsandbytes_ms.functional.Int8LinearPlan` cached on ``state``: a host call where active), bit
     for bit the same result; used at inference (no gradient being recorded, CPU library), where
     MatMul8bitLt's custom bprop is not needed. ``state.idx`` is set (lazily) as the unfused forward sets it."""
     _quantize_weight(B, state)
-    if _prod(tuple(A.shape)) == 0 or int(state.CB.shape[0]) == 0:
+    if _math.prod(tuple(A.shape)) == 0 or int(state.CB.shape[0]) == 0:
         res = _int8_forward(A, B, bias, state)  # nothing to compute: the unfused path's result
     else:
-        plan = F.int8_linear_plan(state, state.CB, state.SCB, "matmul")
+        plan = _F.int8_linear_plan(state, state.CB, state.SCB, "matmul")
         # the unfused forward's branch: outlier columns only for threshold > 0 (0, negative or NaN: none)
         threshold = float(state.threshold) if state.threshold > 0.0 else 0.0
         res, flags = plan(A, bias, threshold, "matmul")
         if threshold > 0.0:
             state._set_outlier_flags(flags, A)
-    if out is not None:
-        out.copy_(res)
-        return out
-    return res
+    return _F._write(out, res)
 
 
 #: The fused inference forward (``BNB_MS_INT8_FUSED=0`` switches it off, for comparisons).
-FUSED_INFERENCE = os.environ.get("BNB_MS_INT8_FUSED", "1") != "0"
+FUSED_INFERENCE = _os.environ.get("BNB_MS_INT8_FUSED", "1") != "0"
 
 
 def _use_fused() -> bool:
     """True where :func:`matmul` may run the fused forward: CPU library, no gradient being recorded."""
-    return FUSED_INFERENCE and BNB_BACKEND == "CPU" and not _pynative_executor.requires_grad()
+    return FUSED_INFERENCE and _BNB_BACKEND == "CPU" and not _pynative_executor.requires_grad()
 
 
-def _fp_forward(A: Tensor, B: Tensor, bias: Optional[Tensor], state: MatmulLtState) -> Tensor:
+def _fp_forward(A: _Tensor, B: _Tensor, bias: _Optional[_Tensor], state: MatmulLtState) -> _Tensor:
     """The forward of :class:`MatMul8bitFp`: A @ dequant(quant(W)).T (+ bias), computed in float32 and
     returned in A's dtype (upstream's CPU training path)."""
     _quantize_weight(B, state)
     N = int(state.CB.shape[0])
     shape = tuple(A.shape)
-    if _prod(shape) == 0:
+    if _math.prod(shape) == 0:
         return _zeros(shape[:-1] + (N,), A.dtype, (A,))
-    a = _d(_ops.cast(_ops.reshape(A, (-1, shape[-1])), ms.float32))
-    out = _d(_ops.matmul(a, _d(_ops.transpose(_dequant_weight(state), (1, 0)))))
+    a = _d(_msops.cast(_msops.reshape(A, (-1, shape[-1])), _ms.float32))
+    out = _d(_msops.matmul(a, _d(_msops.transpose(_dequant_weight(state), (1, 0)))))
     if bias is not None:
-        out = _d(_ops.add(out, _d(_ops.reshape(_ops.cast(bias, ms.float32), (1, -1)))))
-    out = _d(_ops.reshape(_ops.cast(out, A.dtype), shape[:-1] + (N,)))
-    tag_device(out, like=(A,))
+        out = _d(_msops.add(out, _d(_msops.reshape(_msops.cast(bias, _ms.float32), (1, -1)))))
+    out = _d(_msops.reshape(_msops.cast(out, A.dtype), shape[:-1] + (N,)))
+    _tag_device(out, like=(A,))
     return out
 
 
@@ -425,23 +407,23 @@ def _backward(A, B, bias, dout, state: MatmulLtState):
     grad_bias = sum of dout over rows."""
     N = int(state.CB.shape[0])
     K = int(A.shape[-1])
-    d = _d(_ops.cast(_ops.reshape(dout, (-1, N)), ms.float32))
-    if _prod(A.shape) == 0:
-        gA = _d(_ops.zeros_like(A))
-        gB = _d(_ops.zeros_like(B))
+    d = _d(_msops.cast(_msops.reshape(dout, (-1, N)), _ms.float32))
+    if _math.prod(A.shape) == 0:
+        gA = _d(_msops.zeros_like(A))
+        gB = _d(_msops.zeros_like(B))
     else:
-        gA = _d(_ops.reshape(_ops.cast(_ops.matmul(d, _dequant_weight(state)), A.dtype), A.shape))
-        if B.dtype != ms.int8 and state.has_fp16_weights:
-            a = _d(_ops.cast(_ops.reshape(A, (-1, K)), ms.float32))
-            gB = _ops.matmul(_d(_ops.transpose(d, (1, 0))), a)
+        gA = _d(_msops.reshape(_msops.cast(_msops.matmul(d, _dequant_weight(state)), A.dtype), A.shape))
+        if B.dtype != _ms.int8 and state.has_fp16_weights:
+            a = _d(_msops.cast(_msops.reshape(A, (-1, K)), _ms.float32))
+            gB = _msops.matmul(_d(_msops.transpose(d, (1, 0))), a)
             if tuple(B.shape) != tuple(gB.shape):  # B given as a transposed view
-                gB = _ops.transpose(gB, (1, 0))
-            gB = _d(_ops.reshape(_ops.cast(gB, B.dtype), B.shape))
+                gB = _msops.transpose(gB, (1, 0))
+            gB = _d(_msops.reshape(_msops.cast(gB, B.dtype), B.shape))
         else:
-            gB = _d(_ops.zeros_like(B))
+            gB = _d(_msops.zeros_like(B))
     if bias is None:
         return gA, gB
-    gbias = _d(_ops.reshape(_ops.cast(_ops.reduce_sum(d, 0), bias.dtype), bias.shape))
+    gbias = _d(_msops.reshape(_msops.cast(_msops.reduce_sum(d, 0), bias.dtype), bias.shape))
     return gA, gB, gbias
 
 
@@ -479,16 +461,13 @@ class _Function:
     @staticmethod
     def _ctx_forward(fwd, ctx, A, B, out, bias, state):
         state = state or MatmulLtState()
-        ctx.is_empty = _prod(A.shape) == 0
+        ctx.is_empty = _math.prod(A.shape) == 0
         ctx.A, ctx.B, ctx.bias, ctx.state = A, B, bias, state
         ctx.grad_shape, ctx.dtype_A = tuple(A.shape), A.dtype
         ctx.dtype_bias = None if bias is None else bias.dtype
         res = fwd(A, B, bias, state)
-        tag_device(res, like=(A,))
-        if out is not None:
-            out.copy_(res)
-            return out
-        return res
+        _tag_device(res, like=(A,))
+        return _F._write(out, res)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -503,14 +482,11 @@ class _Function:
     @classmethod
     def apply(cls, A, B, out=None, bias=None, state=None):
         state = state or MatmulLtState()
-        fwd = cls._forward.__func__ if hasattr(cls._forward, "__func__") else cls._forward
+        fwd = cls._forward  # a staticmethod: the plain function
         cell = _Int8MatmulBiasCell(state, fwd) if bias is not None else _Int8MatmulCell(state, fwd)
         res = cell(A, B, bias) if bias is not None else cell(A, B)
-        tag_device(res, like=(A,))
-        if out is not None:
-            out.copy_(res)
-            return out
-        return res
+        _tag_device(res, like=(A,))
+        return _F._write(out, res)
 
 
 class MatMul8bitLt(_Function):
@@ -536,8 +512,8 @@ class MatMul8bitFp(_Function):
         return _Function._ctx_forward(_fp_forward, ctx, A, B, out, bias, state)
 
 
-def matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, state: Optional[MatmulLtState] = None,
-           threshold: float = 0.0, bias: Optional[Tensor] = None) -> Tensor:
+def matmul(A: _Tensor, B: _Tensor, out: _Optional[_Tensor] = None, state: _Optional[MatmulLtState] = None,
+           threshold: float = 0.0, bias: _Optional[_Tensor] = None) -> _Tensor:
     """``A @ B.T (+ bias)`` through LLM.int8() (upstream ``bitsandbytes.matmul``).
 
     Args:
@@ -557,17 +533,17 @@ def matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, state: Optional[M
         ValueError: A not a float tensor, B not 2-D, inner dimensions differ.
     """
     fn = "matmul"
-    F._check_dtype(A, F.FLOAT_DTYPES, fn, "A")
-    F._check_dtype(B, F.FLOAT_DTYPES + (ms.int8,), fn, "B")
+    _F._check_dtype(A, _F.FLOAT_DTYPES, fn, "A")
+    _F._check_dtype(B, _F.FLOAT_DTYPES + (_ms.int8,), fn, "B")
     if B.ndim != 2:
         raise ValueError(f"{fn}: `B` must be 2-D [N, K]; got shape {tuple(B.shape)}")
     # An int8 B with state.CB set is a stand-in for the quantized weight (upstream passes CB or CB.t());
     # the weight used is state.CB [N, K].
-    W = state.CB if (state is not None and B.dtype == ms.int8 and state.CB is not None) else B
+    W = state.CB if (state is not None and B.dtype == _ms.int8 and state.CB is not None) else B
     if A.ndim < 1 or A.shape[-1] != W.shape[1]:
         raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(A.shape)} @ `B`.T {tuple(W.shape)}")
     if bias is not None:
-        F._check_dtype(bias, F.FLOAT_DTYPES, fn, "bias")
+        _F._check_dtype(bias, _F.FLOAT_DTYPES, fn, "bias")
     state = state or MatmulLtState()
     if threshold > 0.0:
         state.threshold = threshold

@@ -11,18 +11,14 @@ from typing import List, Optional
 
 import numpy as np
 
-
-import mindspore as ms
-
-_ITEMSIZE = {ms.float32: 4, ms.float16: 2, ms.bfloat16: 2, ms.float64: 8, ms.int8: 1, ms.uint8: 1, ms.int16: 2,
-             ms.int32: 4, ms.int64: 8, ms.bool_: 1}
+from ..utils import ITEMSIZES
 
 
 def _nbytes(t) -> int:
     """Bytes of a tensor's elements (mindtorch's ``nbytes`` fails for int8)."""
     if t is None:
         return 0
-    return int(np.prod(t.shape)) * _ITEMSIZE[t.dtype]
+    return int(np.prod(t.shape)) * ITEMSIZES[t.dtype]
 
 
 def quant_state_bytes(qs) -> int:

@@ -29,8 +29,12 @@ unfused path has already filled (one warning per reason).
 
 Numerics: decode (one token) runs the same 4-bit kernel as the unfused layers (bit-identical projections);
 RMSNorm, RoPE, softmax and the residual adds are fp32 like transformers' but in another order, so logits
-differ by rounding (tests/test_fused_decoder.py measures max|diff| / max|logit|). Prefill uses the gemv kernel
-for every row (the unfused Linear4bit dequantizes and runs a matmul above 8 rows). An int8 layer runs the unfused
+differ by rounding (tests/test_fused_decoder.py measures max|diff| / max|logit|). Prefill (more than 8 rows)
+multiplies the dequantized 4-bit weight in the packed-panel GEMM: exact fp32, or -- by default on a CPU with
+AVX512-BF16, as upstream's CPU 4-bit layers compute there; ``functional.set_bf16_dot`` / ``BNB_MS_4BIT_BF16_DOT``
+decide, read at every forward -- in bf16 through the ``cdecoder_*_fp32_bf16dot`` entries (x and the weight
+rounded to bf16, pairs accumulated in fp32; csrc/cpu/gemm_panel.h documents the order and the bound;
+tests/test_fused_bf16_prefill.py: same greedy tokens as the unfused model, logits within 1e-2 x max|logit|). An int8 layer runs the unfused
 layer's own fused kernel (``cint8_linear_fp32``'s) at every row count: the same bytes on the same input (tested
 by replaying every Linear8bitLt call of an unfused generation). Between layers int8 amplifies rounding
 differences: a 1-ulp difference in an input can move one int8 code (1/127 of the row's absmax) or, with
@@ -66,6 +70,7 @@ import mindspore as ms
 import numpy as np
 
 from .. import _hostcall
+from .. import functional as F
 from .patches import registry
 
 __all__ = ["fuse", "unfuse", "is_fused", "set_enabled", "unsupported_reason", "FUSED_PATCHES"]
@@ -148,7 +153,6 @@ def _linear_spec(mod, name: str, N: int, K: int, keep: Dict[int, np.ndarray], dt
     import mindspore as ms
     import torch
 
-    from .. import functional as F
     from ..nn.modules import Int8Params, Linear4bit, Linear8bitLt, Params4bit
 
     bias = None
@@ -245,6 +249,10 @@ class _Plan:
         past = np.zeros((), np.int64)
         dummy_x = np.zeros((1, 1, H), np.float32)
         attn_e, mlp_e = _hostcall.entry("cdecoder_attention_fp32"), _hostcall.entry("cdecoder_mlp_fp32")
+        # the same calls with a 4-bit weight's prefill in bf16 (functional.set_bf16_dot's switch; run_as)
+        self.attn_dot, self.mlp_dot = (_hostcall.entry("cdecoder_attention_fp32_bf16dot"),
+                                       _hostcall.entry("cdecoder_mlp_fp32_bf16dot"))
+        self.lm_dot = _hostcall.entry("cdecoder_linear_fp32_bf16dot")
         for i, layer in enumerate(inner.layers[: cfg.num_hidden_layers]):
             a, m, pfx = layer.self_attn, layer.mlp, f"model.layers.{i}"
             qk = []
@@ -499,6 +507,7 @@ def _fused_forward(model, plan: _Plan, kw):
             mask[:, :L] = m != 0
     plan.past[...] = past
     key = (id(x), id(pos), id(mask), id(state))
+    dot = F.bf16_dot_enabled(B * T)  # 4-bit prefill in bf16 (the native side keeps <= 8 rows on the GEMV)
     for i, layer in enumerate(plan.layers):
         a = layer.attn
         if layer.bound != key or state.k[i] is not a._keep[3]:
@@ -511,8 +520,12 @@ def _fused_forward(model, plan: _Plan, kw):
             layer.mlp.set(0, x)
             layer.mlp.set(31, x)
             layer.bound = key
-        a()
-        layer.mlp()
+        if dot:
+            a.run_as(plan.attn_dot)
+            layer.mlp.run_as(plan.mlp_dot)
+        else:
+            a()
+            layer.mlp()
     state.length = L
     keep = kw.get("logits_to_keep") or 0
     hs = x[:, -keep:] if isinstance(keep, int) and keep > 0 else (x if isinstance(keep, int) else x[:, _host_int(keep)])
@@ -526,7 +539,10 @@ def _fused_forward(model, plan: _Plan, kw):
         lc = plan.lm_call
         lc.set(0, hs)
         lc.set(11, logits)
-        lc()
+        if F.bf16_dot_enabled(int(np.prod(hs.shape[:-1]))):
+            lc.run_as(plan.lm_dot)
+        else:
+            lc()
         logits_t = _hostcall.wrap(logits)
     else:
         logits_t = model.lm_head(_hostcall.wrap(hs))

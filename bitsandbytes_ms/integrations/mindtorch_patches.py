@@ -149,16 +149,14 @@ def _randint_dtype(wrapped, instance, args, kwargs):
 
 def _np_dtype(dtype):
     import mindspore as ms
-    import numpy as np
+
+    from ..utils import NP_DTYPES
 
     if dtype == ms.bfloat16:
         from .._reference import np_bfloat16
 
-        return np_bfloat16
-    table = {ms.uint8: np.uint8, ms.int8: np.int8, ms.int16: np.int16, ms.uint16: np.uint16, ms.int32: np.int32,
-             ms.uint32: np.uint32, ms.int64: np.int64, ms.uint64: np.uint64, ms.float16: np.float16,
-             ms.float32: np.float32, ms.float64: np.float64, ms.bool_: np.bool_}
-    return table[dtype]
+        return np_bfloat16  # ml_dtypes' (what mindtorch's numpy views use)
+    return NP_DTYPES[dtype]
 
 
 @registry.register(

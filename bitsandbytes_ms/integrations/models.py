@@ -15,8 +15,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 
-_COMPUTE_DTYPES = {"fp32": ms.float32, "float32": ms.float32, "fp16": ms.float16, "float16": ms.float16,
-                   "bf16": ms.bfloat16, "bfloat16": ms.bfloat16}
+from ..utils import FLOAT_DTYPE_OF_NAME as _COMPUTE_DTYPES  # "fp16"/"float16" -> ms.float16, ...
 
 
 def _torch():

@@ -1,21 +1,61 @@
-"""Quantized modules, composed from :mod:`bitsandbytes_ms.autograd._functions`."""
+"""Quantized modules, composed from :mod:`bitsandbytes_ms.autograd._functions`.
 
+These layers are mindtorch modules (after ``import mindnlp``, ``torch.nn`` is mindtorch's), so they drop into
+mindnlp models; all numerics live in :mod:`bitsandbytes_ms.functional` / :mod:`~bitsandbytes_ms.autograd._functions`.
+Names: ``torch`` is mindtorch; ``_ms`` / ``_msops`` are MindSpore and its ``ops``; ``_F`` is
+:mod:`bitsandbytes_ms.functional`; ``_autograd`` is :mod:`bitsandbytes_ms.autograd._functions`."""
 
-# ---- 4-bit (Params4bit, Linear4bit, LinearFP4, LinearNF4) ----
 import copy as _copy
 import logging as _logging
 import math as _math
 from typing import Any as _Any, Dict as _Dict, Optional as _Optional
 
-import mindnlp  # noqa: F401,E402  (must precede `import torch`; makes torch = mindtorch)
-import mindspore as _ms  # noqa: E402
-import mindtorch as torch  # noqa: E402
+import numpy as _np
+import mindnlp  # noqa: F401  (first: it makes `torch` resolve to mindtorch for transformers and us)
+import mindspore as _ms
+import mindtorch as torch
+from mindspore import ops as _msops
 
-from .. import _hostcall  # noqa: E402
-from .. import functional as _F  # noqa: E402
-from ..autograd._functions import matmul_4bit as _matmul_4bit  # noqa: E402
+from .. import _hostcall
+from .. import functional as _F
+from ..autograd import _functions as _autograd
+from ..cextension import tag_device as _tag_device
+from ..optim import GlobalOptimManager as _GlobalOptimManager
 
 _logger = _logging.getLogger(__name__)
+
+
+def _device_type(device) -> _Optional[str]:
+    """``"cuda"`` for ``"cuda:1"``, ``torch.device("cuda", 1)`` or ``1`` (an int is a CUDA index, as torch has it);
+    None for None."""
+    if device is None:
+        return None
+    if isinstance(device, int):
+        return "cuda"
+    return str(getattr(device, "type", device)).split(":")[0]
+
+
+def _parse_to(args, kwargs):
+    """What a ``.to(...)`` call asks for, parsed as torch parses it: ``(device_type, dtype)``, None where not given.
+
+    Accepts ``.to(device)``, ``.to(dtype)``, ``.to(device, dtype)``, ``.to(tensor)`` (that tensor's device and
+    dtype), keywords ``device=`` / ``dtype=``, and ignores ``non_blocking`` / ``copy`` / ``memory_format``. A
+    device is a str (``"cuda:0"``), a ``torch.device`` or an int; ``device_type`` is its type (``"cpu"``,
+    ``"cuda"``, ``"meta"``). Every layer and parameter here that overrides ``.to()`` parses it with this."""
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, bool):  # non_blocking / copy given by position
+            continue
+        if isinstance(a, _ms.Tensor):
+            device, dtype = getattr(a, "device", None), a.dtype
+        elif isinstance(a, (str, int, torch.device)):
+            device = a
+        elif isinstance(a, _ms.dtype.Type):
+            dtype = a
+    return _device_type(device), dtype
+
+
+# ---- 4-bit (Params4bit, Linear4bit, LinearFP4, LinearNF4) ----
 
 
 class Params4bit(torch.nn.Parameter):
@@ -150,14 +190,7 @@ class Params4bit(torch.nn.Parameter):
     _quantize = quantize  # upstream's private name (takes a device there)
 
     def to(self, *args, **kwargs):
-        device = kwargs.get("device", None)
-        dtype = kwargs.get("dtype", None)
-        for a in args:
-            if isinstance(a, (str, getattr(torch, "device", str))) and not isinstance(a, bool):
-                device = a
-            elif a is not None and not isinstance(a, torch.Tensor):
-                dtype = a
-        dev_type = None if device is None else str(getattr(device, "type", device)).split(":")[0]
+        dev_type, dtype = _parse_to(args, kwargs)
         if dev_type is not None and dev_type != "meta" and not self.bnb_quantized:
             return self.quantize()
         if self.bnb_quantized:
@@ -180,7 +213,7 @@ class Params4bit(torch.nn.Parameter):
 def _to_xpu(param, device):
     """Upstream's ``.xpu()`` moves (and quantizes) a weight onto an Intel XPU; there is none on MindSpore: a clear
     error, before anything is quantized (an explicit non-XPU ``device`` is an ordinary ``.to(device)``)."""
-    if device is None or str(getattr(device, "type", device)).split(":")[0] == "xpu":
+    if device is None or _device_type(device) == "xpu":
         raise RuntimeError(f"{type(param).__name__}.xpu(): bitsandbytes_ms has no Intel XPU backend (MindSpore: "
                            f"CPU, and its CUDA library); use .cpu(), .cuda() or .to(device)")
     return param.to(device)
@@ -235,8 +268,6 @@ def fix_4bit_weight_quant_state_from_module(module) -> None:
         return
     if getattr(module, "quant_state", None) is None:
         _logger.warning("FP4 quantization state not initialized. Please call .to() or .quantize() first.")
-    if module.weight.shape[1] != 1 and module.weight.ndim == 2 and module.weight.shape[1] != 1:
-        pass
     if not isinstance(module.weight, Params4bit):
         module.weight = Params4bit(module.weight, quant_state=getattr(module, "quant_state", None),
                                    bnb_quantized=getattr(module, "quant_state", None) is not None, module=module)
@@ -352,7 +383,7 @@ class Linear4bit(torch.nn.Linear):
                 if res is not None:
                     return res
         K = int(qs.shape[1]) if qs is not None and qs.shape is not None else int(self.in_features)
-        if x.ndim == 0 or x.shape[-1] != K:  # never matmul_4bit's deprecated [K, N] branch: the weight is [N, K]
+        if x.shape[-1] != K:  # (x has a dimension: _check_linear_input)  # never matmul_4bit's deprecated [K, N] branch: the weight is [N, K]
             raise ValueError(f"{type(self).__name__}: `x` must have last dimension {K} (in_features); got shape "
                              f"{tuple(x.shape)}")
         if not self.compute_type_is_set:
@@ -363,7 +394,7 @@ class Linear4bit(torch.nn.Linear):
         if b is not None and b.dtype != cdt and cdt in _F.FLOAT_DTYPES:
             b.data = _as_mindtorch(b.data.to(cdt))  # as upstream: the bias parameter itself is cast, once
         if (qs is not None and self.compute_type_is_set and _hostcall.active() and isinstance(w, Params4bit)
-                and x.dtype == (self.compute_dtype or x.dtype) and x.ndim >= 1
+                and x.dtype == (self.compute_dtype or x.dtype)
                 and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
             # inference, compute dtype = input dtype: one native call (kernel, bias and double-quant absmax fused)
             return _F.linear_4bit(x, w, qs, self.bias)
@@ -376,7 +407,7 @@ class Linear4bit(torch.nn.Linear):
                 if res is not None:
                     return res
         if (qs is not None and self.compute_type_is_set and x.dtype == _ms.float32 and isinstance(w, Params4bit)
-                and self.compute_dtype in (_ms.bfloat16, _ms.float16) and x.ndim >= 1
+                and self.compute_dtype in (_ms.bfloat16, _ms.float16)
                 and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
             # inference, fp32 input with a 16-bit compute dtype: the cast, the layer and the cast back in one call
             res = _F.linear_4bit_compute(x, w, qs, self.bias, self.compute_dtype)
@@ -390,7 +421,7 @@ class Linear4bit(torch.nn.Linear):
         inp_dtype = x.dtype
         if self.compute_dtype is not None:
             x = x.to(self.compute_dtype)
-        out = _matmul_4bit(x, self.weight.t(), quant_state=self.weight.quant_state, bias=self.bias)
+        out = _autograd.matmul_4bit(x, self.weight.t(), quant_state=self.weight.quant_state, bias=self.bias)
         return out.to(inp_dtype)
 
 
@@ -411,25 +442,8 @@ class LinearNF4(Linear4bit):
         super().__init__(input_features, output_features, bias, compute_dtype, compress_statistics, "nf4",
                          quant_storage, device)
 
-# ---- int8 (LLM.int8()) ----
-# These layers are mindtorch modules (after `import mindnlp`, `torch.nn` is mindtorch's), so they drop
-# into mindnlp models; all numerics live in bitsandbytes_ms.functional / autograd._functions.
-import copy as _copy
-import sys as _sys
 
-if "mindnlp" not in _sys.modules and "torch" not in _sys.modules:
-    import mindnlp  # noqa: F401  (must precede `import torch`: it makes `torch` resolve to mindtorch)
-import torch  # noqa: E402  (mindtorch)
-
-import mindspore as _ms  # noqa: E402
-
-from .. import functional as _F  # noqa: E402
-from ..autograd._functions import MatmulLtState, matmul  # noqa: E402
-from ..autograd import _functions as _autograd_fns  # noqa: E402
-from ..cextension import tag_device as _tag_device  # noqa: E402
-
-_PARAM_INTERNAL_KWARGS = ("_device", "meta", "_requires_grad", "param_info")
-
+# ---- int8 (LLM.int8(): Int8Params, Linear8bitLt) ----
 
 def _as_mindtorch(t):
     if t is not None and not hasattr(t, "_device"):
@@ -446,13 +460,6 @@ class Int8Params(torch.nn.Parameter):
     ``_device``/``meta``/``_requires_grad`` that transformers passes from ``old_param.__dict__``) are
     accepted and ignored.
     """
-
-    def __new__(cls, data=None, requires_grad=True, has_fp16_weights=False, CB=None, SCB=None, **kwargs):
-        if data is None:
-            data = torch.empty(0)
-        _as_mindtorch(data)
-        obj = super().__new__(cls, data, requires_grad)
-        return obj
 
     def __init__(self, data=None, requires_grad=True, has_fp16_weights=False, CB=None, SCB=None, **kwargs):
         if data is None:
@@ -472,9 +479,7 @@ class Int8Params(torch.nn.Parameter):
         int8 ``CB`` and ``SCB`` the row scales. No-op for ``has_fp16_weights=True`` or int8 data."""
         if self.has_fp16_weights or self.is_quantized or self.numel() == 0:
             return self
-        from ..autograd._functions import _as_quant_input
-
-        CB, SCB, _ = _F.int8_vectorwise_quant(_as_quant_input(_F._contiguous(self.data)))
+        CB, SCB, _ = _F.int8_vectorwise_quant(_autograd._as_quant_input(_F._contiguous(self.data)))
         self.data = _as_mindtorch(CB)
         self.CB = self.data
         self.SCB = _as_mindtorch(SCB)
@@ -516,14 +521,7 @@ class Int8Params(torch.nn.Parameter):
         return _to_xpu(self, device)
 
     def to(self, *args, **kwargs):
-        device = kwargs.get("device")
-        dtype = kwargs.get("dtype")
-        for a in args:
-            if isinstance(a, (str, torch.device)):
-                device = a
-            elif isinstance(a, type(_ms.float32)):
-                dtype = a
-        dev_type = None if device is None else (device if isinstance(device, str) else device.type).split(":")[0]
+        dev_type, dtype = _parse_to(args, kwargs)
         if dev_type is not None and dev_type != "meta" and not self.is_quantized and not self.has_fp16_weights:
             return self.quantize()
         if dtype is not None and not self.is_quantized and dtype != self.dtype:
@@ -538,12 +536,6 @@ def _rebuild_int8params(data, requires_grad, has_fp16_weights, has_cb, SCB):
     if has_cb:
         p.CB = p.data
     return p
-
-
-def _weight_scb(weight):
-    """SCB of a weight that really is quantized (int8 with scales); None for plain/tied weights."""
-    scb = getattr(weight, "SCB", None)
-    return scb if (scb is not None and weight is not None and weight.dtype == _ms.int8) else None
 
 
 class Linear8bitLt(torch.nn.Linear):
@@ -566,7 +558,7 @@ class Linear8bitLt(torch.nn.Linear):
     def __init__(self, input_features, output_features, bias=True, has_fp16_weights=True, threshold=0.0,
                  index=None, device=None):
         super().__init__(input_features, output_features, bias)
-        self.state = MatmulLtState()
+        self.state = _autograd.MatmulLtState()
         self.index = index
         self.state.threshold = threshold
         self.state.has_fp16_weights = has_fp16_weights
@@ -583,9 +575,9 @@ class Linear8bitLt(torch.nn.Linear):
 
     def to(self, *args, **kwargs):
         res = super().to(*args, **kwargs)
-        device = kwargs.get("device", next((a for a in args if isinstance(a, (str, torch.device))), None))
-        if device is not None and isinstance(self.weight, Int8Params):
-            self.weight.to(device)
+        dev_type, _ = _parse_to(args, kwargs)
+        if dev_type is not None and isinstance(self.weight, Int8Params):
+            self.weight.to(dev_type)
         return res
 
     def init_8bit_state(self):
@@ -679,7 +671,7 @@ class Linear8bitLt(torch.nn.Linear):
             w = self.weight
             bias = self.bias
             if (st.CB is w and plan.matches(w, st.SCB) and not st.has_fp16_weights and not st.is_training
-                    and (bias is None or bias.dtype == x.dtype) and _autograd_fns._use_fused() and _hostcall.active()):
+                    and (bias is None or bias.dtype == x.dtype) and _autograd._use_fused() and _hostcall.active()):
                 thr = float(st.threshold) if st.threshold > 0.0 else 0.0
                 res = plan.fast(x, bias, thr)
                 if res is not None:
@@ -707,7 +699,7 @@ class Linear8bitLt(torch.nn.Linear):
             # current values in full precision, as upstream's fix of its #1634 (0.50.2 raises AttributeError);
             # an int8 copy kept in the state would go stale when the tensor changes
             return _linear_full_precision(x, w, bias)
-        out = matmul(x, w, bias=bias, state=self.state)
+        out = _autograd.matmul(x, w, bias=bias, state=self.state)
         # keep SCB reachable from the weight too (transformers reads `weight.SCB`)
         if w.dtype == _ms.int8 and getattr(w, "SCB", None) is None:
             w.SCB = self.state.SCB
@@ -725,13 +717,8 @@ def _linear_full_precision(x, w, bias):
 def _np_scalar(t):
     return t.asnumpy().reshape(-1)[0] if hasattr(t, "asnumpy") else t
 
+
 # ---- embeddings (Embedding, StableEmbedding, Embedding8bit, Embedding4bit, EmbeddingFP4, EmbeddingNF4) ----
-import numpy as _np  # noqa: E402
-from mindspore import ops as _msops  # noqa: E402
-
-from ..cextension import tag_device as _tag_device  # noqa: E402
-from ..optim import GlobalOptimManager as _GlobalOptimManager  # noqa: E402
-
 
 def _xavier_uniform_fill(weight, padding_idx) -> None:
     """Xavier/Glorot uniform init of a [num_embeddings, embedding_dim] weight (fan_in = dim, fan_out = num,
@@ -881,9 +868,8 @@ class _RowInt8Params(torch.nn.Parameter):
         return self
 
     def to(self, *args, **kwargs):
-        device = kwargs.get("device", args[0] if args and isinstance(args[0], (str, getattr(torch, "device", str)))
-                            else None)
-        if device is not None and str(device) != "meta":
+        dev_type, _ = _parse_to(args, kwargs)
+        if dev_type not in (None, "meta"):
             return self.quantize()
         return self
 
@@ -1037,9 +1023,8 @@ class LinearWeightOnly(torch.nn.Linear):
 
     def to(self, *args, **kwargs):
         res = super().to(*args, **kwargs)
-        device = kwargs.get("device", args[0] if args and isinstance(args[0], (str, getattr(torch, "device", str)))
-                            else None)
-        if device is not None and str(device) != "meta":
+        dev_type, _ = _parse_to(args, kwargs)
+        if dev_type not in (None, "meta"):
             self.quantize()
         return res
 

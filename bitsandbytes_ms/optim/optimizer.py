@@ -31,7 +31,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from .. import functional as F
-from ..utils import Singleton
+from ..utils import ITEMSIZES, NP_DTYPES, Singleton
 from ..cextension import tag_device
 
 
@@ -86,9 +86,10 @@ class GlobalOptimManager(Singleton):
 
 
 def _zeros(shape, dtype) -> Tensor:
-    np_dtype = {ms.float32: np.float32, ms.uint8: np.uint8, ms.float16: np.float16}.get(dtype)
-    t = Tensor(np.zeros(tuple(shape), dtype=np_dtype)) if np_dtype is not None else \
-        Tensor(np.zeros(tuple(shape), dtype=np.float32)).astype(dtype)
+    if dtype == ms.bfloat16:  # made in float32 and cast
+        t = Tensor(np.zeros(tuple(shape), dtype=np.float32)).astype(dtype)
+    else:
+        t = Tensor(np.zeros(tuple(shape), dtype=NP_DTYPES[dtype]))
     tag_device(t)
     return t
 
@@ -532,7 +533,7 @@ def optimizer_state_bytes(optimizer: Optimizer8bit) -> int:
         for v in st.values():
             if isinstance(v, Tensor) and id(v) not in seen:
                 seen.add(id(v))
-                total += _numel(v) * {ms.float32: 4, ms.uint8: 1, ms.float16: 2, ms.bfloat16: 2}.get(v.dtype, 4)
+                total += _numel(v) * ITEMSIZES.get(v.dtype, 4)
     return total
 
 

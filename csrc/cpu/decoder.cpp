@@ -19,7 +19,8 @@
 // Up to 8 rows (decode) the fp32/16-bit/4-bit linears run those GEMV kernels; more rows (prefill) run the
 // packed-panel fp32 GEMM of gemm_panel.h (4-bit weights dequantized into the panels first: the values of
 // dequantize_4bit; 16-bit ones widened), and from 6 query rows per sequence on the attention runs blocked on
-// packed K/V panels (attend_prefill).
+// packed K/V panels (attend_prefill).  The *_bf16dot entries (same params) run a 4-bit weight's prefill
+// through gemm_panel.h's bf16 variant instead (gemm_rows_bf16); everything else as in the exact entries.
 // Every linear is given as 9 consecutive params ("linear spec"), by weight kind:
 //   slot        fp32 / fp16 / bf16       4-bit                         int8
 //   W           f|h|bf [N, K]            u8 packed >= (N*K+1)/2        i8 CB [N, K] (K <= 131071)
@@ -134,6 +135,7 @@ struct Lin {
   bool int8 = false;            // LLM.int8(): q8
   Int8Weight q8;
   Linear4Weight q4;             // 4-bit otherwise
+  bool bf16dot = false;         // 4-bit, prefill: the bf16 dot-product GEMM (the *_bf16dot entries)
   const float *bias = nullptr;  // fp32 [N]: in place, or bias_f32 (widened from fp16 / bf16)
   std::vector<float> bias_f32;
   int64_t N = 0, K = 0;
@@ -159,8 +161,9 @@ const float *f32_of(const Call<> &c, int i, std::vector<float> &buf) {
   return buf.data();
 }
 
-// Checks the linear spec at params [i0, i0 + 9) for an [N, K] weight; fills `l`.
-int parse_lin(const Call<> &c, int i0, int64_t N, int64_t K, Lin *l) {
+// Checks the linear spec at params [i0, i0 + 9) for an [N, K] weight; fills `l` (bf16dot: a 4-bit weight's
+// prefill computes in bf16).
+int parse_lin(const Call<> &c, int i0, int64_t N, int64_t K, Lin *l, bool bf16dot) {
   l->N = N;
   l->K = K;
   const int b = i0 + L_BIAS;
@@ -213,6 +216,7 @@ int parse_lin(const Call<> &c, int i0, int64_t N, int64_t K, Lin *l) {
   if (c.is_none(am) || c.is_none(cd)) return E_NULL;
   if (c.dtype(cd) != DType::f32) return E_DTYPE;
   if (c.numel(cd) != 16 || c.numel(am) < nb) return E_SHAPE;
+  l->bf16dot = bf16dot;
   Linear4Weight &q = l->q4;
   q.packed = c.ptr<uint8_t>(w);
   q.code = c.ptr<float>(cd);
@@ -248,7 +252,7 @@ void weight_rows_f32(const Lin &l, int64_t n0, int64_t n1, float *dst) {
 
 void gemm_rows(const Lin &l, const float *x, float *out, int64_t M) {
   const int64_t N = l.N, K = l.K;
-  const int64_t cols = std::max<int64_t>(1, kPanelChunkBytes / (int64_t)sizeof(float) / (K * kPanel)) * kPanel;
+  const int64_t cols = std::max<int64_t>(3, kPanelChunkBytes / (int64_t)sizeof(float) / (K * kPanel)) * kPanel;
   const int64_t ntasks = (N + cols - 1) / cols;
   parallel_for_dynamic(ntasks, 1, [&](int64_t t0, int64_t t1) {
     static thread_local std::vector<float> panels, rows;
@@ -271,6 +275,36 @@ void gemm_rows(const Lin &l, const float *x, float *out, int64_t M) {
   });
 }
 
+// The bf16 form of gemm_rows for a 4-bit weight (gemm_panel.h's bf16 variant: its order and its bound vs
+// gemm_rows): x rounded to bf16 pairs once per call, each chunk's weight rows dequantized (the values of
+// dequantize_4bit) and rounded into bf16 panels.
+void gemm_rows_bf16(const Lin &l, const float *x, float *out, int64_t M) {
+  const int64_t N = l.N, K = l.K, K2 = (K + 1) / 2;
+  static thread_local std::vector<uint32_t> xa;
+  xa.resize((size_t)(M * K2));
+  uint32_t *xp = xa.data();  // (a thread_local named inside the lambdas would be each worker's own)
+  parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [&](int64_t m0, int64_t m1) {
+    pack_rows_bf16(x + m0 * K, K, m1 - m0, K, xp + m0 * K2);
+  });
+  const int64_t cols = std::max<int64_t>(3, kPanelChunkBytes / (int64_t)sizeof(uint32_t) / (K2 * kPanel)) * kPanel;
+  const int64_t ntasks = (N + cols - 1) / cols;
+  parallel_for_dynamic(ntasks, 1, [&](int64_t t0, int64_t t1) {
+    static thread_local std::vector<uint32_t> panels;
+    static thread_local std::vector<float> rows;
+    panels.resize((size_t)(cols * K2));
+    rows.resize((size_t)(kPanel * K));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * cols, nc = std::min(cols, N - n0);
+      for (int64_t p = 0; p < nc; p += kPanel) {
+        const int w = (int)std::min<int64_t>(kPanel, nc - p);
+        weight_rows_f32(l, n0 + p, n0 + p + w, rows.data());
+        pack_panel_rows_bf16(rows.data(), K, K, w, panels.data() + p * K2);
+      }
+      gemm_panel_bf16(xp, K2, M, panels.data(), K2 * kPanel, K2, nc, l.bias ? l.bias + n0 : nullptr, out + n0, N);
+    }
+  });
+}
+
 // up to this many rows a linear runs the GEMV kernels (4-bit: the unfused Linear4bit's kernel, same bits);
 // more rows (prefill) run gemm_rows (as the unfused Linear4bit dequantizes and multiplies above 8 rows).
 // int8 layers run the unfused layer's fused kernel at every row count (its own GEMV/GEMM choice inside).
@@ -278,6 +312,7 @@ constexpr int64_t kGemvMaxRows = 8;
 
 void apply_lin(const Lin &l, const float *x, float *out, int64_t M) {
   if (l.int8) int8_linear_f32(l.q8, x, l.bias, out, M, l.N, l.K);
+  else if (M > kGemvMaxRows && l.bf16dot) gemm_rows_bf16(l, x, out, M);
   else if (M > kGemvMaxRows) gemm_rows(l, x, out, M);
   else if (l.dense) dense_linear_f32(x, l.W, DType::f32, l.bias, out, M, l.N, l.K);
   else if (l.W16) dense_linear_f32(x, l.W16, l.wdt, l.bias, out, M, l.N, l.K);
@@ -451,6 +486,7 @@ void attend_prefill(const AttnShape &s, const float *q, const float *kc, const f
 //   q_norm_w (f32|f16|bf16) [D] | none, k_norm_w (same) [D] | none (QK-norm: RMSNorm of every head's q / k with
 //   eps, before RoPE), q spec (9), k spec (9), v spec (9), o spec (9), past i64, n_heads i64, eps f32,
 //   scaling f32, rope_scale f32, window i64 -> out f32 [B, T, H] (may alias x)
+template <bool BF16>
 int attention_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   enum { X, POS, MASK, KC, VC, NORM, INVF, QNORM, KNORM, QS, KS = QS + kSpec, VS = KS + kSpec, OS = VS + kSpec,
@@ -487,8 +523,8 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   const int64_t QD = s.Hq * s.D, KD = s.KVH * s.D;
   Lin lq, lk, lv, lo;
   int st;
-  if ((st = parse_lin(c, QS, QD, s.H, &lq)) || (st = parse_lin(c, KS, KD, s.H, &lk)) ||
-      (st = parse_lin(c, VS, KD, s.H, &lv)) || (st = parse_lin(c, OS, s.H, QD, &lo)))
+  if ((st = parse_lin(c, QS, QD, s.H, &lq, BF16)) || (st = parse_lin(c, KS, KD, s.H, &lk, BF16)) ||
+      (st = parse_lin(c, VS, KD, s.H, &lv, BF16)) || (st = parse_lin(c, OS, s.H, QD, &lo, BF16)))
     return st;
   if (R == 0 || s.H == 0) return OK;
   if (!c.params[X] || !c.params[POS] || !c.params[KC] || !c.params[VC] || !c.params[NORM] || !c.params[INVF] ||
@@ -538,6 +574,7 @@ int attention_entry(BNB_MS_AOT_ARGS) {
 
 // params: x f32 [..., H], norm_w (f32|f16|bf16) [H], gate spec (9), up spec (9), down spec (9), intermediate i64,
 //   eps f32 -> out f32 [..., H] (may alias x)
+template <bool BF16>
 int mlp_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   enum { X, NORM, GS, US = GS + kSpec, DS = US + kSpec, INTER = DS + kSpec, EPS, OUT, NPARAM };
@@ -551,7 +588,7 @@ int mlp_entry(BNB_MS_AOT_ARGS) {
   if (c.numel(NORM) != H || c.numel(OUT) != R * H) return E_SHAPE;
   Lin lg, lu, ld;
   int st;
-  if ((st = parse_lin(c, GS, I, H, &lg)) || (st = parse_lin(c, US, I, H, &lu)) || (st = parse_lin(c, DS, H, I, &ld)))
+  if ((st = parse_lin(c, GS, I, H, &lg, BF16)) || (st = parse_lin(c, US, I, H, &lu, BF16)) || (st = parse_lin(c, DS, H, I, &ld, BF16)))
     return st;
   if (R == 0 || H == 0) return OK;
   if (!c.params[X] || !c.params[NORM] || !c.params[OUT]) return E_NULL;
@@ -576,6 +613,7 @@ int mlp_entry(BNB_MS_AOT_ARGS) {
 }
 
 // params: x f32 [..., K], spec (9), n_out i64 -> out f32 [..., N]
+template <bool BF16>
 int linear_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   enum { X, S, NOUT = S + kSpec, OUT, NPARAM };
@@ -587,7 +625,7 @@ int linear_entry(BNB_MS_AOT_ARGS) {
   const int64_t K = c.cols(X), M = c.rows(X);
   if (c.numel(OUT) != M * N) return E_SHAPE;
   Lin l;
-  if (int st = parse_lin(c, S, N, K, &l)) return st;
+  if (int st = parse_lin(c, S, N, K, &l, BF16)) return st;
   if (M * N == 0) return OK;
   if (!c.params[X] || !c.params[OUT]) return E_NULL;
   apply_lin(l, c.ptr<float>(X), c.ptr<float>(OUT), M);
@@ -615,7 +653,11 @@ int rms_norm_entry(BNB_MS_AOT_ARGS) {
 }  // namespace bnb_ms
 
 #define BNB_MS_FWD(...) return __VA_ARGS__(nparam, params, ndims, shapes, dtypes, stream, extra)
-BNB_MS_EXPORT int cdecoder_attention_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::attention_entry); }
-BNB_MS_EXPORT int cdecoder_mlp_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::mlp_entry); }
-BNB_MS_EXPORT int cdecoder_linear_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear_entry); }
+BNB_MS_EXPORT int cdecoder_attention_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::attention_entry<false>); }
+BNB_MS_EXPORT int cdecoder_mlp_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::mlp_entry<false>); }
+BNB_MS_EXPORT int cdecoder_linear_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear_entry<false>); }
+// The same three with a 4-bit weight's prefill (more than 8 rows) computed in bf16 (gemm_rows_bf16).
+BNB_MS_EXPORT int cdecoder_attention_fp32_bf16dot(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::attention_entry<true>); }
+BNB_MS_EXPORT int cdecoder_mlp_fp32_bf16dot(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::mlp_entry<true>); }
+BNB_MS_EXPORT int cdecoder_linear_fp32_bf16dot(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear_entry<true>); }
 BNB_MS_EXPORT int crms_norm_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::rms_norm_entry); }

@@ -28,6 +28,7 @@
 
 #include "aot.h"
 #include "checks/fourbit.h"
+#include "cpu/bf16_round.h"
 #include "cpu/cpu_features.h"
 #include "cpu/linear_kernels.h"
 #include "cpu/parallel.h"
@@ -576,6 +577,49 @@ void gemv4_parallel_rows(int64_t N, int64_t K, F &&f) {
   parallel_for_dynamic(N, chunk, f);
 }
 
+// Double-quant absmax of blocks [b0, b1): dst[b - b0] = code2[q[b]] * absmax2[b / bs2] + offset (an fp32
+// multiply, then an fp32 add: the library is built with -ffp-contract=off, so every level rounds twice,
+// exactly as dequantize_blockwise + "+ offset" does).  Runs of one absmax2 block at a time (no division per
+// block); AVX-512 / AVX2 gather 16 / 8 code2 entries at once.
+BNB_MS_TARGET_AVX512 void nested_absmax_avx512(const uint8_t *q, const float *code2, const float *absmax2,
+                                               float offset, int64_t bs2, int64_t b0, int64_t b1, float *dst) {
+  const __m512 off = _mm512_set1_ps(offset);
+  for (int64_t b = b0; b < b1;) {
+    const int64_t j = b / bs2, e = std::min(b1, (j + 1) * bs2);
+    const float s = absmax2[j];
+    const __m512 vs = _mm512_set1_ps(s);
+    for (; b + 16 <= e; b += 16) {
+      const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + b)));
+      _mm512_storeu_ps(dst + (b - b0), _mm512_add_ps(_mm512_mul_ps(_mm512_i32gather_ps(idx, code2, 4), vs), off));
+    }
+    for (; b < e; ++b) dst[b - b0] = code2[q[b]] * s + offset;
+  }
+}
+
+BNB_MS_TARGET_AVX2 void nested_absmax_avx2(const uint8_t *q, const float *code2, const float *absmax2, float offset,
+                                           int64_t bs2, int64_t b0, int64_t b1, float *dst) {
+  const __m256 off = _mm256_set1_ps(offset);
+  for (int64_t b = b0; b < b1;) {
+    const int64_t j = b / bs2, e = std::min(b1, (j + 1) * bs2);
+    const float s = absmax2[j];
+    const __m256 vs = _mm256_set1_ps(s);
+    for (; b + 8 <= e; b += 8) {
+      const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + b)));
+      _mm256_storeu_ps(dst + (b - b0), _mm256_add_ps(_mm256_mul_ps(_mm256_i32gather_ps(code2, idx, 4), vs), off));
+    }
+    for (; b < e; ++b) dst[b - b0] = code2[q[b]] * s + offset;
+  }
+}
+
+void nested_absmax_scalar(const uint8_t *q, const float *code2, const float *absmax2, float offset, int64_t bs2,
+                          int64_t b0, int64_t b1, float *dst) {
+  for (int64_t b = b0; b < b1;) {
+    const int64_t j = b / bs2, e = std::min(b1, (j + 1) * bs2);
+    const float s = absmax2[j];
+    for (; b < e; ++b) dst[b - b0] = code2[q[b]] * s + offset;
+  }
+}
+
 // absmax of a 4-bit weight: fp32 per block, or (double quant, QLoRA's nested statistics) uint8 codes
 // of a 256-entry code with fp32 absmax2 per bs2 blocks and an fp32 offset: the value of block b is
 // code2[q[b]] * absmax2[b / bs2] + offset, in fp32, which is exactly what dequantize_blockwise followed by
@@ -603,7 +647,9 @@ struct Absmax4 {
     return a;
   }
   void decode(int64_t b0, int64_t b1, float *dst) const {
-    for (int64_t b = b0; b < b1; ++b) dst[b - b0] = code2[q[b]] * absmax2[b / bs2] + offset;
+    if (has_avx512()) nested_absmax_avx512(q, code2, absmax2, offset, bs2, b0, b1, dst);
+    else if (has_avx2()) nested_absmax_avx2(q, code2, absmax2, offset, bs2, b0, b1, dst);
+    else nested_absmax_scalar(q, code2, absmax2, offset, bs2, b0, b1, dst);
   }
   // The fp32 scales of the blocks that weight rows [n0, n1) touch: the array itself, or (nested) those blocks
   // decoded into this thread's buffer.  *off is the first block the returned pointer holds.
@@ -863,6 +909,47 @@ BNB_MS_TARGET_AVX512 void dot_rows_avx512(const float *w, const float *x, int64_
   }
 }
 
+// kW decoded weight rows (w + j * K16) against every padded A row: r[m * kW + j].  Tiles of kW weight rows x 6
+// A rows (24 zmm accumulators, 4 + 6 loads per 24 fmas; dot_rows_avx512 does 1 x 8 with 9 loads per 8); each
+// (row, m) is the same 16-lane chain as dot_rows_*, so the bits do not change.
+constexpr int kW = 4;
+
+template <int MR>
+BNB_MS_TARGET_AVX512 BNB_MS_INLINE void dot_tile4_avx512(const float *w, const float *x, int64_t m, int64_t K16,
+                                                         float *r) {
+  __m512 a[kW][MR];
+#pragma GCC unroll 4
+  for (int j = 0; j < kW; ++j)
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) a[j][i] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K16; k += kLanes) {
+    __m512 wv[kW];
+#pragma GCC unroll 4
+    for (int j = 0; j < kW; ++j) wv[j] = _mm512_loadu_ps(w + j * K16 + k);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + (m + i) * K16 + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < kW; ++j) a[j][i] = _mm512_fmadd_ps(wv[j], xv, a[j][i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < kW; ++j) r[(m + i) * kW + j] = reduce16_avx512(a[j][i]);
+}
+
+BNB_MS_TARGET_AVX512 void dot_rows4_avx512(const float *w, const float *x, int64_t M, int64_t K16, float *r) {
+  int64_t m = 0;
+  for (; m + 6 <= M; m += 6) dot_tile4_avx512<6>(w, x, m, K16, r);
+  switch (M - m) {
+    case 5: dot_tile4_avx512<5>(w, x, m, K16, r); break;
+    case 4: dot_tile4_avx512<4>(w, x, m, K16, r); break;
+    case 3: dot_tile4_avx512<3>(w, x, m, K16, r); break;
+    case 2: dot_tile4_avx512<2>(w, x, m, K16, r); break;
+    case 1: dot_tile4_avx512<1>(w, x, m, K16, r); break;
+    default: break;
+  }
+}
+
 template <class T>
 void gemm4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out, int64_t M,
            int64_t N, int64_t K, int64_t bs) {
@@ -877,9 +964,18 @@ void gemm4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, 
     static thread_local std::vector<float> wrow, res;
     int64_t off;
     const float *am = amx.rows(n0, n1, K, bs, &off);
-    wrow.resize((size_t)K16);
-    res.resize((size_t)M);
-    for (int64_t n = n0; n < n1; ++n) {
+    wrow.resize((size_t)(kW * K16));
+    res.resize((size_t)(kW * M));
+    int64_t n = n0;
+    if (lvl >= SimdLevel::avx512) {
+      for (; n + kW <= n1; n += kW) {
+        for (int j = 0; j < kW; ++j) decode_row_avx512(code, q, am, off, n + j, K, K16, bs, wrow.data() + j * K16);
+        dot_rows4_avx512(wrow.data(), xp, M, K16, res.data());
+        for (int64_t m = 0; m < M; ++m)
+          for (int j = 0; j < kW; ++j) out[m * N + n + j] = with_bias(from_f32<T>(res[m * kW + j]), bias, n + j);
+      }
+    }
+    for (; n < n1; ++n) {
       if (lvl >= SimdLevel::avx512) {
         decode_row_avx512(code, q, am, off, n, K, K16, bs, wrow.data());
         dot_rows_avx512(wrow.data(), xp, M, K16, res.data());
@@ -922,16 +1018,8 @@ void gemm4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, 
 // the two bf16 output roundings and the bias add; tests/test_linear4bit_bf16.py checks it).
 // The path is chosen on the CPU feature: AVX512-BF16 kernel where the CPU has it and the SIMD level is
 // avx512, the portable one otherwise (BNB_MS_SIMD=scalar|avx2 therefore changes the kernel, not the bits).
-BNB_MS_INLINE uint16_t bf16_flush(uint16_t h) { return (h & 0x7f80u) == 0 ? (uint16_t)(h & 0x8000u) : h; }
-BNB_MS_INLINE uint16_t to_bf16_flushed(float f) { return bf16_flush(f32_to_bf16(f)); }
-BNB_MS_INLINE float ftz32(float r) { return std::fabs(r) < 1.17549435e-38f ? std::copysign(0.0f, r) : r; }
-
 constexpr int kChunk = 32;  // bf16 elements per vdpbf16ps (16 lanes x 2)
 constexpr int kRowGroup = 8;  // weight rows decoded together (their chains interleave)
-
-bool bf16dot_native() {
-  return (cpu_features() & CPU_AVX512BF16) && simd_level() >= SimdLevel::avx512;
-}
 
 // The 16-entry table of one block.
 BNB_MS_INLINE void bf16_table(const float *code, float sc, uint16_t *t) {
@@ -968,22 +1056,6 @@ void dot_rows_bf16_portable(const uint16_t *const *w, int R, const uint16_t *x, 
       r[m * kRowGroup + j] = lanes_reduce(a);
     }
   }
-}
-
-#define BNB_MS_TARGET_AVX512BF16 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
-
-// 16 fp32 -> 16 flushed bf16 (the integer form of to_bf16_flushed), dword i = t[i] | t[i] << 16: the table
-// of vpermw with index 2 * nibble (+ 1: either word), so building the index needs no mask.
-BNB_MS_TARGET_AVX512BF16 BNB_MS_INLINE __m512i bf16_flushed16(__m512 v) {
-  const __m512i b = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
-  const __mmask16 den = _mm512_testn_epi32_mask(r, _mm512_set1_epi32(0x7f80));
-  r = _mm512_mask_and_epi32(r, den, r, _mm512_set1_epi32(0x8000));
-  return _mm512_or_si512(r, _mm512_slli_epi32(r, 16));
 }
 
 BNB_MS_TARGET_AVX512BF16 void decode_row_bf16_avx512(const float *code, const uint8_t *q, const float *am,

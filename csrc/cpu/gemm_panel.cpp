@@ -3,10 +3,12 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "cpu/bf16_round.h"
 #include "cpu/cpu_features.h"
 
 namespace bnb_ms {
@@ -77,10 +79,68 @@ BNB_MS_TARGET_AVX2 void tile_avx2(const float *A, int64_t lda, int64_t mr, const
   for (int64_t i = 0; i < mr; ++i) store_row(acc[i], bias, nc, C + i * ldc);
 }
 
+// AVX-512: rows [0, mr) of an 8-row tile (A must have 8 readable rows) against NP consecutive panels (the
+// last may be short: ncl columns); one zmm per panel row, the same chains as the AVX2 tile.
+constexpr int kMR16 = 8, kNP16 = 3;
+
+template <int NP>
+BNB_MS_TARGET_AVX512 void tile_avx512(const float *A, int64_t lda, int64_t mr, const float *P, int64_t pstride,
+                                      int64_t K, int ncl, const float *bias, float *C, int64_t ldc) {
+  __m512 acc[kMR16][NP];
+#pragma GCC unroll 8
+  for (int i = 0; i < kMR16; ++i)
+#pragma GCC unroll 3
+    for (int q = 0; q < NP; ++q) acc[i][q] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    __m512 b[NP];
+#pragma GCC unroll 3
+    for (int q = 0; q < NP; ++q) b[q] = _mm512_loadu_ps(P + q * pstride + k * kPanel);
+#pragma GCC unroll 8
+    for (int i = 0; i < kMR16; ++i) {
+      const __m512 a = _mm512_set1_ps(A[i * lda + k]);
+#pragma GCC unroll 3
+      for (int q = 0; q < NP; ++q) acc[i][q] = _mm512_fmadd_ps(a, b[q], acc[i][q]);
+    }
+  }
+  alignas(64) float row[kPanel];
+  for (int64_t i = 0; i < mr; ++i)
+    for (int q = 0; q < NP; ++q) {
+      _mm512_store_ps(row, acc[i][q]);
+      store_row(row, bias ? bias + q * kPanel : nullptr, q == NP - 1 ? ncl : kPanel, C + i * ldc + q * kPanel);
+    }
+}
+
+BNB_MS_TARGET_AVX512 void gemm_f32_avx512(const float *A, int64_t lda, int64_t M, const float *P, int64_t pstride,
+                                          int64_t K, int64_t N, const float *bias, float *C, int64_t ldc) {
+  static thread_local std::vector<float> tail;  // the last < 8 rows of A, zero-padded to 8
+  const int64_t npan = (N + kPanel - 1) / kPanel;
+  for (int64_t m = 0; m < M; m += kMR16) {
+    const int64_t mr = M - m < kMR16 ? M - m : kMR16;
+    const float *a = A + m * lda;
+    int64_t la = lda;
+    if (mr < kMR16) {
+      tail.assign((size_t)(kMR16 * K), 0.0f);
+      for (int64_t i = 0; i < mr; ++i) std::memcpy(tail.data() + i * K, a + i * lda, sizeof(float) * (size_t)K);
+      a = tail.data();
+      la = K;
+    }
+    for (int64_t q = 0; q < npan; q += kNP16) {
+      const int np = (int)(npan - q < kNP16 ? npan - q : kNP16);
+      const int ncl = (int)std::min<int64_t>(kPanel, N - (q + np - 1) * kPanel);
+      const float *pp = P + q * pstride, *b = bias ? bias + q * kPanel : nullptr;
+      float *c = C + m * ldc + q * kPanel;
+      if (np == 3) tile_avx512<3>(a, la, mr, pp, pstride, K, ncl, b, c, ldc);
+      else if (np == 2) tile_avx512<2>(a, la, mr, pp, pstride, K, ncl, b, c, ldc);
+      else tile_avx512<1>(a, la, mr, pp, pstride, K, ncl, b, c, ldc);
+    }
+  }
+}
+
 }  // namespace
 
 void gemm_panel_f32(const float *A, int64_t lda, int64_t M, const float *P, int64_t pstride, int64_t K, int64_t N,
                     const float *bias, float *C, int64_t ldc) {
+  if (has_avx512()) return gemm_f32_avx512(A, lda, M, P, pstride, K, N, bias, C, ldc);
   const bool avx2 = has_avx2();
   static thread_local std::vector<float> tail;  // the last < 6 rows of A, zero-padded to 6 (AVX2 tile)
   for (int64_t m = 0; m < M; m += kMR) {
@@ -117,6 +177,139 @@ void pack_panel_cols(const float *V, int64_t ldv, int64_t K, int nc, float *P) {
     std::memcpy(p, V + k * ldv, sizeof(float) * (size_t)nc);
     for (int j = nc; j < kPanel; ++j) p[j] = 0.0f;
   }
+}
+
+// ---- bf16 dot-product variant ------------------------------------------------------------------------
+namespace {
+
+constexpr int kMR2 = 8;  // rows of A2 per tile (AVX512-BF16: 8 x 3 accumulators + 3 panel rows = 27 zmm)
+constexpr int kNP2 = 3;  // panels per tile
+
+BNB_MS_INLINE float bf16_lo(uint32_t d) { return bf16_to_f32((uint16_t)(d & 0xffffu)); }
+BNB_MS_INLINE float bf16_hi(uint32_t d) { return bf16_to_f32((uint16_t)(d >> 16)); }
+
+void tile_bf16_portable(const uint32_t *A2, int64_t lda2, int64_t mr, const uint32_t *P2, int64_t K2, int nc,
+                        const float *bias, float *C, int64_t ldc) {
+  for (int64_t i = 0; i < mr; ++i) {
+    float acc[kPanel] = {0};
+    const uint32_t *a = A2 + i * lda2;
+    for (int64_t p = 0; p < K2; ++p) {
+      const float xh = bf16_hi(a[p]), xl = bf16_lo(a[p]);
+      for (int j = 0; j < kPanel; ++j) {
+        const uint32_t w = P2[p * kPanel + j];
+        acc[j] = ftz32(std::fma(bf16_hi(w), xh, acc[j]));
+        acc[j] = ftz32(std::fma(bf16_lo(w), xl, acc[j]));
+      }
+    }
+    store_row(acc, bias, nc, C + i * ldc);
+  }
+}
+
+// Rows [0, mr) (mr <= 8; A2 must have 8 readable rows) against NP consecutive panels (the last may be short:
+// ncl columns).  Loops over constants, fully unrolled: the 8 x NP accumulators stay in registers.
+template <int NP>
+BNB_MS_TARGET_AVX512BF16 void tile_bf16_avx512(const uint32_t *A2, int64_t lda2, int64_t mr, const uint32_t *P2,
+                                               int64_t pstride2, int64_t K2, int ncl, const float *bias, float *C,
+                                               int64_t ldc) {
+  __m512 acc[kMR2][NP];
+#pragma GCC unroll 8
+  for (int i = 0; i < kMR2; ++i)
+#pragma GCC unroll 3
+    for (int q = 0; q < NP; ++q) acc[i][q] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < K2; ++p) {
+    __m512bh b[NP];
+#pragma GCC unroll 3
+    for (int q = 0; q < NP; ++q) b[q] = (__m512bh)_mm512_loadu_si512(P2 + q * pstride2 + p * kPanel);
+#pragma GCC unroll 8
+    for (int i = 0; i < kMR2; ++i) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32((int)A2[i * lda2 + p]);
+#pragma GCC unroll 3
+      for (int q = 0; q < NP; ++q) acc[i][q] = _mm512_dpbf16_ps(acc[i][q], a, b[q]);
+    }
+  }
+  alignas(64) float row[kPanel];
+  for (int64_t i = 0; i < mr; ++i)
+    for (int q = 0; q < NP; ++q) {
+      const int nc = q == NP - 1 ? ncl : kPanel;
+      _mm512_store_ps(row, acc[i][q]);
+      store_row(row, bias ? bias + q * kPanel : nullptr, nc, C + i * ldc + q * kPanel);
+    }
+}
+
+BNB_MS_TARGET_AVX512BF16 void gemm_bf16_avx512(const uint32_t *A2, int64_t lda2, int64_t M, const uint32_t *P2,
+                                               int64_t pstride2, int64_t K2, int64_t N, const float *bias, float *C,
+                                               int64_t ldc) {
+  static thread_local std::vector<uint32_t> tail;  // the last < 8 rows of A2, zero-padded to 8
+  const int64_t npan = (N + kPanel - 1) / kPanel;
+  for (int64_t m = 0; m < M; m += kMR2) {
+    const int64_t mr = M - m < kMR2 ? M - m : kMR2;
+    const uint32_t *a = A2 + m * lda2;
+    int64_t la = lda2;
+    if (mr < kMR2) {
+      tail.assign((size_t)(kMR2 * K2), 0u);
+      for (int64_t i = 0; i < mr; ++i) std::memcpy(tail.data() + i * K2, a + i * lda2, sizeof(uint32_t) * (size_t)K2);
+      a = tail.data();
+      la = K2;
+    }
+    for (int64_t q = 0; q < npan; q += kNP2) {
+      const int np = (int)(npan - q < kNP2 ? npan - q : kNP2);
+      const int64_t n = q * kPanel;
+      const int ncl = (int)std::min<int64_t>(kPanel, N - (q + np - 1) * kPanel);
+      const uint32_t *pp = P2 + q * pstride2;
+      const float *b = bias ? bias + n : nullptr;
+      float *c = C + m * ldc + n;
+      if (np == 3) tile_bf16_avx512<3>(a, la, mr, pp, pstride2, K2, ncl, b, c, ldc);
+      else if (np == 2) tile_bf16_avx512<2>(a, la, mr, pp, pstride2, K2, ncl, b, c, ldc);
+      else tile_bf16_avx512<1>(a, la, mr, pp, pstride2, K2, ncl, b, c, ldc);
+    }
+  }
+}
+
+// K fp32 -> K flushed bf16 words, zero-padded to an even count (one row of pairs: dword p = (x[2p], x[2p+1])).
+BNB_MS_TARGET_AVX512BF16 void round_row_avx512(const float *x, int64_t K, uint16_t *d) {
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16)
+    _mm256_storeu_si256((__m256i *)(d + k), _mm512_cvtepi32_epi16(bf16_flushed16(_mm512_loadu_ps(x + k))));
+  for (; k < K; ++k) d[k] = to_bf16_flushed(x[k]);
+  if (K & 1) d[K] = 0;
+}
+
+void round_row(const float *x, int64_t K, uint16_t *d) {
+  if (bf16dot_native()) return round_row_avx512(x, K, d);
+  for (int64_t k = 0; k < K; ++k) d[k] = to_bf16_flushed(x[k]);
+  if (K & 1) d[K] = 0;
+}
+
+}  // namespace
+
+void gemm_panel_bf16(const uint32_t *A2, int64_t lda2, int64_t M, const uint32_t *P2, int64_t pstride2, int64_t K2,
+                     int64_t N, const float *bias, float *C, int64_t ldc) {
+  if (bf16dot_native()) return gemm_bf16_avx512(A2, lda2, M, P2, pstride2, K2, N, bias, C, ldc);
+  for (int64_t m = 0; m < M; m += kMR2) {
+    const int64_t mr = M - m < kMR2 ? M - m : kMR2;
+    for (int64_t n = 0; n < N; n += kPanel) {
+      const int nc = (int)(N - n < kPanel ? N - n : kPanel);
+      tile_bf16_portable(A2 + m * lda2, lda2, mr, P2 + n / kPanel * pstride2, K2, nc, bias ? bias + n : nullptr,
+                         C + m * ldc + n, ldc);
+    }
+  }
+}
+
+void pack_panel_rows_bf16(const float *W, int64_t ldw, int64_t K, int nc, uint32_t *P2) {
+  const int64_t K2 = (K + 1) / 2;
+  static thread_local std::vector<uint32_t> rows;  // the nc rows as pairs, then transposed into the panel
+  rows.resize((size_t)(kPanel * K2));
+  for (int j = 0; j < nc; ++j) round_row(W + j * ldw, K, reinterpret_cast<uint16_t *>(rows.data() + j * K2));
+  for (int64_t p = 0; p < K2; ++p) {
+    uint32_t *d = P2 + p * kPanel;
+    for (int j = 0; j < nc; ++j) d[j] = rows[j * K2 + p];
+    for (int j = nc; j < kPanel; ++j) d[j] = 0u;
+  }
+}
+
+void pack_rows_bf16(const float *X, int64_t ldx, int64_t M, int64_t K, uint32_t *A2) {
+  const int64_t K2 = (K + 1) / 2;
+  for (int64_t m = 0; m < M; ++m) round_row(X + m * ldx, K, reinterpret_cast<uint16_t *>(A2 + m * K2));
 }
 
 }  // namespace bnb_ms

@@ -1,0 +1,178 @@
+"""The fused decoder's 4-bit prefill in bf16 (``cdecoder_*_fp32_bf16dot``; csrc/cpu/gemm_panel.h's bf16 variant):
+
+* a 4-bit linear of more than 8 rows gives the bytes of its numpy twin (_reference.gemm_bf16_pairs: x and the
+  dequantized weight rounded to bf16, pairs accumulated as vdpbf16ps does), within the documented bound of the
+  exact path; up to 8 rows, and every weight that is not 4-bit (fp32/fp16/bf16, int8), the exact entry's bytes;
+* the same bytes at every SIMD level (vdpbf16ps and the portable kernel);
+* the switch: ``set_bf16_dot`` / ``BNB_MS_4BIT_BF16_DOT`` -- ``auto`` computes the prefill in bf16 exactly where
+  the CPU has AVX512-BF16 (as upstream's CPU 4-bit layers do there), ``exact`` never, ``on`` always;
+* small random models of the four families: the fused model with bf16 prefill gives the unfused quantized
+  model's greedy tokens, logits within BF16_PREFILL_LOGIT_BOUND x max|logit|.
+"""
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+
+ms.set_device("CPU")
+import mindnlp  # noqa: E402,F401
+import torch  # noqa: E402
+
+from bitsandbytes_ms import _hostcall as HC  # noqa: E402
+from bitsandbytes_ms import _reference as R  # noqa: E402
+from bitsandbytes_ms import cextension  # noqa: E402
+from bitsandbytes_ms import functional as F  # noqa: E402
+from bitsandbytes_ms.integrations import fuse, unfuse  # noqa: E402
+from bitsandbytes_ms.integrations import fused as FU  # noqa: E402
+from test_fused_decoder import IDS, MASK, _cfg, _check_close, _fused_outputs, _model, _outputs, _spec  # noqa: E402
+
+#: fused with bf16 prefill vs the unfused quantized model (exact fp32 compute), max|dlogit| / max|logit| over the
+#: prompt and every generated step; measured 1.6e-3 .. 2.3e-3 on these models (decode steps are exact: only the
+#: 24-row prompt runs in bf16, and its KV cache carries the rounding into the later steps)
+BF16_PREFILL_LOGIT_BOUND = 1e-2
+
+EXACT, DOT = HC.entry("cdecoder_linear_fp32"), HC.entry("cdecoder_linear_fp32_bf16dot")
+
+
+@pytest.fixture
+def dot_mode():
+    """Sets set_bf16_dot for one test; afterwards the environment's choice is read again."""
+    yield F.set_bf16_dot
+    F.set_bf16_dot(None)
+
+
+def _bound(x, spec, N, K):
+    """The documented bound (gemm_panel.h) per output: (2^-7 + 2^-16 + K 2^-23) * sum_k |x_k w_k|."""
+    S = np.abs(x.astype(np.float64)) @ np.abs(R.linear_spec_weight(spec, N, K).astype(np.float64)).T
+    return (2.0 ** -7 + 2.0 ** -16 + K * 2.0 ** -23) * S
+
+
+@pytest.mark.parametrize("mode", ["nf4", "fp4", "dq"])
+@pytest.mark.parametrize("M, N, K", [(9, 40, 64), (13, 33, 77), (40, 100, 130), (17, 7, 31), (64, 49, 192)])
+def test_bf16_prefill_linear_is_its_twin(mode, M, N, K):
+    rng = np.random.RandomState(M * N + K)
+    spec = _spec(rng, N, K, mode, bias=True)
+    x = (rng.randn(M, K) * 2).astype(np.float32)
+    got, exact = np.empty((M, N), np.float32), np.empty((M, N), np.float32)
+    DOT(x, *spec, N, got)
+    EXACT(x, *spec, N, exact)
+    np.testing.assert_array_equal(got, R.gemm_bf16_pairs(x, R.linear_spec_weight(spec, N, K), spec[6]))
+    assert not np.array_equal(got, exact)  # it really is another computation
+    assert np.all(np.abs(got - exact) <= _bound(x, spec, N, K))
+
+
+@pytest.mark.parametrize("mode, M", [("nf4", 1), ("dq", 8), ("fp32", 13), ("fp16", 40), ("bf16", 13),
+                                     ("int8", 13), ("int8-t6", 40)])
+def test_bf16_prefill_leaves_decode_rows_and_other_weights_exact(mode, M):
+    """Up to 8 rows a 4-bit linear runs the GEMV kernel (the unfused layer's bits); fp32/fp16/bf16 and int8
+    weights run as in the exact entry at every row count."""
+    rng = np.random.RandomState(5)
+    N, K = 48, 96
+    spec = _spec(rng, N, K, mode, bias=True)
+    x = (rng.randn(M, K) * (8 if mode == "int8-t6" else 1)).astype(np.float32)
+    got, exact = np.empty((M, N), np.float32), np.empty((M, N), np.float32)
+    DOT(x, *spec, N, got)
+    EXACT(x, *spec, N, exact)
+    np.testing.assert_array_equal(got, exact)
+
+
+def test_bf16_prefill_layer_halves_decode_exact_prefill_bounded():
+    """The decoder halves through the bf16dot entries: one token (decode) gives the exact entries' bytes; a
+    13-token prompt stays within a bf16-sized distance of them."""
+    rng = np.random.RandomState(2)
+    B, H, Hq, KVH, D, I, past, Smax = 2, 64, 4, 2, 16, 96, 3, 24
+    q, k, v = (_spec(rng, n, H, "nf4", True) for n in (Hq * D, KVH * D, KVH * D))
+    o = _spec(rng, H, Hq * D, "nf4")
+    g, u, d = _spec(rng, I, H, "dq"), _spec(rng, I, H, "dq"), _spec(rng, H, I, "dq", True)
+    nw = (1 + 0.1 * rng.randn(H)).astype(np.float32)
+    invf = (1.0 / (10000 ** (np.arange(0, D, 2) / D))).astype(np.float32)
+    for T in (1, 13):
+        x = rng.randn(B, T, H).astype(np.float32)
+        pos = (np.arange(T)[None] + past + np.array([[0], [-2]])).astype(np.int64)
+        mask = np.ones((B, past + T), np.uint8)
+        mask[1, :2] = 0
+        kc = rng.randn(B, KVH, Smax, D).astype(np.float32)
+        vc = rng.randn(B, KVH, Smax, D).astype(np.float32)
+        res = {}
+        for name in ("cdecoder_attention_fp32", "cdecoder_attention_fp32_bf16dot"):
+            kk, vv, out = kc.copy(), vc.copy(), np.empty_like(x)
+            HC.entry(name)(x, pos, mask, kk, vv, nw, invf, None, None, *q, *k, *v, *o, past, Hq, 1e-5, D ** -0.5,
+                           1.0, 0, out)
+            mo = np.empty_like(x)
+            HC.entry(name.replace("attention", "mlp"))(out, nw, *g, *u, *d, I, 1e-5, mo)
+            res[name] = (out, kk, vv, mo)
+        ex, dot = res["cdecoder_attention_fp32"], res["cdecoder_attention_fp32_bf16dot"]
+        for a, b in zip(ex, dot):
+            if T == 1:
+                np.testing.assert_array_equal(b, a)
+            else:
+                assert np.abs(b - a).max() <= 2e-2 * np.abs(a).max()
+        if T == 13:
+            assert not np.array_equal(ex[3], dot[3])
+
+
+def test_bf16_prefill_simd_levels_agree():
+    """vdpbf16ps (AVX512-BF16 at the avx512 level) and the portable kernel (BNB_MS_SIMD=avx2 / scalar) give the
+    same bytes: 4-bit linears of odd and even K, short row tails and column tails, the decoder halves."""
+    from simd_levels import assert_levels_agree
+
+    here = __import__("os").path.dirname(__file__)
+    code = (
+        f"import sys; sys.path.insert(0, {here!r}); import hashlib, numpy as np;"
+        "import test_fused_decoder as t; from bitsandbytes_ms import cextension as c, _hostcall as HC;"
+        "h = hashlib.sha256(); rng = np.random.RandomState(4); lin = HC.entry('cdecoder_linear_fp32_bf16dot')"
+        "\nfor mode, M, N, K in (('nf4', 9, 40, 64), ('fp4', 23, 57, 77), ('dq', 40, 100, 130), ('nf4', 17, 7, 31)):"
+        "\n  spec = t._spec(rng, N, K, mode, True); x = (rng.randn(M, K) * 3).astype(np.float32)"
+        "\n  x[0, :3] = (1e-39, -1e-39, 3e38)  # an fp32 denormal (a flushed bf16 input) and a large value"
+        "\n  out = np.empty((M, N), np.float32); lin(x, *spec, N, out); h.update(out.tobytes())"
+        "\nB, T, H, Hq, KVH, D, I, past, Smax = 2, 13, 64, 4, 2, 16, 96, 3, 24"
+        "\nq, k, v, o = (t._spec(rng, n, kk, 'nf4', True) for n, kk in ((Hq*D, H), (KVH*D, H), (KVH*D, H), (H, Hq*D)))"
+        "\nx = rng.randn(B, T, H).astype(np.float32); pos = (np.arange(T)[None] + past + np.array([[0], [-2]])).astype(np.int64)"
+        "\nmask = np.ones((B, past + T), np.uint8); mask[1, :2] = 0"
+        "\nkc, vc = rng.randn(B, KVH, Smax, D).astype(np.float32), rng.randn(B, KVH, Smax, D).astype(np.float32)"
+        "\nnw = (1 + 0.1 * rng.randn(H)).astype(np.float32); invf = (1.0 / (10000 ** (np.arange(0, D, 2) / D))).astype(np.float32)"
+        "\nout = np.empty_like(x)"
+        "\nHC.entry('cdecoder_attention_fp32_bf16dot')(x, pos, mask, kc, vc, nw, invf, None, None, *q, *k, *v, *o, past, Hq, 1e-5, D ** -0.5, 1.0, 0, out)"
+        "\ng, u, d = t._spec(rng, I, H, 'dq'), t._spec(rng, I, H, 'dq'), t._spec(rng, H, I, 'dq', True)"
+        "\nmo = np.empty_like(x); HC.entry('cdecoder_mlp_fp32_bf16dot')(out, nw, *g, *u, *d, I, 1e-5, mo)"
+        "\nfor a in (out, kc, vc, mo): h.update(np.ascontiguousarray(a).tobytes())"
+        "\nprint(c.simd_level(), h.hexdigest())"
+    )
+    assert_levels_agree(code)
+
+
+def test_bf16_prefill_switch(dot_mode):
+    """auto: bf16 prefill exactly where the CPU has AVX512-BF16; exact: never; on: always (any CPU: the portable
+    kernel without the instruction). Read by the fused forward at every call."""
+    m = _model(_cfg("llama"))
+    assert fuse(m)
+    try:
+        def prompt_logits():
+            with torch.no_grad():
+                return m(torch.tensor(IDS), attention_mask=torch.tensor(MASK)).logits.asnumpy()
+
+        dot_mode("exact")
+        exact = prompt_logits()
+        dot_mode("on")
+        on = prompt_logits()
+        dot_mode("auto")
+        auto = prompt_logits()
+    finally:
+        unfuse(m)
+    assert not np.array_equal(on, exact)
+    has_bf16 = "avx512_bf16" in cextension.cpu_features()
+    np.testing.assert_array_equal(auto, on if has_bf16 else exact)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
+def test_fused_model_with_bf16_prefill_matches_unfused(family, dot_mode):
+    m = _model(_cfg(family), quant_type="fp4" if family == "mistral" else "nf4")
+    dot_mode("exact")
+    ref = _outputs(m)  # the unfused model (its > 32-row prompt: dequantize + fp32 matmul)
+    dot_mode("on")
+    n0 = FU.stats["fused_forwards"]
+    got = _fused_outputs(m)
+    assert FU.stats["fused_forwards"] > n0
+    err = _check_close(got, ref, BF16_PREFILL_LOGIT_BOUND, "fused (bf16 prefill) vs unfused")
+    assert err > 0  # the prompt really ran in bf16
