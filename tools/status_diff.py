@@ -82,19 +82,22 @@ def blockwise_ops():
 
 
 def op_table():
-    """bitsandbytes_ms/_ops.py, loaded on its own (no package import).  It imports only mindspore, for
-    dtype constants the entry point names do not need: a GPU host without MindSpore gets a stand-in."""
+    """bitsandbytes_ms/_ops.py, loaded without the package's __init__ (no mindnlp, no native library).  It imports
+    mindspore, for dtype constants the entry point names do not need (a GPU host without MindSpore gets a
+    stand-in), and the package's utils.py (the one dtype map; numpy and mindspore only): both modules are loaded
+    from the package directory under a bare package of their own, so _ops' relative import finds utils."""
     try:
         import mindspore  # noqa: F401
     except ImportError:
         stub = types.ModuleType("mindspore")
         stub.__getattr__ = lambda attr: f"mindspore.{attr}"
         sys.modules["mindspore"] = stub
-    spec = importlib.util.spec_from_file_location("bnb_ms_ops", ROOT / "bitsandbytes_ms" / "_ops.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    pkg = sys.modules.get("bnb_ms_ops_pkg")
+    if pkg is None:
+        pkg = types.ModuleType("bnb_ms_ops_pkg")
+        pkg.__path__ = [str(ROOT / "bitsandbytes_ms")]  # submodules come from there; its __init__ never runs
+        sys.modules[pkg.__name__] = pkg
+    return importlib.import_module("bnb_ms_ops_pkg._ops")
 
 
 def optim_ops():
