@@ -1654,11 +1654,10 @@ def op_names(path: str | None) -> list[str]:
     """Names of every row of bitsandbytes_ms/_ops.py: the table module loaded standalone (needs MindSpore),
     else a names file (one a line) generated where MindSpore is installed."""
     try:
-        spec = importlib.util.spec_from_file_location("bnb_ms_ops_table", ROOT / "bitsandbytes_ms" / "_ops.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["bnb_ms_ops_table"] = mod
-        spec.loader.exec_module(mod)
-        return [n for n, op in mod.OPS.items() if not getattr(op, "cpu_only", False)]
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from status_diff import op_table  # the one standalone loader of _ops.py (and the utils.py it imports)
+
+        return [n for n, op in op_table().OPS.items() if not getattr(op, "cpu_only", False)]
     except Exception as e:
         if not path:
             raise RuntimeError(f"_ops.py not loadable ({type(e).__name__}: {e}) and no --op-names file") from e
