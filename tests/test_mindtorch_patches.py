@@ -22,7 +22,7 @@ from bitsandbytes_ms.nn import Params4bit  # noqa: E402
 
 NAMES = ["mindtorch-cpu-isfinite", "mindtorch-cpu-equal-bf16", "mindtorch-cpu-isclose-bf16",
          "mindtorch-cpu-randint-dtype", "mindtorch-view-dtype", "mindtorch-isreal-device",
-         "mindtorch-torch-function-chunk", "mindtorch-torch-function-split"]
+         "mindtorch-torch-function-chunk", "mindtorch-torch-function-split", "mindtorch-isin"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -49,6 +49,25 @@ def test_patches_are_registered_and_documented():
     names = {p.name: p for p in registry.patches()}
     for n in NAMES:
         assert n in names and len(names[n].why) > 80 and registry.is_applied(n)
+
+
+@pytest.mark.parametrize("shape", [(), (1, 1), (49152,), (3, 5)])
+@pytest.mark.parametrize("test", [2, [7], [2, 7, 11], [], [[3], [4]]], ids=["int", "one", "three", "empty", "2d"])
+@pytest.mark.parametrize("invert", [False, True])
+def test_isin(shape, test, invert):
+    """torch.isin (generate's EOS check) gives np.isin's values in the elements' shape, bool, with or without the
+    patch (the patch is for speed: tests/test_fused_decoder.py's models run generate through it)."""
+    rng = np.random.RandomState(0)
+    el = rng.randint(0, 12, shape).astype(np.int64) if shape != (49152,) else np.arange(49152, dtype=np.int64)
+    t = test if isinstance(test, int) else torch.tensor(np.asarray(test, np.int64))
+    want = np.isin(el, np.asarray(test), invert=invert)
+    got = torch.isin(torch.tensor(el), t, invert=invert)
+    assert got.dtype == torch.bool and tuple(got.shape) == shape
+    np.testing.assert_array_equal(got.numpy(), want)
+    if test == []:
+        return  # (mindtorch's own isin fails on an empty test set)
+    with without("mindtorch-isin"):
+        np.testing.assert_array_equal(torch.isin(torch.tensor(el), t, invert=invert).numpy().reshape(shape), want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

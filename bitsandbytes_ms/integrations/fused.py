@@ -70,6 +70,7 @@ import mindspore as ms
 import numpy as np
 
 from .. import _hostcall
+from . import mindtorch_patches as _mindtorch_patches  # noqa: F401  (registers mindtorch-isin)
 from .. import functional as F
 from .patches import registry
 
@@ -92,7 +93,8 @@ FAMILIES = {
     "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3ForCausalLM"),
 }
 FUSED_PATCHES = [f"fused-{k}-causal-lm-forward" for k in FAMILIES] + [
-    "fused-cache-get-seq-length", "fused-cache-reorder", "fused-cache-crop", "fused-prepare-inputs"]
+    "fused-cache-get-seq-length", "fused-cache-reorder", "fused-cache-crop", "fused-prepare-inputs",
+    "mindtorch-isin"]  # (generate's EOS check at every step: integrations/mindtorch_patches.py)
 
 
 def set_enabled(flag: bool) -> bool:
