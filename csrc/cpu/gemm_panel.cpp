@@ -80,7 +80,8 @@ BNB_MS_TARGET_AVX2 void tile_avx2(const float *A, int64_t lda, int64_t mr, const
 }
 
 // AVX-512: rows [0, mr) of an 8-row tile (A must have 8 readable rows) against NP consecutive panels (the
-// last may be short: ncl columns); one zmm per panel row, the same chains as the AVX2 tile.
+// last may be short: ncl columns); one zmm per panel row, the same chains as the AVX2 tile.  (8 x 3
+// accumulators + 3 panel rows + 1 broadcast = 28 zmm; the bf16 tile below has the same shape.)
 constexpr int kMR16 = 8, kNP16 = 3;
 
 template <int NP>
@@ -110,30 +111,41 @@ BNB_MS_TARGET_AVX512 void tile_avx512(const float *A, int64_t lda, int64_t mr, c
     }
 }
 
-BNB_MS_TARGET_AVX512 void gemm_f32_avx512(const float *A, int64_t lda, int64_t M, const float *P, int64_t pstride,
-                                          int64_t K, int64_t N, const float *bias, float *C, int64_t ldc) {
-  static thread_local std::vector<float> tail;  // the last < 8 rows of A, zero-padded to 8
+// An 8-row tile against up to 3 panels (fp32 floats, or bf16 pairs as dwords): A, lda, mr, P, pstride, K
+// (elements per row), ncl (the last panel's columns), bias, C, ldc.
+template <class E>
+using Tile8 = void (*)(const E *, int64_t, int64_t, const E *, int64_t, int64_t, int, const float *, float *, int64_t);
+
+// The driver of the AVX-512 tiles: rows of A 8 at a time (the last < 8 copied zero-padded), panels 3 at a time;
+// tiles[np - 1] takes np panels.
+template <class E>
+void gemm_tiles8(const Tile8<E> *tiles, const E *A, int64_t lda, int64_t M, const E *P, int64_t pstride, int64_t K,
+                 int64_t N, const float *bias, float *C, int64_t ldc) {
+  static thread_local std::vector<E> tail;
   const int64_t npan = (N + kPanel - 1) / kPanel;
   for (int64_t m = 0; m < M; m += kMR16) {
     const int64_t mr = M - m < kMR16 ? M - m : kMR16;
-    const float *a = A + m * lda;
+    const E *a = A + m * lda;
     int64_t la = lda;
     if (mr < kMR16) {
-      tail.assign((size_t)(kMR16 * K), 0.0f);
-      for (int64_t i = 0; i < mr; ++i) std::memcpy(tail.data() + i * K, a + i * lda, sizeof(float) * (size_t)K);
+      tail.assign((size_t)(kMR16 * K), E(0));
+      for (int64_t i = 0; i < mr; ++i) std::memcpy(tail.data() + i * K, a + i * lda, sizeof(E) * (size_t)K);
       a = tail.data();
       la = K;
     }
     for (int64_t q = 0; q < npan; q += kNP16) {
       const int np = (int)(npan - q < kNP16 ? npan - q : kNP16);
       const int ncl = (int)std::min<int64_t>(kPanel, N - (q + np - 1) * kPanel);
-      const float *pp = P + q * pstride, *b = bias ? bias + q * kPanel : nullptr;
-      float *c = C + m * ldc + q * kPanel;
-      if (np == 3) tile_avx512<3>(a, la, mr, pp, pstride, K, ncl, b, c, ldc);
-      else if (np == 2) tile_avx512<2>(a, la, mr, pp, pstride, K, ncl, b, c, ldc);
-      else tile_avx512<1>(a, la, mr, pp, pstride, K, ncl, b, c, ldc);
+      tiles[np - 1](a, la, mr, P + q * pstride, pstride, K, ncl, bias ? bias + q * kPanel : nullptr,
+                    C + m * ldc + q * kPanel, ldc);
     }
   }
+}
+
+void gemm_f32_avx512(const float *A, int64_t lda, int64_t M, const float *P, int64_t pstride, int64_t K, int64_t N,
+                     const float *bias, float *C, int64_t ldc) {
+  static const Tile8<float> tiles[kNP16] = {tile_avx512<1>, tile_avx512<2>, tile_avx512<3>};
+  gemm_tiles8(tiles, A, lda, M, P, pstride, K, N, bias, C, ldc);
 }
 
 }  // namespace
@@ -182,8 +194,6 @@ void pack_panel_cols(const float *V, int64_t ldv, int64_t K, int nc, float *P) {
 // ---- bf16 dot-product variant ------------------------------------------------------------------------
 namespace {
 
-constexpr int kMR2 = 8;  // rows of A2 per tile (AVX512-BF16: 8 x 3 accumulators + 3 panel rows = 27 zmm)
-constexpr int kNP2 = 3;  // panels per tile
 
 BNB_MS_INLINE float bf16_lo(uint32_t d) { return bf16_to_f32((uint16_t)(d & 0xffffu)); }
 BNB_MS_INLINE float bf16_hi(uint32_t d) { return bf16_to_f32((uint16_t)(d >> 16)); }
@@ -211,9 +221,9 @@ template <int NP>
 BNB_MS_TARGET_AVX512BF16 void tile_bf16_avx512(const uint32_t *A2, int64_t lda2, int64_t mr, const uint32_t *P2,
                                                int64_t pstride2, int64_t K2, int ncl, const float *bias, float *C,
                                                int64_t ldc) {
-  __m512 acc[kMR2][NP];
+  __m512 acc[kMR16][NP];
 #pragma GCC unroll 8
-  for (int i = 0; i < kMR2; ++i)
+  for (int i = 0; i < kMR16; ++i)
 #pragma GCC unroll 3
     for (int q = 0; q < NP; ++q) acc[i][q] = _mm512_setzero_ps();
   for (int64_t p = 0; p < K2; ++p) {
@@ -221,7 +231,7 @@ BNB_MS_TARGET_AVX512BF16 void tile_bf16_avx512(const uint32_t *A2, int64_t lda2,
 #pragma GCC unroll 3
     for (int q = 0; q < NP; ++q) b[q] = (__m512bh)_mm512_loadu_si512(P2 + q * pstride2 + p * kPanel);
 #pragma GCC unroll 8
-    for (int i = 0; i < kMR2; ++i) {
+    for (int i = 0; i < kMR16; ++i) {
       const __m512bh a = (__m512bh)_mm512_set1_epi32((int)A2[i * lda2 + p]);
 #pragma GCC unroll 3
       for (int q = 0; q < NP; ++q) acc[i][q] = _mm512_dpbf16_ps(acc[i][q], a, b[q]);
@@ -236,33 +246,10 @@ BNB_MS_TARGET_AVX512BF16 void tile_bf16_avx512(const uint32_t *A2, int64_t lda2,
     }
 }
 
-BNB_MS_TARGET_AVX512BF16 void gemm_bf16_avx512(const uint32_t *A2, int64_t lda2, int64_t M, const uint32_t *P2,
-                                               int64_t pstride2, int64_t K2, int64_t N, const float *bias, float *C,
-                                               int64_t ldc) {
-  static thread_local std::vector<uint32_t> tail;  // the last < 8 rows of A2, zero-padded to 8
-  const int64_t npan = (N + kPanel - 1) / kPanel;
-  for (int64_t m = 0; m < M; m += kMR2) {
-    const int64_t mr = M - m < kMR2 ? M - m : kMR2;
-    const uint32_t *a = A2 + m * lda2;
-    int64_t la = lda2;
-    if (mr < kMR2) {
-      tail.assign((size_t)(kMR2 * K2), 0u);
-      for (int64_t i = 0; i < mr; ++i) std::memcpy(tail.data() + i * K2, a + i * lda2, sizeof(uint32_t) * (size_t)K2);
-      a = tail.data();
-      la = K2;
-    }
-    for (int64_t q = 0; q < npan; q += kNP2) {
-      const int np = (int)(npan - q < kNP2 ? npan - q : kNP2);
-      const int64_t n = q * kPanel;
-      const int ncl = (int)std::min<int64_t>(kPanel, N - (q + np - 1) * kPanel);
-      const uint32_t *pp = P2 + q * pstride2;
-      const float *b = bias ? bias + n : nullptr;
-      float *c = C + m * ldc + n;
-      if (np == 3) tile_bf16_avx512<3>(a, la, mr, pp, pstride2, K2, ncl, b, c, ldc);
-      else if (np == 2) tile_bf16_avx512<2>(a, la, mr, pp, pstride2, K2, ncl, b, c, ldc);
-      else tile_bf16_avx512<1>(a, la, mr, pp, pstride2, K2, ncl, b, c, ldc);
-    }
-  }
+void gemm_bf16_avx512(const uint32_t *A2, int64_t lda2, int64_t M, const uint32_t *P2, int64_t pstride2, int64_t K2,
+                      int64_t N, const float *bias, float *C, int64_t ldc) {
+  static const Tile8<uint32_t> tiles[kNP16] = {tile_bf16_avx512<1>, tile_bf16_avx512<2>, tile_bf16_avx512<3>};
+  gemm_tiles8(tiles, A2, lda2, M, P2, pstride2, K2, N, bias, C, ldc);
 }
 
 // K fp32 -> K flushed bf16 words, zero-padded to an even count (one row of pairs: dword p = (x[2p], x[2p+1])).
@@ -285,8 +272,8 @@ void round_row(const float *x, int64_t K, uint16_t *d) {
 void gemm_panel_bf16(const uint32_t *A2, int64_t lda2, int64_t M, const uint32_t *P2, int64_t pstride2, int64_t K2,
                      int64_t N, const float *bias, float *C, int64_t ldc) {
   if (bf16dot_native()) return gemm_bf16_avx512(A2, lda2, M, P2, pstride2, K2, N, bias, C, ldc);
-  for (int64_t m = 0; m < M; m += kMR2) {
-    const int64_t mr = M - m < kMR2 ? M - m : kMR2;
+  for (int64_t m = 0; m < M; m += kMR16) {
+    const int64_t mr = M - m < kMR16 ? M - m : kMR16;
     for (int64_t n = 0; n < N; n += kPanel) {
       const int nc = (int)(N - n < kPanel ? N - n : kPanel);
       tile_bf16_portable(A2 + m * lda2, lda2, mr, P2 + n / kPanel * pstride2, K2, nc, bias ? bias + n : nullptr,
