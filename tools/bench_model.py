@@ -787,7 +787,9 @@ def render(meta: dict, results: list) -> str:
           "int8-t0: threshold 0, no outlier split.",
           "- nf4/fp4 (compute dtype fp32): decode (1 row) runs a fused 4-bit GEMV on both sides; upstream's CPU "
           f"`gemv_4bit` computes in {'bf16 (this CPU has AVX512-BF16)' if bf16 else 'fp32 (no AVX512-BF16 on this CPU)'}, "
-          "ours in fp32. Prefill (many rows) dequantizes the weight to fp32 and runs an fp32 matmul on both sides.",
+          "ours in fp32. Prefill (many rows): ours (the fused decoder) multiplies the dequantized weight "
+          f"{'in bf16 (x and the weight rounded to bf16, fp32 accumulation by vdpbf16ps: the default where the CPU has AVX512-BF16, as upstream computes its CPU 4-bit layers there; BNB_MS_4BIT_BF16_DOT=exact keeps it fp32)' if bf16 else 'in fp32 (no AVX512-BF16 on this CPU)'}; "
+          "upstream dequantizes and multiplies through its CPU backend.",
           "- llama.cpp: ggml's own kernels for the GGUF type (Q4_1/Q8_0 quantize the activations to 8 bits per block "
           "and accumulate in int32/fp32; F32 is fp32). Its prebuilt Linux CPU wheel is built without `-march=native` "
           "(no AVX-512/AMX paths, per its README; this machine has none anyway when the flags above say so).", ""]
