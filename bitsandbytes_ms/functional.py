@@ -24,6 +24,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from . import _hostcall, _ms_threads, _reference
+from . import _ops as _ops_table
 from .cextension import BNB_BACKEND, get_ptr, lib, tag_device  # noqa: F401  (get_ptr re-exported as upstream)
 from .utils import Singleton as _Singleton, dtype_from_name, dtype_name, pack_dict_to_tensor, to_numpy as _to_numpy
 from .utils import ITEMSIZES as _ITEMSIZE, NP_DTYPES as _NP_DTYPE, SUFFIX_OF_DTYPE as _SUFFIX  # the one dtype map
@@ -565,7 +566,6 @@ def dequantize_blockwise(A: Tensor, quant_state: Optional[QuantState] = None, ab
 # them (the AOT kernel receives the real input buffers on CPU in PyNative mode), exactly like the
 # bitsandbytes C functions. This avoids allocating and copying back p and the states every step.
 # Inputs that are not contiguous are updated through a contiguous copy that is copied back.
-from . import _ops as _ops_table  # noqa: E402
 
 OPTIM_BLOCKSIZE = 256
 _OPT_ALIAS = {"lamb": "adam", "lars": "momentum"}
