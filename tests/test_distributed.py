@@ -58,7 +58,8 @@ def _check(ranks, ref, steps, loss_rtol, param_atol):
     np.testing.assert_allclose(a["cell/losses"], ref["cell/losses"], rtol=loss_rtol, atol=0)
     for key in a.files:
         if "/param/" in key:
-            np.testing.assert_allclose(a[key], ref[key], rtol=0, atol=param_atol, err_msg=key)
+            atol = param_atol(key) if callable(param_atol) else param_atol
+            np.testing.assert_allclose(a[key], ref[key], rtol=0, atol=atol, err_msg=key)
     # the state kinds the run was meant to exercise: 8-bit blockwise, the 32-bit override, 32-bit paged
     dtypes = set(a["state_dtypes"].tolist())
     assert "opt0/p0/state1=uint8" in dtypes and "opt0/p1/state1=float32" in dtypes  # GlobalOptimManager override
@@ -93,9 +94,19 @@ def test_two_ranks_smollm2_qlora_20_steps(tmp_path):
     ranks, ref = _launch(tmp_path, ["--model", "smollm2", "--steps", str(steps), "--batch", "2", "--seq", "32",
                                      "--lr", "2e-3"],
                          limit=1500)
-    # measured (2026-12-01, DP run and a separate 1-process run): losses within 1.5e-5 relative; the parameter
-    # gap was not measured (bound: 2.5% of the most 20 Adam steps at lr 2e-3 can move a value)
-    _check(ranks, ref, steps, loss_rtol=1e-4, param_atol=1e-3)
+    # Ranks are bit-identical (_check). Against the 1-process run on the global batch (its gradients summed in
+    # another order) the losses agree within 2.9e-5 relative (measured 2026-12-01, twice, the same bytes). The
+    # parameters drift apart slowly: a rounding-level gradient difference can move one code of an 8-bit Adam
+    # state block, and that element's update then differs by a fraction of lr at every later step. Measured: the
+    # largest gap grows ~0.17 lr per step (step 7: 1.7e-3 on 1 of 460800 values; step 19: 6.6e-3, 179 values above
+    # 1e-3); bound here 0.25 lr per step taken, plus 1e-4.
+    lr = 2e-3
+
+    def param_atol(key):
+        step = int(key.split("/")[0].replace("step", "")) if key.startswith("step") else 0
+        return 0.25 * lr * (step + 1) + 1e-4
+
+    _check(ranks, ref, steps, loss_rtol=1e-4, param_atol=param_atol)
     losses = ranks[0]["losses"]
     assert losses[-1] < losses[0], losses
 
