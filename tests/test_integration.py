@@ -213,3 +213,38 @@ def test_patch_transformers_availability_value(registered):
     import transformers.utils.import_utils as iu
 
     assert iu._bitsandbytes_available is True
+
+
+def test_register_before_mindnlp_keeps_transformers_models_working():
+    """`bnb.register()` called before `import mindnlp` (code ported from `import bitsandbytes` puts it first):
+    the patches must not import transformers ahead of mindnlp, whose own patches of transformers (attention masks)
+    would then be missing from the modeling modules: a Llama forward with an attention mask failed in MindSpore's
+    jit with `No module named 'mindtorch._'`. Run in a fresh process, as a user's script; the logits must equal
+    those of the usual order (mindnlp first)."""
+    import subprocess
+
+    code = (
+        "import sys, numpy as np, mindspore as ms; ms.set_device('CPU')\n"
+        "import bitsandbytes_ms as bnb\n"
+        "if sys.argv[1] == 'register-first': bnb.register()\n"
+        "import mindnlp, torch\n"
+        "if sys.argv[1] != 'register-first': bnb.register()\n"
+        "from transformers import AutoModelForCausalLM, LlamaConfig\n"
+        "cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,"
+        " num_attention_heads=2, num_key_value_heads=1)\n"
+        "m = AutoModelForCausalLM.from_config(cfg); m.eval()\n"
+        "rng = np.random.RandomState(0)\n"
+        "for _, p in m.named_parameters(): p.data.copy_(torch.tensor((rng.randn(*p.shape) * 0.1).astype(np.float32)))\n"
+        "with torch.no_grad():\n"
+        "    out = m(torch.tensor([[1, 5, 7, 9]]), attention_mask=torch.tensor([[0, 1, 1, 1]])).logits.asnumpy()\n"
+        "np.save(sys.argv[2], out)\n"
+    )
+    outs = {}
+    for order in ("register-first", "mindnlp-first"):
+        path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bnb_ms_order_{os.getpid()}_{order}.npy"
+        r = subprocess.run([sys.executable, "-c", code, order, str(path)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, (order, r.stderr[-3000:])
+        outs[order] = np.load(path)
+        path.unlink()
+    assert np.isfinite(outs["mindnlp-first"]).all()
+    np.testing.assert_array_equal(outs["register-first"], outs["mindnlp-first"])

@@ -12,6 +12,7 @@ Modelled on MindSpeed's feature patches: the foreign library's files are never e
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, List
@@ -71,7 +72,7 @@ class PatchRegistry:
             owner_path, _, attr = p.attribute.rpartition(".")
             if p.only_if_imported and p.module not in sys.modules:
                 continue
-            mod = importlib.import_module(p.module)
+            mod = _import_target(p.module)
             owner = mod
             for part in filter(None, owner_path.split(".")):
                 owner = getattr(owner, part)
@@ -99,6 +100,17 @@ class PatchRegistry:
                     delattr(owner, attr)
                 else:
                     setattr(owner, attr, original)
+
+
+def _import_target(module: str):
+    """Imports a patch's target module; transformers only after mindnlp where mindnlp is installed: mindnlp
+    patches transformers when it is imported (its attention masks among them) and makes ``torch`` mindtorch, and a
+    modeling module imported first keeps the unpatched functions (measured: ``bnb.register()`` before
+    ``import mindnlp`` made every Llama forward with an attention mask fail in MindSpore's jit with
+    ``No module named 'mindtorch._'``)."""
+    if module.split(".")[0] == "transformers" and "mindnlp" not in sys.modules and importlib.util.find_spec("mindnlp"):
+        importlib.import_module("mindnlp")
+    return importlib.import_module(module)
 
 
 registry = PatchRegistry()
