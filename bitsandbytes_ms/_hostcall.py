@@ -210,17 +210,18 @@ class Bound:
         self._dtypes[i] = name
         self._keep[i] = a  # the memory stays alive while bound
 
-    def __call__(self) -> None:
-        rc = self._fn(self._n, self._params, self._ndims, self._shapes, self._dtypes, None, None)
+    def _run(self, fn, name: str) -> None:
+        rc = fn(self._n, self._params, self._ndims, self._shapes, self._dtypes, None, None)
         if rc:
-            raise cextension.status_error(self._name, rc)
+            raise cextension.status_error(name, rc)
+
+    def __call__(self) -> None:
+        self._run(self._fn, self._name)
 
     def run_as(self, entry: "Entry") -> None:
         """Runs ``entry`` -- an entry point declared with this one's arguments (e.g. its ``*_bf16dot`` twin) --
         on the bound arguments."""
-        rc = entry._fn(self._n, self._params, self._ndims, self._shapes, self._dtypes, None, None)
-        if rc:
-            raise cextension.status_error(entry.name, rc)
+        self._run(entry._fn, entry.name)
 
     def run_rows(self, ia: int, a_ptr: int, rows: int, cols: int, io: int, out: np.ndarray, ix: int = -1,
                  extra: Optional[np.ndarray] = None) -> None:

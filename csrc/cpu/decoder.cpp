@@ -250,29 +250,38 @@ void weight_rows_f32(const Lin &l, int64_t n0, int64_t n1, float *dst) {
   else decode4_rows_f32(l.q4, n0, n1, l.K, dst);
 }
 
-void gemm_rows(const Lin &l, const float *x, float *out, int64_t M) {
-  const int64_t N = l.N, K = l.K;
-  const int64_t cols = std::max<int64_t>(3, kPanelChunkBytes / (int64_t)sizeof(float) / (K * kPanel)) * kPanel;
+// Threads take chunks of output columns (whole panels sized to kPanelChunkBytes, at least 3: one 48-column
+// tile); pack(n, w, P) fills the panel of weight rows [n, n + w) (Kp elements E per panel row), run(n0, nc, P)
+// multiplies the chunk's nc columns from n0.
+template <class E, class Pack, class Run>
+void panel_chunks(int64_t N, int64_t Kp, Pack &&pack, Run &&run) {
+  const int64_t cols = std::max<int64_t>(3, kPanelChunkBytes / (int64_t)sizeof(E) / (Kp * kPanel)) * kPanel;
   const int64_t ntasks = (N + cols - 1) / cols;
   parallel_for_dynamic(ntasks, 1, [&](int64_t t0, int64_t t1) {
-    static thread_local std::vector<float> panels, rows;
-    panels.resize((size_t)(cols * K));
-    if (!l.dense) rows.resize((size_t)(kPanel * K));
+    static thread_local std::vector<E> panels;
+    panels.resize((size_t)(cols * Kp));
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * cols, nc = std::min(cols, N - n0);
-      for (int64_t p = 0; p < nc; p += kPanel) {
-        const int w = (int)std::min<int64_t>(kPanel, nc - p);
-        float *P = panels.data() + p * K;
-        if (l.dense) {
-          pack_panel_rows(l.W + (n0 + p) * K, K, K, w, P);
-        } else {
-          weight_rows_f32(l, n0 + p, n0 + p + w, rows.data());
-          pack_panel_rows(rows.data(), K, K, w, P);
-        }
-      }
-      gemm_panel_f32(x, K, M, panels.data(), K * kPanel, K, nc, l.bias ? l.bias + n0 : nullptr, out + n0, N);
+      for (int64_t p = 0; p < nc; p += kPanel) pack(n0 + p, (int)std::min<int64_t>(kPanel, nc - p), panels.data() + p * Kp);
+      run(n0, nc, panels.data());
     }
   });
+}
+
+void gemm_rows(const Lin &l, const float *x, float *out, int64_t M) {
+  const int64_t N = l.N, K = l.K;
+  panel_chunks<float>(
+      N, K,
+      [&](int64_t n, int w, float *P) {
+        if (l.dense) return pack_panel_rows(l.W + n * K, K, K, w, P);
+        static thread_local std::vector<float> rows;
+        rows.resize((size_t)(kPanel * K));
+        weight_rows_f32(l, n, n + w, rows.data());
+        pack_panel_rows(rows.data(), K, K, w, P);
+      },
+      [&](int64_t n0, int64_t nc, const float *P) {
+        gemm_panel_f32(x, K, M, P, K * kPanel, K, nc, l.bias ? l.bias + n0 : nullptr, out + n0, N);
+      });
 }
 
 // The bf16 form of gemm_rows for a 4-bit weight (gemm_panel.h's bf16 variant: its order and its bound vs
@@ -286,23 +295,17 @@ void gemm_rows_bf16(const Lin &l, const float *x, float *out, int64_t M) {
   parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [&](int64_t m0, int64_t m1) {
     pack_rows_bf16(x + m0 * K, K, m1 - m0, K, xp + m0 * K2);
   });
-  const int64_t cols = std::max<int64_t>(3, kPanelChunkBytes / (int64_t)sizeof(uint32_t) / (K2 * kPanel)) * kPanel;
-  const int64_t ntasks = (N + cols - 1) / cols;
-  parallel_for_dynamic(ntasks, 1, [&](int64_t t0, int64_t t1) {
-    static thread_local std::vector<uint32_t> panels;
-    static thread_local std::vector<float> rows;
-    panels.resize((size_t)(cols * K2));
-    rows.resize((size_t)(kPanel * K));
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n0 = t * cols, nc = std::min(cols, N - n0);
-      for (int64_t p = 0; p < nc; p += kPanel) {
-        const int w = (int)std::min<int64_t>(kPanel, nc - p);
-        weight_rows_f32(l, n0 + p, n0 + p + w, rows.data());
-        pack_panel_rows_bf16(rows.data(), K, K, w, panels.data() + p * K2);
-      }
-      gemm_panel_bf16(xp, K2, M, panels.data(), K2 * kPanel, K2, nc, l.bias ? l.bias + n0 : nullptr, out + n0, N);
-    }
-  });
+  panel_chunks<uint32_t>(
+      N, K2,
+      [&](int64_t n, int w, uint32_t *P) {
+        static thread_local std::vector<float> rows;
+        rows.resize((size_t)(kPanel * K));
+        weight_rows_f32(l, n, n + w, rows.data());
+        pack_panel_rows_bf16(rows.data(), K, K, w, P);
+      },
+      [&](int64_t n0, int64_t nc, const uint32_t *P) {
+        gemm_panel_bf16(xp, K2, M, P, K2 * kPanel, K2, nc, l.bias ? l.bias + n0 : nullptr, out + n0, N);
+      });
 }
 
 // up to this many rows a linear runs the GEMV kernels (4-bit: the unfused Linear4bit's kernel, same bits);
