@@ -688,27 +688,19 @@ void gemv4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, 
   });
 }
 
-// ---- entry points ------------------------------------------------------------------------------
-// params: code f32[16], A T[...], blocksize i64 -> out u8[(n+1)/2, 1], absmax f32[ceil(n/bs)]
+// ---- entry points: checks in checks/fourbit.h (shared with the CUDA library) -----------------------
 template <class T>
 int quantize4_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 5) return E_NPARAM;
-  enum { CODE, A, BS, OUT, ABSMAX };
-  int64_t bs;
-  if (c.dtype(CODE) != DType::f32 || c.dtype(A) != dtype_of<T>() || c.dtype(OUT) != DType::u8 ||
-      c.dtype(ABSMAX) != DType::f32)
-    return E_DTYPE;
-  if (!c.scalar_i64(BS, &bs) || bs <= 0 || bs % 2) return E_VALUE;
-  const int64_t n = c.numel(A), nb = (n + bs - 1) / bs;
-  if (c.numel(CODE) != kCode4 || c.numel(OUT) != (n + 1) / 2 || c.numel(ABSMAX) != nb) return E_SHAPE;
-  if (n == 0) return OK;
-  if (!c.params[CODE] || !c.params[A] || !c.params[OUT] || !c.params[ABSMAX]) return E_NULL;
+  checks::Quantize4<T> q4;
+  if (int s = checks::quantize4(c, &q4)) return s;
+  if (q4.empty) return OK;
+  const int64_t n = q4.n, nb = q4.nb, bs = q4.bs;
   Bounds4 bd;
-  make_bounds(c.ptr<float>(CODE), &bd);
-  const T *a = c.ptr<T>(A);
-  float *amax = c.ptr<float>(ABSMAX);
-  uint8_t *o = c.ptr<uint8_t>(OUT);
+  make_bounds(q4.code, &bd);
+  const T *a = q4.A;
+  float *amax = q4.absmax;
+  uint8_t *o = q4.out;
   const SimdLevel lvl = bd.sorted ? simd_level() : SimdLevel::scalar;
   parallel_for(nb, std::max<int64_t>(1, 32768 / bs), [&](int64_t b0, int64_t b1) {
     if (lvl >= SimdLevel::avx512) quantize4_blocks_avx512<T>(bd, a, amax, o, bs, n, b0, b1);
@@ -718,29 +710,21 @@ int quantize4_entry(BNB_MS_AOT_ARGS) {
   return OK;
 }
 
-// params: code f32[16], A u8[>= (n+1)/2], absmax f32[ceil(n/bs)], blocksize i64, n i64 -> out T[n]
 // FP4: bit 3 of a code is its sign, so code 8 (+0 in upstream's table) decodes to -0.0, as upstream's
 // native CPU kernel does (its torch fallback for an odd last dimension gives +0.0; same value).
 template <class T, bool FP4>
 int dequantize4_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 6) return E_NPARAM;
-  enum { CODE, A, ABSMAX, BS, N, OUT };
-  int64_t bs, n;
-  if (c.dtype(CODE) != DType::f32 || c.dtype(A) != DType::u8 || c.dtype(ABSMAX) != DType::f32 ||
-      c.dtype(OUT) != dtype_of<T>())
-    return E_DTYPE;
-  if (!c.scalar_i64(BS, &bs) || bs <= 0 || bs % 2 || !c.scalar_i64(N, &n) || n < 0) return E_VALUE;
-  if (c.numel(CODE) != kCode4 || c.numel(OUT) != n || c.numel(A) < (n + 1) / 2 || c.numel(ABSMAX) < (n + bs - 1) / bs)
-    return E_SHAPE;
-  if (n == 0) return OK;
-  if (!c.params[CODE] || !c.params[A] || !c.params[OUT] || !c.params[ABSMAX]) return E_NULL;
+  checks::Dequantize4<T> a;
+  if (int s = checks::dequantize4(c, &a)) return s;
+  if (a.empty) return OK;
+  const int64_t n = a.n, bs = a.bs;
   alignas(64) float code[kCode4];
-  std::memcpy(code, c.ptr<float>(CODE), sizeof(code));
+  std::memcpy(code, a.code, sizeof(code));
   if (FP4 && code[8] == 0.0f) code[8] = -0.0f;
-  const float *amax = c.ptr<float>(ABSMAX);
-  const uint8_t *q = c.ptr<uint8_t>(A);
-  T *o = c.ptr<T>(OUT);
+  const float *amax = a.absmax;
+  const uint8_t *q = a.A;
+  T *o = a.out;
   const SimdLevel lvl = simd_level();
   parallel_for((n + bs - 1) / bs, std::max<int64_t>(1, 65536 / bs), [&](int64_t b0, int64_t b1) {
     if (lvl >= SimdLevel::avx512) dequantize4_avx512<T>(code, q, amax, o, bs, n, b0, b1);
@@ -750,33 +734,19 @@ int dequantize4_entry(BNB_MS_AOT_ARGS) {
   return OK;
 }
 
-// params: A T[..., K] (M rows), B u8[>= (N*K+1)/2], absmax f32[ceil(N*K/bs)], code f32[16], blocksize i64,
-// n_out i64 -> out T[..., N]
 template <class T>
 int gemv4_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 7) return E_NPARAM;
-  enum { A, B, ABSMAX, CODE, BS, NOUT, OUT };
-  int64_t bs, N;
-  if (c.dtype(A) != dtype_of<T>() || c.dtype(B) != DType::u8 || c.dtype(ABSMAX) != DType::f32 ||
-      c.dtype(CODE) != DType::f32 || c.dtype(OUT) != dtype_of<T>())
-    return E_DTYPE;
-  if (!c.scalar_i64(BS, &bs) || bs <= 0 || bs % 2 || !c.scalar_i64(NOUT, &N) || N < 0) return E_VALUE;
-  if (c.rank(A) < 1) return E_SHAPE;
-  const int64_t K = c.cols(A), M = c.rows(A);
-  if (c.numel(CODE) != kCode4 || c.numel(OUT) != M * N || c.numel(B) < (N * K + 1) / 2 ||
-      c.numel(ABSMAX) < (N * K + bs - 1) / bs)
-    return E_SHAPE;
-  if (M * N == 0) return OK;
-  if (!c.params[A] || !c.params[B] || !c.params[ABSMAX] || !c.params[CODE] || !c.params[OUT]) return E_NULL;
-  T *o = c.ptr<T>(OUT);
-  if (K == 0) {
-    for (int64_t i = 0; i < M * N; ++i) o[i] = from_f32<T>(0.0f);
+  checks::Gemv4<T> a;
+  if (int s = checks::gemv4(c, &a)) return s;
+  if (a.empty) return OK;
+  if (a.K == 0) {
+    for (int64_t i = 0; i < a.M * a.N; ++i) a.out[i] = from_f32<T>(0.0f);
     return OK;
   }
   Absmax4 amx;
-  amx.f32 = c.ptr<float>(ABSMAX);
-  gemv4<T>(c.ptr<float>(CODE), c.ptr<uint8_t>(B), amx, c.ptr<T>(A), nullptr, o, M, N, K, bs);
+  amx.f32 = a.absmax;
+  gemv4<T>(a.code, a.B, amx, a.A, nullptr, a.out, a.M, a.N, a.K, a.bs);
   return OK;
 }
 
