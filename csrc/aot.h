@@ -17,6 +17,11 @@
 
 #define BNB_MS_AOT_ARGS int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream, void *extra
 #define BNB_MS_EXPORT extern "C" __attribute__((visibility("default")))
+// The one way the libraries export an entry point: `name` with the AOT signature, forwarding every argument to
+// `impl` (a function or template instance of the same signature), e.g.
+//   BNB_MS_ENTRY(cquantize_blockwise_fp32, bnb_ms::quantize_entry<float>)
+#define BNB_MS_ENTRY(name, ...) \
+  BNB_MS_EXPORT int name(BNB_MS_AOT_ARGS) { return __VA_ARGS__(nparam, params, ndims, shapes, dtypes, stream, extra); }
 
 namespace bnb_ms {
 

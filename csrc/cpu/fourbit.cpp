@@ -1190,26 +1190,25 @@ void decode4_rows_f32(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K,
 
 using bnb_ms::bf16_t;
 using bnb_ms::fp16_t;
-#define BNB_MS_FWD(...) return __VA_ARGS__(nparam, params, ndims, shapes, dtypes, stream, extra)
-BNB_MS_EXPORT int cquantize_blockwise_fp32_fp4(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::quantize4_entry<float>); }
-BNB_MS_EXPORT int cquantize_blockwise_fp16_fp4(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::quantize4_entry<fp16_t>); }
-BNB_MS_EXPORT int cquantize_blockwise_bf16_fp4(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::quantize4_entry<bf16_t>); }
-BNB_MS_EXPORT int cquantize_blockwise_fp32_nf4(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::quantize4_entry<float>); }
-BNB_MS_EXPORT int cquantize_blockwise_fp16_nf4(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::quantize4_entry<fp16_t>); }
-BNB_MS_EXPORT int cquantize_blockwise_bf16_nf4(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::quantize4_entry<bf16_t>); }
-BNB_MS_EXPORT int cdequantize_blockwise_fp32_fp4(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::dequantize4_entry<float, true>); }
-BNB_MS_EXPORT int cdequantize_blockwise_fp16_fp4(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::dequantize4_entry<fp16_t, true>); }
-BNB_MS_EXPORT int cdequantize_blockwise_bf16_fp4(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::dequantize4_entry<bf16_t, true>); }
-BNB_MS_EXPORT int cdequantize_blockwise_fp32_nf4(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::dequantize4_entry<float, false>); }
-BNB_MS_EXPORT int cdequantize_blockwise_fp16_nf4(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::dequantize4_entry<fp16_t, false>); }
-BNB_MS_EXPORT int cdequantize_blockwise_bf16_nf4(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::dequantize4_entry<bf16_t, false>); }
-BNB_MS_EXPORT int cgemm_4bit_inference_naive_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::gemv4_entry<float>); }
-BNB_MS_EXPORT int cgemm_4bit_inference_naive_fp16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::gemv4_entry<fp16_t>); }
-BNB_MS_EXPORT int cgemm_4bit_inference_naive_bf16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::gemv4_entry<bf16_t>); }
-BNB_MS_EXPORT int clinear_4bit_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear4_entry<float>); }
-BNB_MS_EXPORT int clinear_4bit_fp16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear4_entry<fp16_t>); }
-BNB_MS_EXPORT int clinear_4bit_bf16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear4_entry<bf16_t>); }
+BNB_MS_ENTRY(cquantize_blockwise_fp32_fp4, bnb_ms::quantize4_entry<float>)
+BNB_MS_ENTRY(cquantize_blockwise_fp16_fp4, bnb_ms::quantize4_entry<fp16_t>)
+BNB_MS_ENTRY(cquantize_blockwise_bf16_fp4, bnb_ms::quantize4_entry<bf16_t>)
+BNB_MS_ENTRY(cquantize_blockwise_fp32_nf4, bnb_ms::quantize4_entry<float>)
+BNB_MS_ENTRY(cquantize_blockwise_fp16_nf4, bnb_ms::quantize4_entry<fp16_t>)
+BNB_MS_ENTRY(cquantize_blockwise_bf16_nf4, bnb_ms::quantize4_entry<bf16_t>)
+BNB_MS_ENTRY(cdequantize_blockwise_fp32_fp4, bnb_ms::dequantize4_entry<float, true>)
+BNB_MS_ENTRY(cdequantize_blockwise_fp16_fp4, bnb_ms::dequantize4_entry<fp16_t, true>)
+BNB_MS_ENTRY(cdequantize_blockwise_bf16_fp4, bnb_ms::dequantize4_entry<bf16_t, true>)
+BNB_MS_ENTRY(cdequantize_blockwise_fp32_nf4, bnb_ms::dequantize4_entry<float, false>)
+BNB_MS_ENTRY(cdequantize_blockwise_fp16_nf4, bnb_ms::dequantize4_entry<fp16_t, false>)
+BNB_MS_ENTRY(cdequantize_blockwise_bf16_nf4, bnb_ms::dequantize4_entry<bf16_t, false>)
+BNB_MS_ENTRY(cgemm_4bit_inference_naive_fp32, bnb_ms::gemv4_entry<float>)
+BNB_MS_ENTRY(cgemm_4bit_inference_naive_fp16, bnb_ms::gemv4_entry<fp16_t>)
+BNB_MS_ENTRY(cgemm_4bit_inference_naive_bf16, bnb_ms::gemv4_entry<bf16_t>)
+BNB_MS_ENTRY(clinear_4bit_fp32, bnb_ms::linear4_entry<float>)
+BNB_MS_ENTRY(clinear_4bit_fp16, bnb_ms::linear4_entry<fp16_t>)
+BNB_MS_ENTRY(clinear_4bit_bf16, bnb_ms::linear4_entry<bf16_t>)
 // The bf16-compute forward (bf16 dot product; see "bf16 compute" above), same arguments as clinear_4bit_bf16.
-BNB_MS_EXPORT int clinear_4bit_bf16dot_bf16(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear4_entry<bf16_t, true>); }
+BNB_MS_ENTRY(clinear_4bit_bf16dot_bf16, bnb_ms::linear4_entry<bf16_t, true>)
 // Which kernel clinear_4bit_bf16dot_bf16 runs: "avx512bf16" or "portable" (diagnostics; same bits either way).
 BNB_MS_EXPORT const char *bnb_ms_linear4_bf16dot_path() { return bnb_ms::bf16dot_native() ? "avx512bf16" : "portable"; }

@@ -478,23 +478,21 @@ int linear4_entry(BNB_MS_AOT_ARGS) {
 
 using bnb_ms::bf16_t;
 using bnb_ms::fp16_t;
-#define BNB_FWD(...) return __VA_ARGS__(nparam, params, ndims, shapes, dtypes, stream, extra)
-BNB_MS_EXPORT int cquantize_blockwise_fp32_fp4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::quantize4_entry<float>); }
-BNB_MS_EXPORT int cquantize_blockwise_fp16_fp4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::quantize4_entry<fp16_t>); }
-BNB_MS_EXPORT int cquantize_blockwise_bf16_fp4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::quantize4_entry<bf16_t>); }
-BNB_MS_EXPORT int cquantize_blockwise_fp32_nf4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::quantize4_entry<float>); }
-BNB_MS_EXPORT int cquantize_blockwise_fp16_nf4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::quantize4_entry<fp16_t>); }
-BNB_MS_EXPORT int cquantize_blockwise_bf16_nf4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::quantize4_entry<bf16_t>); }
-BNB_MS_EXPORT int cdequantize_blockwise_fp32_fp4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::dequantize4_entry<float, true>); }
-BNB_MS_EXPORT int cdequantize_blockwise_fp16_fp4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::dequantize4_entry<fp16_t, true>); }
-BNB_MS_EXPORT int cdequantize_blockwise_bf16_fp4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::dequantize4_entry<bf16_t, true>); }
-BNB_MS_EXPORT int cdequantize_blockwise_fp32_nf4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::dequantize4_entry<float, false>); }
-BNB_MS_EXPORT int cdequantize_blockwise_fp16_nf4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::dequantize4_entry<fp16_t, false>); }
-BNB_MS_EXPORT int cdequantize_blockwise_bf16_nf4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::dequantize4_entry<bf16_t, false>); }
-BNB_MS_EXPORT int cgemm_4bit_inference_naive_fp32(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::gemv4_entry<float>); }
-BNB_MS_EXPORT int cgemm_4bit_inference_naive_fp16(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::gemv4_entry<fp16_t>); }
-BNB_MS_EXPORT int cgemm_4bit_inference_naive_bf16(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::gemv4_entry<bf16_t>); }
-BNB_MS_EXPORT int clinear_4bit_fp32(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::linear4_entry<float>); }
-BNB_MS_EXPORT int clinear_4bit_fp16(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::linear4_entry<fp16_t>); }
-BNB_MS_EXPORT int clinear_4bit_bf16(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::linear4_entry<bf16_t>); }
-#undef BNB_FWD
+BNB_MS_ENTRY(cquantize_blockwise_fp32_fp4, bnb_ms::cuda::quantize4_entry<float>)
+BNB_MS_ENTRY(cquantize_blockwise_fp16_fp4, bnb_ms::cuda::quantize4_entry<fp16_t>)
+BNB_MS_ENTRY(cquantize_blockwise_bf16_fp4, bnb_ms::cuda::quantize4_entry<bf16_t>)
+BNB_MS_ENTRY(cquantize_blockwise_fp32_nf4, bnb_ms::cuda::quantize4_entry<float>)
+BNB_MS_ENTRY(cquantize_blockwise_fp16_nf4, bnb_ms::cuda::quantize4_entry<fp16_t>)
+BNB_MS_ENTRY(cquantize_blockwise_bf16_nf4, bnb_ms::cuda::quantize4_entry<bf16_t>)
+BNB_MS_ENTRY(cdequantize_blockwise_fp32_fp4, bnb_ms::cuda::dequantize4_entry<float, true>)
+BNB_MS_ENTRY(cdequantize_blockwise_fp16_fp4, bnb_ms::cuda::dequantize4_entry<fp16_t, true>)
+BNB_MS_ENTRY(cdequantize_blockwise_bf16_fp4, bnb_ms::cuda::dequantize4_entry<bf16_t, true>)
+BNB_MS_ENTRY(cdequantize_blockwise_fp32_nf4, bnb_ms::cuda::dequantize4_entry<float, false>)
+BNB_MS_ENTRY(cdequantize_blockwise_fp16_nf4, bnb_ms::cuda::dequantize4_entry<fp16_t, false>)
+BNB_MS_ENTRY(cdequantize_blockwise_bf16_nf4, bnb_ms::cuda::dequantize4_entry<bf16_t, false>)
+BNB_MS_ENTRY(cgemm_4bit_inference_naive_fp32, bnb_ms::cuda::gemv4_entry<float>)
+BNB_MS_ENTRY(cgemm_4bit_inference_naive_fp16, bnb_ms::cuda::gemv4_entry<fp16_t>)
+BNB_MS_ENTRY(cgemm_4bit_inference_naive_bf16, bnb_ms::cuda::gemv4_entry<bf16_t>)
+BNB_MS_ENTRY(clinear_4bit_fp32, bnb_ms::cuda::linear4_entry<float>)
+BNB_MS_ENTRY(clinear_4bit_fp16, bnb_ms::cuda::linear4_entry<fp16_t>)
+BNB_MS_ENTRY(clinear_4bit_bf16, bnb_ms::cuda::linear4_entry<bf16_t>)
