@@ -260,24 +260,7 @@ void dequantize4_generic(const float *code, const uint8_t *q, const float *absma
   }
 }
 
-// AVX2 helpers: 8 floats to T, 16 nibbles (8 bytes) to two index vectors.
-template <class T> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void st8(T *p, __m256 v);
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void st8<float>(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void st8<fp16_t>(fp16_t *p, __m256 v) {
-  _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void st8<bf16_t>(bf16_t *p, __m256 v) {
-  // code*absmax is never NaN for finite absmax; NaN handled like f32_to_bf16 anyway
-  const __m256i b = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  const __m256i q = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
-  r = _mm256_blendv_epi8(r, q, nan);
-  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-  _mm_storeu_si128((__m128i *)p, packed);
-}
-
+// AVX2 helpers: 16 nibbles (8 bytes) to two index vectors (8 floats to T: store8, cpu/simd_convert.h).
 BNB_MS_TARGET_AVX2 BNB_MS_INLINE void nibbles16_avx2(const uint8_t *p, __m256i *i0, __m256i *i1) {
   const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
   const __m256i hi = _mm256_srli_epi32(b, 4), lo = _mm256_and_si256(b, _mm256_set1_epi32(15));
@@ -303,8 +286,8 @@ BNB_MS_TARGET_AVX2 void dequantize4_avx2(const float *code, const uint8_t *q, co
     for (; i + 16 <= e; i += 16) {
       __m256i i0, i1;
       nibbles16_avx2(q + (i >> 1), &i0, &i1);
-      st8<T>(out + i, lut16_avx2(tlo, thi, i0));
-      st8<T>(out + i + 8, lut16_avx2(tlo, thi, i1));
+      store8<T>(out + i, lut16_avx2(tlo, thi, i0));
+      store8<T>(out + i + 8, lut16_avx2(tlo, thi, i1));
     }
     for (; i < e; ++i) out[i] = from_f32<T>(code[(int)nib(q, i)] * sc);
   }
@@ -328,8 +311,8 @@ BNB_MS_TARGET_AVX512 void dequantize4_avx512(const float *code, const uint8_t *q
     int64_t i = s;
     for (; i + 16 <= e; i += 16) {
       const __m512 w = _mm512_permutexvar_ps(nibbles16_avx512(q + (i >> 1)), tab);
-      st8<T>(out + i, _mm512_castps512_ps256(w));
-      st8<T>(out + i + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(w), 1)));
+      store8<T>(out + i, _mm512_castps512_ps256(w));
+      store8<T>(out + i + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(w), 1)));
     }
     for (; i < e; ++i) out[i] = from_f32<T>(code[(int)nib(q, i)] * sc);
   }
