@@ -1226,7 +1226,18 @@ class _Linear4bitPlan:
         :meth:`fast_compute`) was made with these very weight and bias objects, or None."""
         entry = self.calls.get((dtype, _get_ident(), dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows)))
         f = entry[2][slot] if entry is not None else None
-        return entry if f is not None and f[0] is B and f[1] is bias else None
+        if f is None or f[1] is not bias:
+            return None
+        if f[0] is B:
+            return entry
+        # A new tensor over the same bytes at the same address: ``matmul_4bit(x, w.t())`` (upstream's Linear4bit
+        # forward, and code ported from it) makes a fresh [1, n] view of the packed [n, 1] weight every call,
+        # the same bytes in the same order. Its memory is read where it is now, so it is never stale.
+        w0, p0 = f[2][0]
+        if (isinstance(B, Tensor) and B.is_contiguous() and B.storage_offset() == 0 and B.dtype == w0.dtype
+                and _numel(B) == _numel(w0) and B._data_ptr() == p0):
+            return entry
+        return None
 
     def fast(self, A: Tensor, B: Tensor, bias: Optional[Tensor], max_rows: int = 1 << 62,
              bf16_dot: Optional[bool] = None):

@@ -272,3 +272,26 @@ def test_gemv_4bit_one_row_is_one_host_call_with_the_custom_ops_bytes(lean_count
     r = F.gemv_4bit(A, q, state=st, out=out)
     np.testing.assert_array_equal(out.astype(ms.float32).asnumpy(), ref)
     np.testing.assert_array_equal(r.astype(ms.float32).asnumpy(), ref)
+
+
+def test_matmul_4bit_with_a_fresh_transposed_weight_each_call_is_lean_and_never_stale(lean_count):
+    """``bnb.matmul_4bit(x, w.t(), quant_state=...)`` as upstream's Linear4bit forward writes it: every call
+    makes a new [1, n] view of the packed [n, 1] weight (the same bytes at the same address). The lean call
+    takes it (it used to run the full call each time: 3.1 vs 1.9 ms for 4096 x 4096 on one thread) and reads the
+    weight where it is, so a rewrite in place is never served stale."""
+    rng = np.random.default_rng(6)
+    W = (rng.standard_normal((48, 128)) * 0.05).astype(np.float32)
+    m = _layer4(W, np.zeros(48, np.float32))
+    w, qs = m.weight, m.weight.quant_state
+    x = torch.tensor(rng.standard_normal((1, 128)).astype(np.float32))
+    with torch.no_grad():
+        first = bnb.matmul_4bit(x, w.t(), quant_state=qs).numpy().copy()
+        n0 = lean_count["lean"]
+        second = bnb.matmul_4bit(x, w.t(), quant_state=qs).numpy().copy()
+        assert lean_count["lean"] == n0 + 1
+        np.testing.assert_array_equal(first, second)
+        np.testing.assert_array_equal(first, _fresh4(m, x) - 0.0)  # the layer's bytes (zero bias)
+        w.data.copy_(torch.tensor(np.roll(w.data.numpy(), 1)))
+        got = bnb.matmul_4bit(x, w.t(), quant_state=qs).numpy().copy()
+        assert not np.array_equal(got, first)
+        np.testing.assert_array_equal(got, _fresh4(m, x))
