@@ -37,14 +37,8 @@ from mindspore import Tensor, ops
 from mindspore.ops import constexpr
 
 from . import functional as _F  # partly initialised here (it imports this module); read at compile time
-from .cextension import lib
+from .cextension import compiling, lib  # noqa: F401  (compiling: the test every hand-over uses)
 from .utils import SUFFIX_OF_DTYPE, dtype_name
-
-
-def compiling(t) -> bool:
-    """True while MindSpore's graph compiler parses the caller (``mindspore.jit``, ``GRAPH_MODE``); False when the
-    call runs in Python (PyNative), where every tensor has ``asnumpy``."""
-    return isinstance(t, Tensor) and not hasattr(t, "asnumpy")
 
 
 def graph_state(absmax, shape, code, blocksize, quant_type, dtype, offset=None, state2=None):
@@ -474,3 +468,123 @@ def int8_vectorwise_dequant(A, stats):
     out = ops.mul(ops.cast(ops.reshape(A, (rows, A.shape[-1])), ms.float32), ops.reshape(stats, (rows, 1)))
     out = ops.mul(out, _dequant_scale())
     return ops.reshape(out, A.shape)
+
+
+# ---- the layers' forwards and backwards (autograd.MatMul4Bit, MatMul8bitLt; nn.cells) ----
+@constexpr
+def _linear4_plan(shape, a_shape, a_dtype, bias_shape, bf16_dot, fn):
+    """(N, rows, entry point) of ``functional.linear_4bit`` for these constants (the bf16 dot-product kernel where
+    PyNative would choose it)."""
+    if shape is None or len(shape) != 2:
+        raise ValueError(f"{fn}: quant_state.shape must be 2D [N, K]")
+    N, K = int(shape[0]), int(shape[1])
+    if len(a_shape) == 0 or a_shape[-1] != K:
+        raise ValueError(f"{fn}: `A` must have last dimension {K} (quant_state.shape[1]); got shape {tuple(a_shape)}")
+    if bias_shape is not None and int(math.prod(bias_shape)) != N:
+        raise ValueError(f"{fn}: `bias` must have {N} elements; got shape {tuple(bias_shape)}")
+    rows = int(math.prod(a_shape[:-1]))
+    if rows == 0 or N == 0:
+        raise NotImplementedError(f"{fn}: empty inputs are not supported under mindspore.jit / GRAPH_MODE")
+    dot = a_dtype == ms.bfloat16 and _F._use_bf16_dot(bf16_dot, rows, fn)
+    return N, rows, _F._linear4_entry_name(a_dtype, dot)
+
+
+def linear_4bit(A, B, quant_state, bias=None, bf16_dot=None):
+    fn = "linear_4bit"
+    st = as_graph_state(quant_state)
+    _check_dtype(A.dtype, _FLOAT, fn, "A")
+    if bias is None:
+        N, rows, name = _linear4_plan(st["shape"], A.shape, A.dtype, None, bf16_dot, fn)
+    else:
+        _check_dtype(bias.dtype, _FLOAT, fn, "bias")
+        N, rows, name = _linear4_plan(st["shape"], A.shape, A.dtype, bias.shape, bf16_dot, fn)
+        if bias.dtype != A.dtype:
+            bias = bias.astype(A.dtype)
+    _check_4bit_state(st, B, fn, "`B`")
+    raw = B.reshape(-1)
+    if "nested_absmax" in st:
+        return _prim(name, (N,))(A, raw, st["absmax"], st["quant_map"], st["nested_absmax"], st["nested_quant_map"],
+                                 st["nested_offset"].reshape(()), bias, st["blocksize"], st["nested_blocksize"], N)
+    return _prim(name, (N,))(A, raw, st["absmax"], st["quant_map"], None, None, None, bias, st["blocksize"], 256, N)  # bs2 unused: 256 as functional passes
+
+
+@constexpr
+def _use_linear_4bit(a_shape, a_dtype):
+    return int(math.prod(a_shape[:-1])) <= _F.LINEAR_4BIT_MAX_ROWS and a_dtype in _FLOAT
+
+
+_MATMUL_NT = ops.MatMul(transpose_b=True)
+
+
+def dequant_weight_f32(B, quant_state):
+    """``autograd._dequant_weight_f32``: the [N, K] weight in float32."""
+    st = as_graph_state(quant_state)
+    W = dequantize_4bit(B.reshape(-1, 1), st).reshape(st["shape"])
+    if W.dtype != ms.float32:
+        W = W.astype(ms.float32)
+    return W
+
+
+def forward_4bit(A, B, quant_state, bias):
+    """``autograd._forward_4bit``: one native call up to ``LINEAR_4BIT_MAX_ROWS`` rows, else the fp32 weight and
+    MindSpore's matmul (the same ops, so the same bytes)."""
+    st = as_graph_state(quant_state)
+    if _use_linear_4bit(A.shape, A.dtype):
+        return linear_4bit(A, B, st, bias)
+    N = st["shape"][0]
+    K = A.shape[-1]
+    res = _MATMUL_NT(A.reshape(-1, K).astype(ms.float32), dequant_weight_f32(B, st))
+    if bias is not None:
+        res = res + bias.astype(ms.float32)
+    return res.reshape(A.shape[:-1] + (N,)).astype(A.dtype)
+
+
+def grad_4bit(A, B, quant_state, dout, bias):
+    """``autograd._grad_4bit``: (dA, dbias or None)."""
+    st = as_graph_state(quant_state)
+    N = st["shape"][0]
+    g = dout.reshape(-1, N).astype(ms.float32)
+    dA = ops.matmul(g, dequant_weight_f32(B, st)).reshape(A.shape).astype(A.dtype)
+    if bias is None:
+        return dA, None
+    return dA, g.sum(axis=0).reshape(bias.shape).astype(bias.dtype)
+
+
+def int8_forward(A, CB, SCB, bias, threshold=0.0):
+    """``autograd._int8_forward`` for an already quantized weight (CB int8 [N, K], SCB float32 [N]) without outlier
+    columns: float32 activations quantized after a cast to float16, as upstream."""
+    _check_threshold(threshold, "matmul")
+    N = CB.shape[0]
+    K = A.shape[-1]
+    A2 = A.reshape(-1, K)
+    Aq = ops.cast(A2, ms.float16) if A2.dtype == ms.float32 else A2
+    CA, SCA, _ = int8_vectorwise_quant(Aq)
+    out = int8_scaled_mm(CA, CB, SCA, SCB, bias=bias, dtype=A.dtype)
+    return out.reshape(A.shape[:-1] + (N,))
+
+
+def int8_backward(A, CB, SCB, dout, bias):
+    """``autograd._backward`` for a frozen int8 weight: (dA = dout @ dequant(CB) in A's dtype, dbias or None)."""
+    N = CB.shape[0]
+    d = ops.cast(ops.reshape(dout, (-1, N)), ms.float32)
+    W = ops.mul(ops.cast(CB, ms.float32), ops.mul(ops.reshape(SCB, (-1, 1)), _inv127()))
+    gA = ops.reshape(ops.cast(ops.matmul(d, W), A.dtype), A.shape)
+    if bias is None:
+        return gA, None
+    return gA, ops.reshape(ops.cast(ops.reduce_sum(d, 0), bias.dtype), bias.shape)
+
+
+@constexpr
+def _inv127():
+    return float(np.float32(1.0 / 127.0))
+
+
+def matmul(A, B, state=None, threshold=0.0, bias=None):
+    """``bnb.matmul``'s LLM.int8() forward (no outlier columns): B int8 with ``state.CB``/``state.SCB``, or float
+    (quantized row-wise here, after a cast to float16 for float32, as ``autograd._quantize_weight``)."""
+    _check_dtype(A.dtype, _FLOAT, "matmul", "A")
+    if state is not None and state.CB is not None and state.SCB is not None:
+        return int8_forward(A, state.CB, state.SCB, bias, threshold)
+    Bq = ops.cast(B, ms.float16) if B.dtype == ms.float32 else B
+    CB, SCB, _ = int8_vectorwise_quant(Bq)
+    return int8_forward(A, CB, SCB, bias, threshold)

@@ -1468,6 +1468,8 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
     Returns:
         [..., N] in A's dtype.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.linear_4bit(A, B, quant_state, bias, bf16_dot)
     fn = "linear_4bit"
     if quant_state is None:
         raise ValueError(f"{fn}: `quant_state` is required")
