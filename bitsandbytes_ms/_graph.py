@@ -24,6 +24,10 @@ into a caller's tensor; use the return value), ``quant_storage`` other than uint
 
 Names: ``_F`` is :mod:`bitsandbytes_ms.functional` (imported inside compile-time helpers: it imports this
 module); ``ops`` is ``mindspore.ops``.
+
+Everything here uses MindSpore's functional ``ops``, not Tensor methods or operators: the 4-bit dequantize and
+backward also run in PyNative from a Cell's ``bprop``, on tensors without mindtorch's device tag, which
+mindtorch's Tensor methods (installed by ``import mindnlp``) would refuse.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ def graph_state(absmax, shape, code, blocksize, quant_type, dtype, offset=None, 
     """A quant state made inside a graph, in the layout of ``QuantState.as_dict()`` (upstream's keys; ``dtype`` by
     name, ``nested_offset`` a 0-d tensor): MindSpore 2.7 compiles dicts across function boundaries and as jit
     outputs, but a class instance (or a namedtuple holding a dtype or None) returned from a function becomes an
-    opaque object. ``QuantState.from_dict`` turns one returned by a jit function back into a QuantState."""
+    opaque object. Return the tensors a caller needs (``state["absmax"]``, ...) from a jit function, not the dict:
+    MindSpore 2.7 fails at run time on some dict outputs that hold ``ops.Custom`` results ("The pointer[abstract]
+    is null")."""
     if state2 is None:
         return {"quant_type": quant_type, "absmax": absmax, "blocksize": blocksize, "quant_map": code,
                 "dtype": _name_of(dtype), "shape": shape}
@@ -170,12 +176,20 @@ def _f32(x):
 _FLOAT = (ms.float32, ms.float16, ms.bfloat16)
 
 
+def _reshape(t, shape):
+    """``t.reshape(shape)``; MindSpore 2.7's CPU Reshape kernel (graph mode) has no bfloat16, so a bfloat16 tensor
+    is reshaped as float32 (exact both ways for every value a kernel here writes)."""
+    if t.dtype == ms.bfloat16:
+        return ops.cast(ops.reshape(ops.cast(t, ms.float32), shape), ms.bfloat16)
+    return ops.reshape(t, shape)
+
+
 def _mean_f32(t):
     """``functional._mean_f32`` (the offset of double quantization): the sum in float64, rounded once to float32,
     divided by n in float32. numpy's float64 sum and MindSpore's can differ in the last float64 bit, which
     changes the float32 result only when it lies within 2^-29 of a rounding boundary."""
-    s = ops.cast(ops.reduce_sum(ops.cast(t.reshape(-1), ms.float64)), ms.float32)
-    return s / _f32(max(_numel(t.shape), 1))
+    s = ops.cast(ops.reduce_sum(ops.cast(ops.reshape(t, (-1,)), ms.float64)), ms.float32)
+    return ops.div(s, _f32(max(_numel(t.shape), 1)))
 
 
 # ---- blockwise 8-bit ----
@@ -202,7 +216,7 @@ def quantize_blockwise(A, code=None, absmax=None, out=None, blocksize=4096, nest
     q, amax = _quantize_blockwise(A, code, blocksize)
     if nested:
         offset = _mean_f32(amax)
-        qabsmax, amax2 = _quantize_blockwise(amax - offset, code, blocksize)
+        qabsmax, amax2 = _quantize_blockwise(ops.sub(amax, offset), code, blocksize)
         return q, _nested_state(A, qabsmax, amax, amax2, offset, code, code, blocksize, blocksize, None)
     return q, graph_state(amax, A.shape, code, blocksize, None, A.dtype)
 
@@ -214,10 +228,10 @@ def _dequantize_blockwise(A, code, amax, blocksize, dtype):
 def _absmax(state):
     """fp32 absmax of a state dict, undoing double quantization as ``functional`` does."""
     if "nested_absmax" in state:
-        amax = _dequantize_blockwise(state["absmax"], state["nested_quant_map"], state["nested_absmax"],
-                                     state["nested_blocksize"], state["nested_dtype"]) + state["nested_offset"]
+        amax = ops.add(_dequantize_blockwise(state["absmax"], state["nested_quant_map"], state["nested_absmax"],
+                                             state["nested_blocksize"], state["nested_dtype"]), state["nested_offset"])
         if amax.dtype != ms.float32:
-            amax = amax.astype(ms.float32)
+            amax = ops.cast(amax, ms.float32)
         return amax
     return state["absmax"]
 
@@ -308,7 +322,7 @@ def quantize_4bit(A, absmax=None, out=None, blocksize=None, compress_statistics=
     if compress_statistics:
         offset = _mean_f32(amax)
         code8 = _const_code("dynamic")
-        qabsmax, amax2 = _quantize_blockwise(amax - offset, code8, 256)
+        qabsmax, amax2 = _quantize_blockwise(ops.sub(amax, offset), code8, 256)
         return packed, _nested_state(A, qabsmax, amax, amax2, offset, code, code8, blocksize, 256, quant_type)
     return packed, graph_state(amax, A.shape, code, blocksize, quant_type, A.dtype)
 
@@ -326,7 +340,8 @@ def dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, 
     _check_nonempty(shape, fn, "A")
     amax = _absmax(st)
     res = _prim(_entry("cdequantize_blockwise", st["dtype"], "_" + st["quant_type"]), (n,))(
-        st["quant_map"], A.reshape(-1), amax, st["blocksize"], n).reshape(shape)
+        st["quant_map"], ops.reshape(A, (-1,)), amax, st["blocksize"], n)
+    res = _reshape(res, shape)
     if len(A.shape) == 2 and A.shape[0] == 1 and A.shape[1] > 1 and len(shape) == 2:
         res = ops.transpose(res, (1, 0))  # upstream's transposed-view case (see functional.dequantize_4bit)
     return res
@@ -434,7 +449,7 @@ def mm_dequant(A, row_stats, col_stats, bias, dtype, fn):
     else:
         _check_dtype(bias.dtype, _FLOAT, fn, "bias")
         rows, N = _check_mm_dequant(A.shape, row_stats.shape, col_stats.shape, bias.shape, fn)
-        bias = bias.reshape(N)
+        bias = _reshape(bias, (N,))
     return _prim(_entry("cdequant_mm_int32", dtype), ())(
         A.reshape(rows, N), row_stats.reshape(rows), col_stats.reshape(N), bias)
 
@@ -450,7 +465,7 @@ def int8_scaled_mm(A, B, row_stats, col_stats, bias=None, dtype=None):
     if dtype is None:
         dtype = ms.float16
     C = int8_linear_matmul(A, B)
-    return mm_dequant(C, row_stats, col_stats, bias, dtype, fn).reshape(C.shape)
+    return _reshape(mm_dequant(C, row_stats, col_stats, bias, dtype, fn), C.shape)
 
 
 @constexpr
@@ -465,7 +480,7 @@ def int8_vectorwise_dequant(A, stats):
     _check_rank(A.shape, fn, "A")
     rows = _numel(A.shape[:-1])
     _check_numel(stats.shape, rows, fn, "stats")
-    out = ops.mul(ops.cast(ops.reshape(A, (rows, A.shape[-1])), ms.float32), ops.reshape(stats, (rows, 1)))
+    out = ops.mul(ops.reshape(ops.cast(A, ms.float32), (rows, A.shape[-1])), ops.reshape(stats, (rows, 1)))
     out = ops.mul(out, _dequant_scale())
     return ops.reshape(out, A.shape)
 
@@ -519,10 +534,10 @@ _MATMUL_NT = ops.MatMul(transpose_b=True)
 def dequant_weight_f32(B, quant_state):
     """``autograd._dequant_weight_f32``: the [N, K] weight in float32."""
     st = as_graph_state(quant_state)
-    W = dequantize_4bit(B.reshape(-1, 1), st).reshape(st["shape"])
+    W = dequantize_4bit(ops.reshape(B, (-1, 1)), st)
     if W.dtype != ms.float32:
-        W = W.astype(ms.float32)
-    return W
+        W = ops.cast(W, ms.float32)
+    return ops.reshape(W, st["shape"])
 
 
 def forward_4bit(A, B, quant_state, bias):
@@ -533,21 +548,22 @@ def forward_4bit(A, B, quant_state, bias):
         return linear_4bit(A, B, st, bias)
     N = st["shape"][0]
     K = A.shape[-1]
-    res = _MATMUL_NT(A.reshape(-1, K).astype(ms.float32), dequant_weight_f32(B, st))
+    res = _MATMUL_NT(A.astype(ms.float32).reshape(-1, K), dequant_weight_f32(B, st))
     if bias is not None:
         res = res + bias.astype(ms.float32)
     return res.reshape(A.shape[:-1] + (N,)).astype(A.dtype)
 
 
 def grad_4bit(A, B, quant_state, dout, bias):
-    """``autograd._grad_4bit``: (dA, dbias or None)."""
+    """``autograd._grad_4bit``: (dA, dbias or None). MindSpore's functional ops only (no Tensor methods), so it also
+    runs in PyNative on tensors without mindtorch's device tag (a Cell's ``bprop``)."""
     st = as_graph_state(quant_state)
     N = st["shape"][0]
-    g = dout.reshape(-1, N).astype(ms.float32)
-    dA = ops.matmul(g, dequant_weight_f32(B, st)).reshape(A.shape).astype(A.dtype)
+    g = ops.reshape(ops.cast(dout, ms.float32), (-1, N))
+    dA = ops.cast(ops.reshape(ops.matmul(g, dequant_weight_f32(B, st)), A.shape), A.dtype)
     if bias is None:
         return dA, None
-    return dA, g.sum(axis=0).reshape(bias.shape).astype(bias.dtype)
+    return dA, ops.cast(ops.reshape(ops.reduce_sum(g, 0), bias.shape), bias.dtype)
 
 
 def int8_forward(A, CB, SCB, bias, threshold=0.0):
@@ -556,22 +572,22 @@ def int8_forward(A, CB, SCB, bias, threshold=0.0):
     _check_threshold(threshold, "matmul")
     N = CB.shape[0]
     K = A.shape[-1]
-    A2 = A.reshape(-1, K)
+    A2 = _reshape(A, (-1, K))
     Aq = ops.cast(A2, ms.float16) if A2.dtype == ms.float32 else A2
     CA, SCA, _ = int8_vectorwise_quant(Aq)
     out = int8_scaled_mm(CA, CB, SCA, SCB, bias=bias, dtype=A.dtype)
-    return out.reshape(A.shape[:-1] + (N,))
+    return _reshape(out, A.shape[:-1] + (N,))
 
 
 def int8_backward(A, CB, SCB, dout, bias):
     """``autograd._backward`` for a frozen int8 weight: (dA = dout @ dequant(CB) in A's dtype, dbias or None)."""
     N = CB.shape[0]
-    d = ops.cast(ops.reshape(dout, (-1, N)), ms.float32)
-    W = ops.mul(ops.cast(CB, ms.float32), ops.mul(ops.reshape(SCB, (-1, 1)), _inv127()))
-    gA = ops.reshape(ops.cast(ops.matmul(d, W), A.dtype), A.shape)
+    d = ops.reshape(ops.cast(dout, ms.float32), (-1, N))
+    W = _dequant_int8_weight(CB, SCB)
+    gA = ops.cast(ops.reshape(ops.matmul(d, W), A.shape), A.dtype)
     if bias is None:
         return gA, None
-    return gA, ops.reshape(ops.cast(ops.reduce_sum(d, 0), bias.dtype), bias.shape)
+    return gA, ops.cast(ops.reshape(ops.reduce_sum(d, 0), bias.shape), bias.dtype)
 
 
 @constexpr
@@ -579,12 +595,34 @@ def _inv127():
     return float(np.float32(1.0 / 127.0))
 
 
+def _dequant_int8_weight(CB, SCB):
+    """``autograd._dequant_weight``: CB * (SCB / 127) in float32 ([N, K])."""
+    return ops.mul(ops.cast(CB, ms.float32), ops.mul(ops.reshape(SCB, (-1, 1)), _inv127()))
+
+
+def fp_forward(A, CB, SCB, bias):
+    """``autograd._fp_forward`` (MatMul8bitFp, upstream's CPU training path): A @ dequant(CB).T (+ bias) in float32,
+    returned in A's dtype."""
+    N = CB.shape[0]
+    K = A.shape[-1]
+    a = ops.reshape(ops.cast(A, ms.float32), (-1, K))
+    out = ops.matmul(a, ops.transpose(_dequant_int8_weight(CB, SCB), (1, 0)))
+    if bias is not None:
+        out = ops.add(out, ops.reshape(ops.cast(bias, ms.float32), (1, -1)))
+    return ops.cast(ops.reshape(out, A.shape[:-1] + (N,)), A.dtype)
+
+
 def matmul(A, B, state=None, threshold=0.0, bias=None):
-    """``bnb.matmul``'s LLM.int8() forward (no outlier columns): B int8 with ``state.CB``/``state.SCB``, or float
-    (quantized row-wise here, after a cast to float16 for float32, as ``autograd._quantize_weight``)."""
+    """``bnb.matmul``'s forward: as upstream, ``state.is_training`` (True for a fresh MatmulLtState) selects
+    MatMul8bitFp (:func:`fp_forward`), otherwise MatMul8bitLt (:func:`int8_forward`, no outlier columns). B int8
+    with ``state.CB``/``state.SCB``, or float (quantized row-wise here, after a cast to float16 for float32, as
+    ``autograd._quantize_weight``; the state is not written)."""
     _check_dtype(A.dtype, _FLOAT, "matmul", "A")
     if state is not None and state.CB is not None and state.SCB is not None:
-        return int8_forward(A, state.CB, state.SCB, bias, threshold)
-    Bq = ops.cast(B, ms.float16) if B.dtype == ms.float32 else B
-    CB, SCB, _ = int8_vectorwise_quant(Bq)
+        CB, SCB = state.CB, state.SCB
+    else:
+        Bq = ops.cast(B, ms.float16) if B.dtype == ms.float32 else B
+        CB, SCB, _ = int8_vectorwise_quant(Bq)
+    if state is None or state.is_training:
+        return fp_forward(A, CB, SCB, bias)
     return int8_forward(A, CB, SCB, bias, threshold)

@@ -329,8 +329,11 @@ def tag_device(out, like=()) -> None:
     every tensor it creates, taken from the first input that has one (or mindtorch's default device
     once mindtorch is imported), so results can flow into torch-style code. Plain MindSpore tensors
     are left untouched when mindtorch is not in use, and in a compiled graph (nothing to tag there)."""
-    if compiling(out[0] if isinstance(out, (tuple, list)) and out else out):
-        return
+    if not compiling(out[0] if isinstance(out, (tuple, list)) and out else out):
+        _tag_device(out, like)
+
+
+def _tag_device(out, like) -> None:
     device = next((t._device for t in like if isinstance(t, Tensor) and hasattr(t, "_device")), None)
     if device is None:
         mt = sys.modules.get("mindtorch")

@@ -18,6 +18,11 @@ as the mindtorch layers.
   (MindSpore's ``Dense`` stores ``weight`` as [out, in], as torch's Linear does).
 
 Limits in graph mode are :mod:`bitsandbytes_ms._graph`'s: uint8 quant storage, no int8 outlier threshold.
+
+This module uses MindSpore's functional ``ops`` only, no Tensor methods or operators: importing
+``bitsandbytes_ms.nn`` imports mindnlp, whose mindtorch replaces ``Tensor``'s methods with torch's, which need
+mindtorch's device tag on every operand in PyNative mode (user code around these Cells is best written the same way,
+or with tensors made by ``mindtorch``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from .. import _graph
 from .. import functional as F
 from ..autograd import _functions as _autograd
+from ..cextension import tag_device as _tag_device
 
 
 def _weight_of(dense_or_weight):
@@ -62,17 +68,21 @@ class _Frozen4bitMatmul(nn.Cell):
         return _graph.graph_state(absmax, self.shape, self.code, self.blocksize, self.quant_type, self.weight_dtype)
 
     def construct(self, A, weight, absmax, nested_absmax, nested_offset, bias):
+        if not _graph.compiling(A):  # PyNative after mindnlp's import: mindtorch's ops need the tag
+            _tag_device((A, bias), like=(A,))
         state = self._state(A, absmax, nested_absmax, nested_offset)
         if self.has_bias:
             return _autograd._forward_4bit(A, weight, state, bias)
         return _autograd._forward_4bit(A, weight, state, None)
 
     def bprop(self, A, weight, absmax, nested_absmax, nested_offset, bias, out, dout):
-        state = self._state(A, absmax, nested_absmax, nested_offset)
+        # autograd._grad_4bit's computation in MindSpore's functional ops (_graph.grad_4bit): the bprop's tensors
+        # carry no mindtorch device tag, and MindSpore resolves every call in a bprop graph, even in dead branches
+        state = self._state(dout, absmax, nested_absmax, nested_offset)
         if self.has_bias:
-            dA, dbias = _autograd._grad_4bit(A, weight, state, dout, bias)
+            dA, dbias = _graph.grad_4bit(A, weight, state, dout, bias)
         else:
-            dA, _ = _autograd._grad_4bit(A, weight, state, dout, None)
+            dA, _ = _graph.grad_4bit(A, weight, state, dout, None)
             dbias = ops.zeros_like(bias)
         return (dA, ops.zeros_like(weight), ops.zeros_like(absmax), ops.zeros_like(nested_absmax),
                 ops.zeros_like(nested_offset), dbias)
@@ -101,7 +111,7 @@ class Linear4bitCell(nn.Cell):
         self.in_features, self.out_features = int(input_features), int(output_features)
         if weight is None:
             weight = nn.Dense(self.in_features, self.out_features, has_bias=False, dtype=dtype).weight
-        w = _weight_of(weight).astype(dtype)
+        w = ops.cast(_weight_of(weight), dtype)
         if tuple(w.shape) != (self.out_features, self.in_features):
             raise ValueError(f"Linear4bitCell: `weight` must be [{self.out_features}, {self.in_features}]; got "
                              f"{tuple(w.shape)}")
@@ -114,7 +124,7 @@ class Linear4bitCell(nn.Cell):
         self._code = qs.code
         if qs.nested:
             self.nested_absmax = Parameter(qs.state2.absmax, name="nested_absmax", requires_grad=False)
-            self.nested_offset = Parameter(qs.offset.reshape(()).astype(ms.float32), name="nested_offset",
+            self.nested_offset = Parameter(ops.cast(ops.reshape(qs.offset, ()), ms.float32), name="nested_offset",
                                            requires_grad=False)
             self._code2, self._blocksize2 = qs.state2.code, int(qs.state2.blocksize)
         else:  # placeholders, so the matmul cell has one signature
@@ -123,7 +133,7 @@ class Linear4bitCell(nn.Cell):
             self._code2, self._blocksize2 = None, None
         if bias:
             b = bias_init if bias_init is not None else Tensor(np.zeros(self.out_features, np.float32))
-            self.bias = Parameter(_weight_of(b).astype(dtype).reshape(self.out_features), name="bias")
+            self.bias = Parameter(ops.reshape(ops.cast(_weight_of(b), dtype), (self.out_features,)), name="bias")
         else:
             self.bias = None
         # the PyNative quant state reads the Parameters themselves (load_checkpoint updates them in place)
@@ -176,6 +186,8 @@ class _FrozenInt8Matmul(nn.Cell):
         return _autograd._int8_forward(A, CB, bias, state)
 
     def construct(self, A, CB, SCB, bias):
+        if not _graph.compiling(A):
+            _tag_device((A, bias), like=(A,))
         if self.has_bias:
             return self._forward(A, CB, SCB, bias)
         return self._forward(A, CB, SCB, None)
@@ -205,7 +217,7 @@ class Linear8bitLtCell(nn.Cell):
         self.in_features, self.out_features = int(input_features), int(output_features)
         if weight is None:
             weight = nn.Dense(self.in_features, self.out_features, has_bias=False, dtype=dtype).weight
-        w = _weight_of(weight).astype(dtype)
+        w = ops.cast(_weight_of(weight), dtype)
         if tuple(w.shape) != (self.out_features, self.in_features):
             raise ValueError(f"Linear8bitLtCell: `weight` must be [{self.out_features}, {self.in_features}]; got "
                              f"{tuple(w.shape)}")
@@ -215,7 +227,7 @@ class Linear8bitLtCell(nn.Cell):
         self.SCB = Parameter(SCB, name="SCB", requires_grad=False)
         if bias:
             b = bias_init if bias_init is not None else Tensor(np.zeros(self.out_features, np.float32))
-            self.bias = Parameter(_weight_of(b).astype(dtype).reshape(self.out_features), name="bias")
+            self.bias = Parameter(ops.reshape(ops.cast(_weight_of(b), dtype), (self.out_features,)), name="bias")
         else:
             self.bias = None
         self._matmul = _FrozenInt8Matmul(self.threshold, self.bias is not None)
@@ -255,6 +267,5 @@ class LoRAAdapter(nn.Cell):
 
     def construct(self, x):
         y = self.base(x)
-        k = x.shape[-1]
-        h = self._mm(self._mm(x.reshape(-1, k).astype(ms.float32), self.lora_down), self.lora_up)
-        return y + (h * self.scale).reshape(y.shape).astype(y.dtype)
+        h = self._mm(self._mm(ops.reshape(ops.cast(x, ms.float32), (-1, x.shape[-1])), self.lora_down), self.lora_up)
+        return ops.add(y, ops.cast(ops.reshape(ops.mul(h, self.scale), y.shape), y.dtype))
