@@ -402,6 +402,29 @@ def int8_vectorwise_quant(A, threshold=0.0):
 
 
 @constexpr
+def _no_preallocated(given):
+    for name, v in given:
+        if v:
+            raise ValueError(f"{name} must be None. int8_double_quant() does not support pre-allocated {name}.")
+
+
+def int8_double_quant(A, col_stats=None, row_stats=None, out_col=None, out_row=None, threshold=0.0):
+    """``functional.int8_double_quant`` without outlier columns (threshold 0): the same MindSpore ops."""
+    fn = "int8_double_quant"
+    _no_preallocated((("row_stats", row_stats is not None), ("col_stats", col_stats is not None),
+                      ("out_col", out_col is not None), ("out_row", out_row is not None)))
+    CA, rstats, outlier_cols = int8_vectorwise_quant(A, threshold)
+    K = A.shape[-1]
+    a = ops.cast(_reshape(A, (-1, K)), ms.float32)
+    cstats = ops.reduce_max(ops.abs(a), 0)
+    # MindSpore's CPU max skips NaN; upstream's amax propagates it (a NaN column gets a NaN scale)
+    cstats = ops.select(ops.any(ops.isnan(a), 0), ops.full_like(cstats, float("nan")), cstats)
+    q = ops.round(ops.div(ops.mul(a, 127.0), ops.reshape(cstats, (1, K))))
+    q = ops.select(ops.isfinite(q), q, ops.zeros_like(q))
+    return CA, ops.reshape(ops.cast(q, ms.int8), A.shape), rstats, cstats, outlier_cols
+
+
+@constexpr
 def _check_matmul_shapes(a_shape, b_shape, fn):
     if len(b_shape) != 2:
         raise ValueError(f"{fn}: `B` must be 2-D [N, K]; got shape {tuple(b_shape)}")

@@ -1636,6 +1636,8 @@ def int8_double_quant(A: Tensor, col_stats=None, row_stats=None, out_col=None, o
         ValueError: any of the preallocated arguments is given (upstream does not support them), or ``A``
             is not a 16/32-bit float tensor.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.int8_double_quant(A, col_stats, row_stats, out_col, out_row, threshold)
     fn = "int8_double_quant"
     for name, v in (("row_stats", row_stats), ("col_stats", col_stats), ("out_col", out_col), ("out_row", out_row)):
         if v is not None:

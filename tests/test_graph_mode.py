@@ -93,7 +93,8 @@ def test_fourbit_jit_equals_pynative(dtype, quant_type):
 
     def quant(W):
         q, s = F.quantize_4bit(W, quant_type=quant_type, compress_statistics=True)
-        return q, s["absmax"], s["nested_absmax"], s["quant_map"]
+        q2, s2 = (F.quantize_nf4 if quant_type == "nf4" else F.quantize_fp4)(W)
+        return q, s["absmax"], s["nested_absmax"], s["quant_map"], q2, s2["absmax"]
 
     def roundtrip(W):
         q, s = F.quantize_4bit(W, quant_type=quant_type, blocksize=128)
@@ -125,6 +126,10 @@ def test_int8_jit_equals_pynative(dtype):
     A, W = _x((3, 4, 64), dtype), _x((32, 64), dtype)
     bias = _x((32,), dtype)
 
+    def double(A):
+        CA, CAt, rs, cs, _ = F.int8_double_quant(A)
+        return CA, CAt, rs, cs
+
     def ops8(A, W, bias):
         CA, SA, _ = F.int8_vectorwise_quant(A)
         CB, SB, _ = F.int8_vectorwise_quant(W)
@@ -143,6 +148,7 @@ def test_int8_jit_equals_pynative(dtype):
         return bnb.matmul(A, state.CB, state=state, bias=bias)
 
     _check_jit(ops8, A, W, bias)
+    _check_jit(double, A)
     _check_jit(mm, A, W, bias)
     _check_jit(mm_lt, A, bias)
 
