@@ -649,3 +649,103 @@ def matmul(A, B, state=None, threshold=0.0, bias=None):
     if state is None or state.is_training:
         return fp_forward(A, CB, SCB, bias)
     return int8_forward(A, CB, SCB, bias, threshold)
+
+
+# ---- weight-only int8/int4 (W8A16 / W4A16) ----
+@constexpr
+def _check_weight_only(bits, q_dtype, q_shape, scale_shape, K, fn):
+    if isinstance(bits, bool) or bits not in (8, 4):
+        raise ValueError(f"{fn}: `bits` must be 8 or 4; got {bits!r}")
+    want = ms.int8 if bits == 8 else ms.uint8
+    if q_dtype != want:
+        raise ValueError(f"{fn}: `q` must have dtype {dtype_name(want)}; got {dtype_name(q_dtype)}")
+    N = int(math.prod(scale_shape))
+    width = K if bits == 8 else (K + 1) // 2
+    if len(q_shape) != 2 or tuple(q_shape) != (N, width):
+        raise ValueError(f"{fn}: `q` must have shape [{N}, {width}] for {N} output channels, K={K}, bits={bits}; "
+                         f"got {tuple(q_shape)}")
+    if N * K == 0:
+        raise NotImplementedError(f"{fn}: empty weights are not supported under mindspore.jit / GRAPH_MODE")
+    return N
+
+
+@constexpr
+def _wo_bits(bits, fn):
+    if isinstance(bits, bool) or bits not in (8, 4):
+        raise ValueError(f"{fn}: `bits` must be 8 or 4; got {bits!r}")
+    return bits
+
+
+def quantize_weight_only(W, bits=8):
+    fn = "quantize_weight_only"
+    _check_dtype(W.dtype, _FLOAT, fn, "W")
+    _check_2d(W.shape, fn)
+    return _prim(_entry(f"cquantize_weight_only_int{_wo_bits(bits, fn)}", W.dtype), ())(W)
+
+
+@constexpr
+def _check_2d(shape, fn):
+    if len(shape) != 2:
+        raise ValueError(f"{fn}: `W` must be 2-D [out_features, in_features]; got shape {tuple(shape)}")
+    if int(math.prod(shape)) == 0:
+        raise NotImplementedError(f"{fn}: empty weights are not supported under mindspore.jit / GRAPH_MODE")
+
+
+@constexpr
+def _wo_k(in_features, q_shape, bits):
+    return int(in_features) if in_features is not None else int(q_shape[-1]) * (1 if bits == 8 else 2)
+
+
+def _scale_f32(scale):
+    s = ops.reshape(scale, (-1,)) if scale.dtype == ms.float32 else ops.cast(_reshape(scale, (-1,)), ms.float32)
+    return s
+
+
+def dequantize_weight_only(q, scale, in_features=None, bits=8, dtype=ms.float32, out=None):
+    fn = "dequantize_weight_only"
+    _no_output_arg(fn, "out", out is not None)
+    _check_dtype(dtype, _FLOAT, fn, "dtype")
+    K = _wo_k(in_features, q.shape, bits)
+    _check_weight_only(bits, q.dtype, q.shape, scale.shape, K, fn)
+    return _prim(_entry(f"cdequantize_weight_only_int{bits}", dtype), (K,))(q, _scale_f32(scale), K)
+
+
+@constexpr
+def _wo_gemm_plan(a_shape, in_features, bias_shape, N, fn):
+    if len(a_shape) == 0:
+        raise ValueError(f"{fn}: `A` must have at least one dimension")
+    K = int(a_shape[-1])
+    if in_features is not None and K != int(in_features):
+        raise ValueError(f"{fn}: `A` must have last dimension in_features = {int(in_features)}; got shape "
+                         f"{tuple(a_shape)}")
+    if bias_shape is not None and int(math.prod(bias_shape)) != N:
+        raise ValueError(f"{fn}: `bias` must have {N} elements; got {int(math.prod(bias_shape))}")
+    rows = int(math.prod(a_shape[:-1]))
+    if rows == 0:
+        raise NotImplementedError(f"{fn}: empty inputs are not supported under mindspore.jit / GRAPH_MODE")
+    return rows <= _F.WEIGHT_ONLY_NATIVE_MAX_ROWS, rows
+
+
+def gemm_weight_only(A, q, scale, bits=8, bias=None, out=None, in_features=None):
+    """``functional.gemm_weight_only``: the native kernel up to ``WEIGHT_ONLY_NATIVE_MAX_ROWS`` rows, else the fp32
+    weight and MindSpore's matmul (the same ops as PyNative)."""
+    fn = "gemm_weight_only"
+    _no_output_arg(fn, "out", out is not None)
+    _check_dtype(A.dtype, _FLOAT, fn, "A")
+    K = A.shape[-1]
+    N = _check_weight_only(_wo_bits(bits, fn), q.dtype, q.shape, scale.shape, K, fn)
+    s = _scale_f32(scale)
+    if bias is None:
+        native, rows = _wo_gemm_plan(A.shape, in_features, None, N, fn)
+    else:
+        native, rows = _wo_gemm_plan(A.shape, in_features, bias.shape, N, fn)
+    if native:
+        res = _prim(_entry(f"cgemm_weight_only_int{bits}", A.dtype), ())(A, q, s)
+        if bias is not None:
+            res = ops.cast(ops.add(ops.cast(res, ms.float32), ops.cast(_reshape(bias, (-1,)), ms.float32)), A.dtype)
+        return res
+    W = _prim(f"cdequantize_weight_only_int{bits}_fp32", (K,))(q, s, K)
+    res = ops.matmul(ops.cast(_reshape(A, (rows, K)), ms.float32), ops.transpose(W, (1, 0)))
+    if bias is not None:
+        res = ops.add(res, ops.cast(_reshape(bias, (-1,)), ms.float32))
+    return ops.cast(ops.reshape(res, A.shape[:-1] + (N,)), A.dtype)

@@ -2065,6 +2065,8 @@ def quantize_weight_only(W: Tensor, bits: int = 8) -> Tuple[Tensor, Tensor]:
     Raises:
         ValueError: W not a 2-D float tensor, bits not 8/4.
     """
+    if _graph.compiling(W):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.quantize_weight_only(W, bits)
     fn = "quantize_weight_only"
     _check_dtype(W, FLOAT_DTYPES, fn, "W")
     bits = _check_bits(bits, fn)
@@ -2107,6 +2109,8 @@ def dequantize_weight_only(q: Tensor, scale: Tensor, in_features: Optional[int] 
     Raises:
         ValueError: wrong dtypes/shapes, bits not 8/4.
     """
+    if _graph.compiling(q):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.dequantize_weight_only(q, scale, in_features, bits, dtype, out)
     fn = "dequantize_weight_only"
     bits = _check_bits(bits, fn)
     _check_tensor(q, fn, "q")
@@ -2140,6 +2144,8 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
     Raises:
         ValueError: wrong dtypes/shapes, bits not 8/4.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.gemm_weight_only(A, q, scale, bits, bias, out, in_features)
     fn = "gemm_weight_only"
     bits = _check_bits(bits, fn)
     _check_dtype(A, FLOAT_DTYPES, fn, "A")

@@ -153,6 +153,20 @@ def test_int8_jit_equals_pynative(dtype):
     _check_jit(mm_lt, A, bias)
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+def test_weight_only_jit_equals_pynative(bits):
+    W, a2, a20 = _x((24, 63)), _x((2, 63), ms.bfloat16), _x((20, 63))
+    bias = _x((24,))
+
+    def wo(W, a2, a20, bias):
+        q, s = F.quantize_weight_only(W, bits=bits)
+        return (q, s, F.dequantize_weight_only(q, s, in_features=63, bits=bits, dtype=ms.bfloat16),
+                F.gemm_weight_only(a2, q, s, bits=bits, bias=bias, in_features=63),
+                F.gemm_weight_only(a20, q, s, bits=bits, bias=bias, in_features=63))
+
+    _check_jit(wo, W, a2, a20, bias)
+
+
 def test_graph_mode_context_cell():
     W = _x((16, 64))
 
