@@ -12,7 +12,8 @@
 //   * a team of lanes (4..32 lanes of a warp, or the whole 512-thread block for blocksizes of
 //     2048+ elements) owns one quantization block: 16-byte vector loads kept in registers, absmax by
 //     warp shuffles (+ shared memory across warps), then indices from the table, written as 4/8
-//     byte vectors.  The grid is persistent (blocks = SMs x occupancy), so the table is built a few
+//     byte vectors.  Small blocks are served G at a time per team, all G loads issued before the first
+//     use (enough bytes in flight per warp to cover the memory latency).  The grid is persistent (blocks = SMs x occupancy), so the table is built a few
 //     hundred times per call, not once per quantization block.
 //   * other blocksizes (not a power of two, or misaligned pointers) take a scalar path with one warp
 //     per quantization block (correct for any blocksize > 0, not tuned).
@@ -28,6 +29,7 @@
 
 #include "checks/blockwise.h"
 #include "cuda/aot_cuda.cuh"
+#include "cuda/vec_io.cuh"
 
 namespace bnb_ms {
 namespace cuda {
@@ -80,15 +82,23 @@ __device__ void build_lut(const float *__restrict__ code, uint8_t *lut) {
     thr[t] = kLut + 1;  // never counted
   }
   __syncthreads();
+  // lut[i] = #{c < 255 : T[c] <= i}; T is non-decreasing, so a lane walks c up as i grows.  Warp w fills
+  // words [w * per_warp, (w + 1) * per_warp), lane l every 32nd of them (conflict-free stores); one binary
+  // search per lane for its first word, then at most 255 steps of the walk in all.
   uint32_t *lut32 = reinterpret_cast<uint32_t *>(lut);
-  for (int w = t; w < kLut / 4; w += blockDim.x) {
-    const int i0 = 4 * w;
-    int lo = 0, hi = kCode - 1;  // count of T[c] <= i0, c in [0, 255)
+  const int nwarps = blockDim.x >> 5, per_warp = (kLut / 4) / nwarps;
+  const int w0 = (t >> 5) * per_warp + (t & 31);
+  int c;
+  {
+    int lo = 0, hi = kCode - 1;  // count of T[c] <= 4 * w0, c in [0, 255)
     while (lo < hi) {
       const int mid = (lo + hi) >> 1;
-      if (thr[mid] <= i0) lo = mid + 1; else hi = mid;
+      if (thr[mid] <= 4 * w0) lo = mid + 1; else hi = mid;
     }
-    int c = lo;
+    c = lo;
+  }
+  for (int w = w0; w < (t >> 5) * per_warp + per_warp; w += 32) {
+    const int i0 = 4 * w;
     uint32_t word = 0;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -99,37 +109,7 @@ __device__ void build_lut(const float *__restrict__ code, uint8_t *lut) {
   }
 }
 
-// ---- vector I/O ---------------------------------------------------------------------------------
-template <class T> struct Vec;  // 16 bytes of T
-template <> struct Vec<float> {
-  static constexpr int N = 4;
-  using Out = uint32_t;  // 4 codes
-};
-template <> struct Vec<__half> {
-  static constexpr int N = 8;
-  using Out = uint2;  // 8 codes
-};
-template <> struct Vec<__nv_bfloat16> {
-  static constexpr int N = 8;
-  using Out = uint2;
-};
-
-// Elements stay in registers as raw 16-byte vectors (half the registers of floats for fp16/bf16)
-// and are widened when used.
-template <class T>
-__device__ __forceinline__ float elem(const uint4 &raw, int e) {
-  if constexpr (Vec<T>::N == 4) {
-    return __uint_as_float(e == 0 ? raw.x : e == 1 ? raw.y : e == 2 ? raw.z : raw.w);
-  } else {
-    const uint32_t word = (e >> 1) == 0 ? raw.x : (e >> 1) == 1 ? raw.y : (e >> 1) == 2 ? raw.z : raw.w;
-    const unsigned short bits = (unsigned short)((e & 1) ? (word >> 16) : (word & 0xffffu));
-    if constexpr (sizeof(T) == 2 && Vec<T>::N == 8 && std::is_same<T, __half>::value)
-      return __half2float(__ushort_as_half(bits));
-    else
-      return __uint_as_float((uint32_t)bits << 16);
-  }
-}
-
+// ---- vector I/O: cuda/vec_io.cuh (Vec, elem, load_vec) -----------------------------------------
 template <class T>
 __device__ __forceinline__ void store_codes(uint8_t *p, const uint8_t (&c)[Vec<T>::N]) {
   if constexpr (Vec<T>::N == 4) {
@@ -150,7 +130,7 @@ __device__ __forceinline__ uint8_t quant_one(const uint8_t *lut, float x, QuantS
 // ---- quantize: fast path ------------------------------------------------------------------------
 // TEAM lanes (power of two <= 32) or TEAM == 0 (the whole block) own one quantization block of
 // bs = TEAM_SIZE * ITEMS * VEC elements.
-template <class T, int TEAM, int ITEMS>
+template <class T, int TEAM, int ITEMS, int G>
 __global__ void __launch_bounds__(kThreads)
 quantize_fast(const float *__restrict__ code, const T *__restrict__ A, float *__restrict__ absmax,
               uint8_t *__restrict__ out, int64_t bs, int64_t n, int64_t nblocks) {
@@ -162,66 +142,67 @@ quantize_fast(const float *__restrict__ code, const T *__restrict__ A, float *__
   __syncthreads();
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int PER_WARP = TEAM == 0 ? 1 : 32 / (TEAM == 0 ? 1 : TEAM);
   int64_t first, stride;
   if constexpr (TEAM == 0) {
+    static_assert(G == 1, "a whole-block team serves one quantization block at a time");
     first = blockIdx.x;
     stride = gridDim.x;
   } else {
-    constexpr int per_warp = 32 / TEAM;
-    first = ((int64_t)blockIdx.x * kWarps + warp) * per_warp;
-    stride = (int64_t)gridDim.x * kWarps * per_warp;
+    first = ((int64_t)blockIdx.x * kWarps + warp) * PER_WARP * G;
+    stride = (int64_t)gridDim.x * kWarps * PER_WARP * G;
   }
   const int t = TEAM == 0 ? threadIdx.x : (lane & (TS - 1));
   const int sub = TEAM == 0 ? 0 : lane / TS;
 
   for (int64_t b0 = first; b0 < nblocks; b0 += stride) {  // uniform per warp (per block if TEAM==0)
-    const int64_t b = b0 + sub;
-    const bool valid = b < nblocks;
-    const int64_t base = b * bs;
-    uint4 x[ITEMS];
-    float amax = 0.0f;
+    // all G x ITEMS loads of the step in flight before the first use
+    uint4 x[G][ITEMS];
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t off = base + (int64_t)(t + k * TS) * V;
-      if (valid && off + V <= n) {
-        x[k] = __ldg(reinterpret_cast<const uint4 *>(A + off));
-      } else {  // the last, partial vector: missing elements read as 0 (no effect on absmax)
-        T h[V];
+    for (int g = 0; g < G; ++g) {
+      const int64_t b = b0 + g * PER_WARP + sub;
 #pragma unroll
-        for (int e = 0; e < V; ++e) h[e] = (valid && off + e < n) ? A[off + e] : from_float<T>(0.0f);
-        memcpy(&x[k], h, sizeof(x[k]));
-      }
-#pragma unroll
-      for (int e = 0; e < V; ++e) amax = fmaxf(amax, fabsf(elem<T>(x[k], e)));  // NaN ignored, as on the CPU
+      for (int k = 0; k < ITEMS; ++k) x[g][k] = load_vec<T>(A, b * bs + (int64_t)(t + k * TS) * V, n, b < nblocks);
     }
-    if constexpr (TEAM == 0) {
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      if (lane == 0) red[warp] = amax;
-      __syncthreads();
-      amax = red[0];
+    for (int g = 0; g < G; ++g) {
+      const int64_t b = b0 + g * PER_WARP + sub;
+      const bool valid = b < nblocks;
+      const int64_t base = b * bs;
+      float amax = 0.0f;
 #pragma unroll
-      for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, red[w]);
-      __syncthreads();  // red is reused by the next iteration
-    } else {
+      for (int k = 0; k < ITEMS; ++k)
 #pragma unroll
-      for (int o = TS / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    }
-    if (!valid) continue;
-    if (t == 0) absmax[b] = amax;
-    const QuantScale inv = amax == 0.0f ? QuantScale{1.0f, 0.0f} : quant_block_scale(amax);
+        for (int e = 0; e < V; ++e) amax = fmaxf(amax, fabsf(elem<T>(x[g][k], e)));  // NaN ignored, as on the CPU
+      if constexpr (TEAM == 0) {
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t off = base + (int64_t)(t + k * TS) * V;
-      uint8_t c[V];
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        if (lane == 0) red[warp] = amax;
+        __syncthreads();
+        amax = red[0];
 #pragma unroll
-      for (int e = 0; e < V; ++e) c[e] = amax == 0.0f ? (uint8_t)0 : quant_one(lut, elem<T>(x[k], e), inv);
-      if (off + V <= n) {
-        store_codes<T>(out + off, c);
+        for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, red[w]);
+        __syncthreads();  // red is reused by the next iteration
       } else {
 #pragma unroll
-        for (int e = 0; e < V; ++e)
-          if (off + e < n) out[off + e] = c[e];
+        for (int o = TS / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      }
+      if (!valid) continue;
+      if (t == 0) absmax[b] = amax;
+      const QuantScale inv = amax == 0.0f ? QuantScale{1.0f, 0.0f} : quant_block_scale(amax);
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const int64_t off = base + (int64_t)(t + k * TS) * V;
+        uint8_t c[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) c[e] = amax == 0.0f ? (uint8_t)0 : quant_one(lut, elem<T>(x[g][k], e), inv);
+        if (off + V <= n) {
+          store_codes<T>(out + off, c);
+        } else {
+#pragma unroll
+          for (int e = 0; e < V; ++e)
+            if (off + e < n) out[off + e] = c[e];
+        }
       }
     }
   }
@@ -370,20 +351,20 @@ int quantize_blockwise(cudaStream_t st, const float *code, const T *A, float *ab
   const int64_t nvec = bs / V;
   if (pow2 && bs >= V && nvec <= kThreads * 8 && aligned16(A) && (reinterpret_cast<uintptr_t>(out) % V) == 0) {
     // team size x items per lane = nvec
-#define BNB_Q(TEAM, ITEMS, PER_BLOCK) \
-  return launch_quantize<T>(quantize_fast<T, TEAM, ITEMS>, nblocks, PER_BLOCK, st, code, A, absmax, out, bs, n, nblocks)
+#define BNB_Q(TEAM, ITEMS, G, PER_BLOCK) \
+  return launch_quantize<T>(quantize_fast<T, TEAM, ITEMS, G>, nblocks, PER_BLOCK, st, code, A, absmax, out, bs, n, nblocks)
     switch (nvec) {
-      case 4: BNB_Q(4, 1, kWarps * 8);
-      case 8: BNB_Q(8, 1, kWarps * 4);
-      case 16: BNB_Q(16, 1, kWarps * 2);
-      case 32: BNB_Q(32, 1, kWarps);
-      case 64: BNB_Q(32, 2, kWarps);
-      case 128: BNB_Q(32, 4, kWarps);
-      case 256: BNB_Q(32, 8, kWarps);
-      case 512: BNB_Q(0, 1, 1);
-      case 1024: BNB_Q(0, 2, 1);
-      case 2048: BNB_Q(0, 4, 1);
-      case 4096: BNB_Q(0, 8, 1);
+      case 4: BNB_Q(4, 1, 4, kWarps * 8 * 4);
+      case 8: BNB_Q(8, 1, 4, kWarps * 4 * 4);
+      case 16: BNB_Q(16, 1, 4, kWarps * 2 * 4);
+      case 32: BNB_Q(32, 1, 4, kWarps * 4);
+      case 64: BNB_Q(32, 2, 2, kWarps * 2);
+      case 128: BNB_Q(32, 4, 1, kWarps);
+      case 256: BNB_Q(32, 8, 1, kWarps);
+      case 512: BNB_Q(0, 1, 1, 1);
+      case 1024: BNB_Q(0, 2, 1, 1);
+      case 2048: BNB_Q(0, 4, 1, 1);
+      case 4096: BNB_Q(0, 8, 1, 1);
       default: break;
     }
 #undef BNB_Q
