@@ -40,6 +40,7 @@
 
 #include "aot.h"
 #include "checks/optim.h"
+#include "optim_rule.h"
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
 #include "cpu/quant_lut.h"
@@ -54,90 +55,10 @@ using OptLut = QuantLut;
 inline const OptLut *opt_lut(const float *code) { return get_quant_lut(code); }
 BNB_MS_INLINE uint8_t lut_quant(const OptLut *lut, float v) { return quant_lookup(lut, v); }
 
-// ---- hyper-parameters (Hyper: checks/optim.h), rounded to float as upstream's CPU code sees them --
-struct K {
-  float b1, omb1, b2, omb2, b3, omb3, alpha, eps, gnorm, decay, wd, neg_lr;
-  float c1, c2, eps_c2, neg_lr_c1, adam_step32;
-  bool has_wd, first;
-  explicit K(const Hyper &h) {
-    b1 = (float)h.beta1; omb1 = (float)(1.0 - h.beta1);
-    b2 = (float)h.beta2; omb2 = (float)(1.0 - h.beta2);
-    b3 = (float)h.beta3; omb3 = (float)(1.0 - h.beta3);
-    alpha = (float)h.alpha; eps = (float)h.eps; gnorm = (float)h.gnorm;
-    has_wd = h.wd > 0.0; wd = (float)h.wd; decay = (float)(1.0 - h.lr * h.wd);
-    neg_lr = (float)(-h.lr);
-    const double dc1 = 1.0 - std::pow(h.beta1, (double)h.step);
-    const double dc2 = std::sqrt(1.0 - std::pow(h.beta2, (double)h.step));
-    c1 = (float)dc1; c2 = (float)dc2;
-    eps_c2 = (float)(h.eps * dc2);
-    neg_lr_c1 = (float)(-h.lr / dc1);
-    adam_step32 = (float)(-h.lr * dc2 / dc1);
-    first = h.step == 1;
-  }
-};
-
-// One element of the update. Q8 selects upstream's 8-bit CPU variant of the rule. For the
-// max_unorm path (32-bit only) `upd` receives the raw update and p is not touched.
-template <Opt O, bool Q8, bool UNORM>
-BNB_MS_INLINE void update_elem(const K &k, float g, float &p, float &s1, float &s1b, float &s2, float *upd) {
-  g = g * k.gnorm;
-  if (O == ADAM) {
-    s1 = s1 * k.b1 + k.omb1 * g;
-    s2 = s2 * k.b2 + k.omb2 * g * g;
-    if (Q8) {
-      const float denom = std::sqrt(s2) / k.c2 + k.eps;
-      if (k.has_wd) p = p * k.decay;
-      p = p + k.neg_lr_c1 * (s1 / denom);
-    } else {
-      const float u = s1 / (std::sqrt(s2) + k.eps_c2);
-      if (UNORM) { *upd = u; return; }
-      if (k.has_wd) p = p * k.decay;
-      p = p + k.adam_step32 * u;
-    }
-  } else if (O == ADEMAMIX) {
-    s1 = s1 * k.b1 + k.omb1 * g;
-    s1b = s1b * k.b3 + k.omb3 * g;
-    s2 = s2 * k.b2 + k.omb2 * g * g;
-    const float u = (s1 / k.c1 + k.alpha * s1b) / (std::sqrt(s2) / k.c2 + k.eps);
-    if (k.has_wd) p = p * k.decay;
-    p = p + k.neg_lr * u;
-  } else if (O == MOMENTUM) {
-    if (Q8 || k.has_wd) g = g + k.wd * p;
-    s1 = k.first ? g : s1 * k.b1 + g;
-    if (UNORM) { *upd = s1; return; }
-    p = p + k.neg_lr * s1;
-  } else if (O == LION) {
-    if (k.has_wd) p = p * k.decay;
-    const float u = s1 * k.b1 + k.omb1 * g;
-    // sign(u): 1, -1, 0 for +-0, and NaN for NaN (torch.sign / np.sign: a NaN gradient reaches p)
-    const float sg = u > 0.0f ? 1.0f : (u < 0.0f ? -1.0f : (u == u ? 0.0f : u));
-    p = p + k.neg_lr * sg;
-    s1 = s1 * k.b2 + k.omb2 * g;
-  } else if (O == RMSPROP) {
-    if (Q8 || k.has_wd) g = g + k.wd * p;
-    s1 = s1 * k.b1 + k.omb1 * g * g;
-    const float u = g / (std::sqrt(s1) + k.eps);
-    if (UNORM) { *upd = u; return; }
-    p = p + k.neg_lr * u;
-  } else {  // ADAGRAD
-    if (Q8 || k.has_wd) g = g + k.wd * p;
-    s1 = s1 + g * g;
-    p = p + k.neg_lr * (g / (std::sqrt(s1) + k.eps));
-  }
-}
-
-// One element of an 8-bit blockwise update. A non-finite gradient element (inf or NaN) is skipped
-// as upstream's CUDA blockwise kernels skip it: p keeps its value and the element's states are reset
-// to 0, so they stay out of the block's new absmax. Without this an inf state made absmax inf and
-// the next dequantization code * inf turned all 255 neighbours of the block into NaN.
-template <Opt O>
-BNB_MS_INLINE void update_elem8(const K &k, float g, float &p, float &s1, float &s1b, float &s2) {
-  if (!std::isfinite(g)) {
-    s1 = 0.0f; s1b = 0.0f; s2 = 0.0f;
-    return;
-  }
-  update_elem<O, true, false>(k, g, p, s1, s1b, s2, nullptr);
-}
+// ---- the update rule: optim_rule.h (shared with csrc/cuda/optim.cu) ---------------------------
+// K: the constants of one update (OptConsts); update_elem / update_elem8: one element, scalar.  The SIMD
+// loops (optim_simd.inc) are their vector form.
+using K = OptConsts;
 
 // ---- 32-bit state -------------------------------------------------------------------------------
 template <class T, Opt O, bool UNORM>
@@ -184,30 +105,29 @@ double norm_of(const T *x, int64_t n) {
   return std::sqrt(acc);
 }
 
+// LAMB / LARS (max_unorm > 0; Adam, Momentum, RMSprop): the norm of the whole update scales the step.
 template <class T, Opt O>
-void update32(const Hyper &h, const T *g, T *p, float *s1, float *s2, float *unorm_vec, double max_unorm,
-              double param_norm, int64_t n) {
-  const K k(h);
-  const bool unorm_path = max_unorm > 0.0 && (O == ADAM || O == MOMENTUM || O == RMSPROP);
-  if (!unorm_path) { run32<T, O, false>(k, g, p, s1, s2, nullptr, n); return; }
-  // LAMB / LARS trust ratio: the norm of the whole update scales the step.
+void update32_unorm(const K &k, const Hyper &h, const T *g, T *p, float *s1, float *s2, float *unorm_vec,
+                    double max_unorm, double param_norm, int64_t n) {
   if (param_norm <= 0.0) param_norm = norm_of(p, n);
   std::vector<float> upd((size_t)n);
   run32<T, O, true>(k, g, p, s1, s2, upd.data(), n);
   const double unorm = norm_of(upd.data(), n);
   if (unorm_vec) *unorm_vec = (float)unorm;
-  const double scale = unorm > max_unorm * param_norm ? (max_unorm * param_norm) / unorm : 1.0;
-  const float coef = (float)((O == ADAM ? -h.lr * std::sqrt(1.0 - std::pow(h.beta2, (double)h.step)) /
-                                               (1.0 - std::pow(h.beta1, (double)h.step))
-                                         : -h.lr) * scale);
-  const bool decay = O == ADAM && k.has_wd;
+  const float coef = unorm_coef(unorm_factor<O>(h), unorm, max_unorm, param_norm);
   parallel_for(n, 16384, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      float pv = to_f32(p[i]);
-      if (decay) pv = pv * k.decay;
-      p[i] = from_f32<T>(pv + coef * upd[i]);
-    }
+    for (int64_t i = i0; i < i1; ++i) p[i] = from_f32<T>(unorm_step<O>(k, coef, upd[i], to_f32(p[i])));
   });
+}
+
+template <class T, Opt O>
+void update32(const Hyper &h, const T *g, T *p, float *s1, float *s2, float *unorm_vec, double max_unorm,
+              double param_norm, int64_t n) {
+  const K k = opt_consts(h);
+  if constexpr (has_unorm_path<O>()) {
+    if (max_unorm > 0.0) return update32_unorm<T, O>(k, h, g, p, s1, s2, unorm_vec, max_unorm, param_norm, n);
+  }
+  run32<T, O, false>(k, g, p, s1, s2, nullptr, n);
 }
 
 // ---- 8-bit blockwise state ---------------------------------------------------------------------
@@ -413,7 +333,7 @@ BNB_MS_TARGET_AVX512 void blocks8_avx512(const K &k, const T *g, T *p, const Sta
 
 template <class T, Opt O>
 void update8(const Hyper &h, const T *g, T *p, const State8 &st, int64_t n) {
-  const K k(h);
+  const K k = opt_consts(h);
   const int64_t nb = (n + kBlock - 1) / kBlock;
   const SimdLevel lvl = simd_level();
   parallel_for(nb, 32, [&](int64_t b0, int64_t b1) {
