@@ -29,85 +29,17 @@
 
 #include "checks/blockwise.h"
 #include "cuda/aot_cuda.cuh"
+#include "cuda/code_lut.cuh"
 #include "cuda/vec_io.cuh"
 
 namespace bnb_ms {
 namespace cuda {
 namespace {
 
-constexpr int kCode = 256;
-constexpr int kLut = 65536;
 constexpr int kThreads = 512;  // quantize block size (the table is built with all of them)
 constexpr int kWarps = kThreads / 32;
 
-// ---- the table ----------------------------------------------------------------------------------
-__device__ __forceinline__ float grid_value(int i) {  // -1 + (2i)/65535, as the CPU computes it
-  return __fadd_rn(-1.0f, __fdiv_rn(2.0f * (float)i, (float)(kLut - 1)));
-}
-
-__device__ __forceinline__ uint32_t grid_index(float v) {
-  v = fminf(1.0f, fmaxf(-1.0f, v));  // NaN -> -1, as std::min(1, std::max(-1, v))
-  const float t = __fmul_rn(__fadd_rn(v, 1.0f), 0.5f);
-  return __float2uint_rz(__fmaf_rn(t, (float)(kLut - 1), 0.5f));
-}
-
-// Builds lut[65536] in shared memory.  Needs blockDim.x >= 256 and a __syncthreads() after.
-__device__ void build_lut(const float *__restrict__ code, uint8_t *lut) {
-  __shared__ float pm[kCode];
-  __shared__ int thr[kCode];
-  const int t = threadIdx.x;
-  if (t < kCode - 1) {
-    float m = __fmul_rn(0.5f, __fadd_rn(code[t], code[t + 1]));
-    pm[t] = (m != m) ? __int_as_float(0x7f800000) : m;
-  } else if (t == kCode - 1) {
-    pm[t] = __int_as_float(0x7f800000);  // sentinel
-  }
-  __syncthreads();
-  for (int off = 1; off < kCode; off <<= 1) {  // inclusive running max (Hillis-Steele)
-    float v = 0.0f;
-    if (t < kCode) v = (t >= off) ? fmaxf(pm[t], pm[t - off]) : pm[t];
-    __syncthreads();
-    if (t < kCode) pm[t] = v;
-    __syncthreads();
-  }
-  if (t < kCode - 1) {  // T[c] = first i with v(i) > pm[c]
-    const float p = pm[t];
-    int lo = 0, hi = kLut;
-    while (lo < hi) {
-      const int mid = (lo + hi) >> 1;
-      if (grid_value(mid) > p) hi = mid; else lo = mid + 1;
-    }
-    thr[t] = lo;
-  } else if (t == kCode - 1) {
-    thr[t] = kLut + 1;  // never counted
-  }
-  __syncthreads();
-  // lut[i] = #{c < 255 : T[c] <= i}; T is non-decreasing, so a lane walks c up as i grows.  Warp w fills
-  // words [w * per_warp, (w + 1) * per_warp), lane l every 32nd of them (conflict-free stores); one binary
-  // search per lane for its first word, then at most 255 steps of the walk in all.
-  uint32_t *lut32 = reinterpret_cast<uint32_t *>(lut);
-  const int nwarps = blockDim.x >> 5, per_warp = (kLut / 4) / nwarps;
-  const int w0 = (t >> 5) * per_warp + (t & 31);
-  int c;
-  {
-    int lo = 0, hi = kCode - 1;  // count of T[c] <= 4 * w0, c in [0, 255)
-    while (lo < hi) {
-      const int mid = (lo + hi) >> 1;
-      if (thr[mid] <= 4 * w0) lo = mid + 1; else hi = mid;
-    }
-    c = lo;
-  }
-  for (int w = w0; w < (t >> 5) * per_warp + per_warp; w += 32) {
-    const int i0 = 4 * w;
-    uint32_t word = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      while (c < kCode - 1 && thr[c] <= i0 + k) ++c;
-      word |= (uint32_t)c << (8 * k);
-    }
-    lut32[w] = word;
-  }
-}
+// ---- the table: cuda/code_lut.cuh (grid_index, build_lut) ---------------------------------------
 
 // ---- vector I/O: cuda/vec_io.cuh (Vec, elem, load_vec) -----------------------------------------
 template <class T>
@@ -304,37 +236,11 @@ dequantize_generic(const float *__restrict__ code, const uint8_t *__restrict__ A
 // ---- launch -------------------------------------------------------------------------------------
 constexpr size_t kLutSmem = kLut;
 
-// Per kernel and device: raise the dynamic shared memory limit once, and remember the occupancy.
-template <class K>
-int prepare(K kernel, int *blocks_per_sm) {
-  struct Entry { const void *fn; int dev; int occ; };
-  static std::mutex mu;
-  static Entry cache[256];
-  static int used = 0;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return E_DEVICE;
-  std::lock_guard<std::mutex> lock(mu);
-  for (int i = 0; i < used; ++i)
-    if (cache[i].fn == (const void *)kernel && cache[i].dev == dev) {
-      *blocks_per_sm = cache[i].occ;
-      return OK;
-    }
-  int o = 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kLutSmem) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kernel, kThreads, kLutSmem) != cudaSuccess || o <= 0) {
-    (void)cudaGetLastError();
-    return E_DEVICE;
-  }
-  if (used < 256) cache[used++] = {(const void *)kernel, dev, o};
-  *blocks_per_sm = o;
-  return OK;
-}
-
 template <class T, class K>
 int launch_quantize(K kernel, int64_t units, int64_t units_per_block, cudaStream_t st, const float *code,
                     const T *A, float *absmax, uint8_t *out, int64_t bs, int64_t n, int64_t nblocks) {
   int per_sm = 0;
-  if (int s = prepare(kernel, &per_sm)) return s;
+  if (int s = blocks_per_sm_with_smem(kernel, kThreads, kLutSmem, &per_sm)) return s;
   const int64_t want = (units + units_per_block - 1) / units_per_block;
   const int64_t cap = (int64_t)sm_count() * per_sm;
   const int grid = (int)(want < cap ? want : cap);
@@ -361,7 +267,7 @@ int quantize_blockwise(cudaStream_t st, const float *code, const T *A, float *ab
       case 64: BNB_Q(32, 2, 2, kWarps * 2);
       case 128: BNB_Q(32, 4, 1, kWarps);
       case 256: BNB_Q(32, 8, 1, kWarps);
-      case 512: BNB_Q(0, 1, 1, 1);
+      case 512: BNB_Q(32, 16, 1, kWarps);  // one warp per block: 8 KiB in flight per warp
       case 1024: BNB_Q(0, 2, 1, 1);
       case 2048: BNB_Q(0, 4, 1, 1);
       case 4096: BNB_Q(0, 8, 1, 1);

@@ -215,6 +215,13 @@ __device__ __forceinline__ uint32_t nibble_of(const Cells4 &cs, const Bounds4 &s
   }
 }
 
+// V/2 packed bytes (element 2j in the high nibble of byte j), one 4- or 2-byte store.
+template <int V>
+__device__ __forceinline__ void store_packed(uint8_t *p, uint32_t w) {
+  if constexpr (V == 8) *reinterpret_cast<uint32_t *>(p) = w;
+  else *reinterpret_cast<unsigned short *>(p) = (unsigned short)w;
+}
+
 // TEAM lanes (a power of two <= 32) own one quantization block of TEAM * ITEMS * V elements (V per 16-byte
 // vector); a warp serves 32 / TEAM blocks per group and G groups per step, all loads issued first.  One pass
 // over A: the values stay in registers between the absmax and the codes.
@@ -253,27 +260,33 @@ __device__ __forceinline__ void quantize4_team_body(const Cells4 &cs, const Boun
         const bool partial = b >= full_blocks;
         const float am = (amax > 1e-38f || amax != amax) ? amax : 1e-38f;
         if (t == 0) absmax[b] = partial ? am : amax;
-        const float inv = __fdiv_rn(1.0f, am);
+        if (!partial) {  // full blocks multiply by 1 / am; every vector is whole
+          const float inv = __fdiv_rn(1.0f, am);
 #pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-          const int64_t off = b * bs + (int64_t)(t + k * TEAM) * V;
-          uint32_t nib[V];
+          for (int k = 0; k < ITEMS; ++k) {
+            uint32_t w = 0;
 #pragma unroll
-          for (int e = 0; e < V; ++e) {
-            const float xv = elem<T>(x[g][k], e);
-            const float v = partial ? __fdiv_rn(xv, am) : __fmul_rn(xv, inv);
-            nib[e] = off + e < n ? nibble_of<MODE>(cs, sb, v) : zero;
+            for (int e = 0; e < V; ++e)
+              w |= nibble_of<MODE>(cs, sb, __fmul_rn(elem<T>(x[g][k], e), inv)) << (8 * (e >> 1) + 4 * (~e & 1));
+            store_packed<V>(out + ((b * bs + (int64_t)(t + k * TEAM) * V) >> 1), w);
           }
-          uint32_t w = 0;
+        } else {  // the trailing partial block divides by am; past n: the code of 0 (padding)
 #pragma unroll
-          for (int e = 0; e < V / 2; ++e) w |= ((nib[2 * e] << 4) | nib[2 * e + 1]) << (8 * e);
-          if (off + V <= n) {
-            if constexpr (V == 8) *reinterpret_cast<uint32_t *>(out + (off >> 1)) = w;
-            else *reinterpret_cast<unsigned short *>(out + (off >> 1)) = (unsigned short)w;
-          } else {
+          for (int k = 0; k < ITEMS; ++k) {
+            const int64_t off = b * bs + (int64_t)(t + k * TEAM) * V;
+            uint32_t w = 0;
 #pragma unroll
-            for (int e = 0; e < V / 2; ++e)
-              if (off + 2 * e < n) out[(off >> 1) + e] = (uint8_t)(w >> (8 * e));
+            for (int e = 0; e < V; ++e) {
+              const uint32_t nib = off + e < n ? nibble_of<MODE>(cs, sb, __fdiv_rn(elem<T>(x[g][k], e), am)) : zero;
+              w |= nib << (8 * (e >> 1) + 4 * (~e & 1));
+            }
+            if (off + V <= n) {
+              store_packed<V>(out + (off >> 1), w);
+            } else {
+#pragma unroll
+              for (int e = 0; e < V / 2; ++e)
+                if (off + 2 * e < n) out[(off >> 1) + e] = (uint8_t)(w >> (8 * e));
+            }
           }
         }
       }
@@ -296,32 +309,35 @@ quantize4_team(const float *__restrict__ code, const T *__restrict__ A, float *_
 }
 
 template <class T, int TEAM, int ITEMS, int G>
-void launch_q4_team(cudaStream_t st, const float *code, const T *A, float *absmax, uint8_t *out, int64_t bs,
+int launch_q4_team(cudaStream_t st, const float *code, const T *A, float *absmax, uint8_t *out, int64_t bs,
                     int64_t n, int64_t nb) {
   const int64_t per_block = (int64_t)kQWarps * (32 / TEAM) * G;
+  int per_sm = 0;  // persistent grid: only as many blocks as are resident at once
+  if (int s = blocks_per_sm_with_smem(quantize4_team<T, TEAM, ITEMS, G>, kQThreads, 0, &per_sm)) return s;
   int64_t want = (nb + per_block - 1) / per_block;
-  const int64_t cap = (int64_t)sm_count() * 8;
+  const int64_t cap = (int64_t)sm_count() * per_sm;
   const int grid = (int)(want < 1 ? 1 : (want < cap ? want : cap));
   quantize4_team<T, TEAM, ITEMS, G><<<grid, kQThreads, 0, st>>>(code, A, absmax, out, bs, n, nb);
+  return OK;
 }
 
 // The team kernel for blocksize bs (a power of two, V..256 V elements, A 16-byte and out V/2-byte aligned);
 // false where only the generic kernel applies.
 template <class T>
-bool quantize4_fast(cudaStream_t st, const float *code, const T *A, float *absmax, uint8_t *out, int64_t bs,
+bool quantize4_fast(int *status, cudaStream_t st, const float *code, const T *A, float *absmax, uint8_t *out, int64_t bs,
                     int64_t n, int64_t nb) {
   constexpr int V = Vec<T>::N;
   if ((bs & (bs - 1)) || bs < V || !aligned16(A) || (reinterpret_cast<uintptr_t>(out) % (V / 2))) return false;
   switch (bs / V) {
-    case 1: launch_q4_team<T, 1, 1, 4>(st, code, A, absmax, out, bs, n, nb); return true;
-    case 2: launch_q4_team<T, 2, 1, 4>(st, code, A, absmax, out, bs, n, nb); return true;
-    case 4: launch_q4_team<T, 4, 1, 4>(st, code, A, absmax, out, bs, n, nb); return true;
-    case 8: launch_q4_team<T, 8, 1, 4>(st, code, A, absmax, out, bs, n, nb); return true;
-    case 16: launch_q4_team<T, 16, 1, 4>(st, code, A, absmax, out, bs, n, nb); return true;
-    case 32: launch_q4_team<T, 32, 1, 4>(st, code, A, absmax, out, bs, n, nb); return true;
-    case 64: launch_q4_team<T, 32, 2, 2>(st, code, A, absmax, out, bs, n, nb); return true;
-    case 128: launch_q4_team<T, 32, 4, 1>(st, code, A, absmax, out, bs, n, nb); return true;
-    case 256: launch_q4_team<T, 32, 8, 1>(st, code, A, absmax, out, bs, n, nb); return true;
+    case 1: *status = launch_q4_team<T, 1, 1, 4>(st, code, A, absmax, out, bs, n, nb); return true;
+    case 2: *status = launch_q4_team<T, 2, 1, 4>(st, code, A, absmax, out, bs, n, nb); return true;
+    case 4: *status = launch_q4_team<T, 4, 1, 4>(st, code, A, absmax, out, bs, n, nb); return true;
+    case 8: *status = launch_q4_team<T, 8, 1, 4>(st, code, A, absmax, out, bs, n, nb); return true;
+    case 16: *status = launch_q4_team<T, 16, 1, 4>(st, code, A, absmax, out, bs, n, nb); return true;
+    case 32: *status = launch_q4_team<T, 32, 1, 4>(st, code, A, absmax, out, bs, n, nb); return true;
+    case 64: *status = launch_q4_team<T, 32, 2, 2>(st, code, A, absmax, out, bs, n, nb); return true;
+    case 128: *status = launch_q4_team<T, 32, 4, 1>(st, code, A, absmax, out, bs, n, nb); return true;
+    case 256: *status = launch_q4_team<T, 32, 8, 1>(st, code, A, absmax, out, bs, n, nb); return true;
     default: return false;
   }
 }
@@ -522,15 +538,16 @@ inline int log2_exact(int64_t v) {  // log2(v) if v is a power of two, else -1
 }
 
 // Tiled fast path (K % 32 == 0, bs % 32 == 0, 16-byte aligned A and B): a thread block computes R output rows;
-// thread t owns the 32-weight segments t, t + T, ... of those rows (T = threads, K/32 rounded up to a warp,
-// at most 512), so its 16-byte loads of the R rows (and their absmax) are all in flight at once, and the 32
+// thread t owns the 32-weight segments t, t + T, ... of those rows (J = ceil(K/32 / 256) segments per thread,
+// T = K/32 / J rounded up to a warp: K = 11008 -> 2 x 192 threads, not 352, so more blocks fit on an SM), so
+// its 16-byte loads of the R rows (and their absmax) are all in flight at once, and the 32
 // values of x under a segment are read once into registers and serve all R rows and, for M > 1, the weights
 // stay in registers across the rows of A.  Per segment and row: p = sum code[q] * x, acc += p * absmax (the
 // CPU scales by absmax once per block too; the sums are taken in another order).  A warp reduces its R sums
 // with 9 shuffles (a reduce-scatter: lane 4r ends with row r), then the warps' partials are added in shared
 // memory.
 constexpr int kGemvRows = 8;
-constexpr int kGemvMaxThreads = 512;
+constexpr int kGemvMaxThreads = 256;
 
 template <class T>
 __device__ __forceinline__ void load_x32(const T *__restrict__ a, float (&x)[32]) {
@@ -575,6 +592,10 @@ __device__ __forceinline__ float warp_reduce_scatter8(float (&v)[8]) {
   return __fadd_rn(r, __shfl_xor_sync(0xffffffffu, r, 1));
 }
 
+__device__ __forceinline__ float code_at(const float *c, uint32_t byte_offset) {
+  return *reinterpret_cast<const float *>(reinterpret_cast<const char *>(c) + byte_offset);
+}
+
 template <class T>
 __global__ void __launch_bounds__(kGemvMaxThreads)
 gemv4_tile(const float *__restrict__ code, const uint8_t *__restrict__ B, const float *__restrict__ absmax,
@@ -593,21 +614,25 @@ gemv4_tile(const float *__restrict__ code, const uint8_t *__restrict__ B, const 
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    for (int64_t s = threadIdx.x; s < segs; s += blockDim.x) {
-      uint4 w[R];
-      float sc[R];
+    uint4 w[R];
+    float sc[R];
+    auto load = [&](int64_t s, uint4 (&wv)[R], float (&sv)[R]) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const int64_t row = row0 + r;
-        if (row < N) {
-          w[r] = __ldg(Bv + row * segs + s);
+        if (row < N && s < segs) {
+          wv[r] = __ldg(Bv + row * segs + s);
           const int64_t e = row * K + (s << 5);
-          sc[r] = __ldg(absmax + (shift >= 0 ? (e >> shift) : e / bs));
+          sv[r] = __ldg(absmax + (shift >= 0 ? (e >> shift) : e / bs));
         } else {
-          w[r] = make_uint4(0u, 0u, 0u, 0u);
-          sc[r] = 0.0f;
+          wv[r] = make_uint4(0u, 0u, 0u, 0u);
+          sv[r] = 0.0f;
         }
       }
+    };
+    load(threadIdx.x, w, sc);
+#pragma unroll 1
+    for (int64_t s = threadIdx.x; s < segs; s += blockDim.x) {
       float x[32];
       load_x32<T>(A + m * K + (s << 5), x);
 #pragma unroll
@@ -616,15 +641,17 @@ gemv4_tile(const float *__restrict__ code, const uint8_t *__restrict__ B, const 
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const uint32_t word = q == 0 ? w[r].x : q == 1 ? w[r].y : q == 2 ? w[r].z : w[r].w;
+          // byte offsets into c of the 4 high and the 4 low nibbles of the word
+          const uint32_t hi4 = (word >> 2) & 0x3c3c3c3cu, lo4 = (word << 2) & 0x3c3c3c3cu;
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
-            const uint32_t byte = (word >> (8 * b)) & 0xffu;
-            p = fmaf(c[byte >> 4], x[8 * q + 2 * b], p);
-            p = fmaf(c[byte & 15u], x[8 * q + 2 * b + 1], p);
+            p = fmaf(code_at(c, __byte_perm(hi4, 0u, 0x4440u | b)), x[8 * q + 2 * b], p);
+            p = fmaf(code_at(c, __byte_perm(lo4, 0u, 0x4440u | b)), x[8 * q + 2 * b + 1], p);
           }
         }
         acc[r] = fmaf(p, sc[r], acc[r]);
       }
+      if (s + blockDim.x < segs) load(s + blockDim.x, w, sc);
     }
     const float mine = warp_reduce_scatter8(acc);
     if ((lane & 3) == 0) red[warp][my_row] = mine;
@@ -644,7 +671,8 @@ bool gemv4_tile_launch(cudaStream_t st, const float *code, const uint8_t *B, con
                        int64_t M, int64_t N, int64_t K, int64_t bs) {
   if (K % 32 || bs % 32 || !aligned16(A) || !aligned16(B)) return false;
   const int64_t segs = K >> 5;
-  const int64_t threads = segs >= kGemvMaxThreads ? kGemvMaxThreads : (segs + 31) / 32 * 32;
+  const int64_t per_thread = (segs + kGemvMaxThreads - 1) / kGemvMaxThreads;
+  const int64_t threads = ((segs + per_thread - 1) / per_thread + 31) / 32 * 32;
   const int64_t blocks = (N + kGemvRows - 1) / kGemvRows;
   if (blocks > 0x7fffffff) return false;
   gemv4_tile<T><<<(unsigned)blocks, (unsigned)threads, 0, st>>>(code, B, absmax, A, out, M, N, K, bs, log2_exact(bs));
@@ -706,8 +734,11 @@ int quantize4_entry(BNB_MS_AOT_ARGS) {
   if (c.numel(CODE) != kCode4 || c.numel(OUT) != (n + 1) / 2 || c.numel(ABSMAX) != nb) return E_SHAPE;
   if (n == 0) return OK;
   if (!c.params[CODE] || !c.params[A] || !c.params[OUT] || !c.params[ABSMAX]) return E_NULL;
-  if (!quantize4_fast<T>(c.cu_stream(), c.ptr<float>(CODE), c.ptr<T>(A), c.ptr<float>(ABSMAX), c.ptr<uint8_t>(OUT),
-                         bs, n, nb)) {
+  int st = OK;
+  if (quantize4_fast<T>(&st, c.cu_stream(), c.ptr<float>(CODE), c.ptr<T>(A), c.ptr<float>(ABSMAX),
+                        c.ptr<uint8_t>(OUT), bs, n, nb)) {
+    if (st) return st;
+  } else {
     const int grid = grid_for(nb, kQThreads / 32, 8);
     quantize4<T><<<grid, kQThreads, 0, c.cu_stream()>>>(c.ptr<float>(CODE), c.ptr<T>(A), c.ptr<float>(ABSMAX),
                                                         c.ptr<uint8_t>(OUT), bs, n, nb);
