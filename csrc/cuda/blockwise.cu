@@ -122,12 +122,19 @@ quantize_fast(const float *__restrict__ code, const T *__restrict__ A, float *__
       if (!valid) continue;
       if (t == 0) absmax[b] = amax;
       const QuantScale inv = amax == 0.0f ? QuantScale{1.0f, 0.0f} : quant_block_scale(amax);
+      // uniform per team: an all-zero block codes 0; the 2^64 pre-scale only where 1/absmax overflows
+      const int how = amax == 0.0f ? 0 : (inv.pre == 1.0f ? 1 : 2);
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t off = base + (int64_t)(t + k * TS) * V;
         uint8_t c[V];
+        if (how == 1) {
 #pragma unroll
-        for (int e = 0; e < V; ++e) c[e] = amax == 0.0f ? (uint8_t)0 : quant_one(lut, elem<T>(x[g][k], e), inv);
+          for (int e = 0; e < V; ++e) c[e] = lut[grid_index(__fmul_rn(elem<T>(x[g][k], e), inv.inv))];
+        } else {
+#pragma unroll
+          for (int e = 0; e < V; ++e) c[e] = how == 0 ? (uint8_t)0 : quant_one(lut, elem<T>(x[g][k], e), inv);
+        }
         if (off + V <= n) {
           store_codes<T>(out + off, c);
         } else {
@@ -267,7 +274,7 @@ int quantize_blockwise(cudaStream_t st, const float *code, const T *A, float *ab
       case 64: BNB_Q(32, 2, 2, kWarps * 2);
       case 128: BNB_Q(32, 4, 1, kWarps);
       case 256: BNB_Q(32, 8, 1, kWarps);
-      case 512: BNB_Q(32, 16, 1, kWarps);  // one warp per block: 8 KiB in flight per warp
+      case 512: BNB_Q(0, 1, 1, 1);
       case 1024: BNB_Q(0, 2, 1, 1);
       case 2048: BNB_Q(0, 4, 1, 1);
       case 4096: BNB_Q(0, 8, 1, 1);

@@ -20,14 +20,10 @@ __device__ __forceinline__ float grid_value(int i) {  // -1 + (2i)/65535, as the
   return __fadd_rn(-1.0f, __fdiv_rn(2.0f * (float)i, (float)(kLut - 1)));
 }
 
-// The CPU's bin of v: (uint32)(((clamp(v, -1, 1) + 1) * 0.5) * 65535 + 0.5) (fma), NaN -> bin 0.  The
-// truncation of r in [0.5, 65535.5] is floor(r) = r + 2^23 rounded down, minus 2^23: one add instead of a
-// (quarter-rate) float-to-int conversion.
 __device__ __forceinline__ uint32_t grid_index(float v) {
   v = fminf(1.0f, fmaxf(-1.0f, v));  // NaN -> -1, as std::min(1, std::max(-1, v))
   const float t = __fmul_rn(__fadd_rn(v, 1.0f), 0.5f);
-  const float r = __fmaf_rn(t, (float)(kLut - 1), 0.5f);
-  return __float_as_uint(__fadd_rd(r, 8388608.0f)) & 0xffffu;
+  return __float2uint_rz(__fmaf_rn(t, (float)(kLut - 1), 0.5f));
 }
 
 // Builds lut[65536] in shared memory.  Needs blockDim.x >= 256 and a __syncthreads() after.

@@ -146,7 +146,8 @@ constexpr float kCellPad = 9.5367431640625e-07f;  // 2^-20 >> the 2^-22 rounding
 
 struct Cells4 {
   float m1[kCells], m2[kCells];
-  uint32_t r[kCells];
+  uint32_t r[kCells];   // order[base], order[base + 1], order[base + 2] as nibbles 0..2
+  uint32_t rb[kCells];  // bytes: order[base], order[base + 1], order[base] << 4, order[base + 1] << 4
   int mode;  // 1 or 2 compares per value, 0: count
 };
 
@@ -192,6 +193,8 @@ __device__ void build_cells(const float *__restrict__ code, Bounds4 *sb, Cells4 
     cs->m1[j] = m1;
     cs->m2[j] = m2;
     cs->r[j] = r;
+    const uint32_t r0 = r & 15u, r1 = (r >> 4) & 15u;
+    cs->rb[j] = r0 | (r1 << 8) | (r0 << 20) | (r1 << 28);
   }
   const bool three = __syncthreads_or(count > 2);
   const bool two = __syncthreads_or(count == 2);
@@ -266,8 +269,19 @@ __device__ __forceinline__ void quantize4_team_body(const Cells4 &cs, const Boun
           for (int k = 0; k < ITEMS; ++k) {
             uint32_t w = 0;
 #pragma unroll
-            for (int e = 0; e < V; ++e)
-              w |= nibble_of<MODE>(cs, sb, __fmul_rn(elem<T>(x[g][k], e), inv)) << (8 * (e >> 1) + 4 * (~e & 1));
+            for (int e = 0; e < V; ++e) {
+              const float v = __fmul_rn(elem<T>(x[g][k], e), inv);
+              if constexpr (MODE == 1) {
+                // byte e/2 of w from rb: its byte 0/1 (odd e: low nibble) or 2/3 (even e: high nibble), the
+                // second of each pair when v is above the cell's midpoint; zeros elsewhere
+                const uint32_t j = cell_of(v);
+                const uint32_t pos = 4u * (uint32_t)(e >> 1);
+                const uint32_t sel = (0x4444u & ~(0xfu << pos)) | ((e & 1 ? 0u : 2u) << pos);
+                w |= __byte_perm(cs.rb[j], 0u, v > cs.m1[j] ? sel + (1u << pos) : sel);
+              } else {
+                w |= nibble_of<MODE>(cs, sb, v) << (8 * (e >> 1) + 4 * (~e & 1));
+              }
+            }
             store_packed<V>(out + ((b * bs + (int64_t)(t + k * TEAM) * V) >> 1), w);
           }
         } else {  // the trailing partial block divides by am; past n: the code of 0 (padding)
@@ -592,10 +606,6 @@ __device__ __forceinline__ float warp_reduce_scatter8(float (&v)[8]) {
   return __fadd_rn(r, __shfl_xor_sync(0xffffffffu, r, 1));
 }
 
-__device__ __forceinline__ float code_at(const float *c, uint32_t byte_offset) {
-  return *reinterpret_cast<const float *>(reinterpret_cast<const char *>(c) + byte_offset);
-}
-
 template <class T>
 __global__ void __launch_bounds__(kGemvMaxThreads)
 gemv4_tile(const float *__restrict__ code, const uint8_t *__restrict__ B, const float *__restrict__ absmax,
@@ -641,12 +651,11 @@ gemv4_tile(const float *__restrict__ code, const uint8_t *__restrict__ B, const 
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const uint32_t word = q == 0 ? w[r].x : q == 1 ? w[r].y : q == 2 ? w[r].z : w[r].w;
-          // byte offsets into c of the 4 high and the 4 low nibbles of the word
-          const uint32_t hi4 = (word >> 2) & 0x3c3c3c3cu, lo4 = (word << 2) & 0x3c3c3c3cu;
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
-            p = fmaf(code_at(c, __byte_perm(hi4, 0u, 0x4440u | b)), x[8 * q + 2 * b], p);
-            p = fmaf(code_at(c, __byte_perm(lo4, 0u, 0x4440u | b)), x[8 * q + 2 * b + 1], p);
+            const uint32_t byte = (word >> (8 * b)) & 0xffu;
+            p = fmaf(c[byte >> 4], x[8 * q + 2 * b], p);
+            p = fmaf(c[byte & 15u], x[8 * q + 2 * b + 1], p);
           }
         }
         acc[r] = fmaf(p, sc[r], acc[r]);

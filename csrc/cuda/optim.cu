@@ -351,8 +351,13 @@ __device__ __forceinline__ float warp_absmax8(const float (&v)[8]) {  // NaN ign
 
 __device__ __forceinline__ void requant8(const uint8_t *lut, const float (&v)[8], float am, uint32_t (&c)[8]) {
   const QuantScale k = quant_block_scale(am);
+  if (am != 0.0f && k.pre == 1.0f) {  // uniform per warp; x * 1 == x, so the usual block skips that multiply
 #pragma unroll
-  for (int e = 0; e < 8; ++e) c[e] = am == 0.0f ? 0u : lut[grid_index(quant_block_scaled(v[e], k))];
+    for (int e = 0; e < 8; ++e) c[e] = lut[grid_index(__fmul_rn(v[e], k.inv))];
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) c[e] = am == 0.0f ? 0u : lut[grid_index(quant_block_scaled(v[e], k))];
+  }
 }
 
 template <class T, Opt O>
