@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
 quantize_fast(const float *__restrict__ code, const T *__restrict__ A, float *__restrict__ absmax,
               uint8_t *__restrict__ out, int64_t bs, int64_t n, int64_t nblocks) {
   extern __shared__ __align__(16) uint8_t lut[];
-  __shared__ float red[kWarps];
+  __shared__ float red[G][kWarps];
   constexpr int V = Vec<T>::N;
   constexpr int TS = TEAM == 0 ? kThreads : TEAM;
   build_lut(code, lut);
@@ -76,10 +76,9 @@ quantize_fast(const float *__restrict__ code, const T *__restrict__ A, float *__
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   constexpr int PER_WARP = TEAM == 0 ? 1 : 32 / (TEAM == 0 ? 1 : TEAM);
   int64_t first, stride;
-  if constexpr (TEAM == 0) {
-    static_assert(G == 1, "a whole-block team serves one quantization block at a time");
-    first = blockIdx.x;
-    stride = gridDim.x;
+  if constexpr (TEAM == 0) {  // G consecutive quantization blocks per step
+    first = (int64_t)blockIdx.x * G;
+    stride = (int64_t)gridDim.x * G;
   } else {
     first = ((int64_t)blockIdx.x * kWarps + warp) * PER_WARP * G;
     stride = (int64_t)gridDim.x * kWarps * PER_WARP * G;
@@ -96,29 +95,40 @@ quantize_fast(const float *__restrict__ code, const T *__restrict__ A, float *__
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) x[g][k] = load_vec<T>(A, b * bs + (int64_t)(t + k * TS) * V, n, b < nblocks);
     }
+    // absmax of each of the G blocks (a whole-block team: one barrier pair for all G)
+    float amx[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      const int64_t b = b0 + g * PER_WARP + sub;
-      const bool valid = b < nblocks;
-      const int64_t base = b * bs;
       float amax = 0.0f;
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k)
 #pragma unroll
         for (int e = 0; e < V; ++e) amax = fmaxf(amax, fabsf(elem<T>(x[g][k], e)));  // NaN ignored, as on the CPU
-      if constexpr (TEAM == 0) {
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        if (lane == 0) red[warp] = amax;
-        __syncthreads();
-        amax = red[0];
+      for (int o = (TEAM == 0 ? 16 : TS / 2); o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      amx[g] = amax;
+    }
+    if constexpr (TEAM == 0) {
+      if (lane == 0) {
 #pragma unroll
-        for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, red[w]);
-        __syncthreads();  // red is reused by the next iteration
-      } else {
-#pragma unroll
-        for (int o = TS / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        for (int g = 0; g < G; ++g) red[g][warp] = amx[g];
       }
+      __syncthreads();
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float a = red[g][0];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) a = fmaxf(a, red[g][w]);
+        amx[g] = a;
+      }
+      __syncthreads();  // red is reused by the next step
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int64_t b = b0 + g * PER_WARP + sub;
+      const bool valid = b < nblocks;
+      const int64_t base = b * bs;
+      const float amax = amx[g];
       if (!valid) continue;
       if (t == 0) absmax[b] = amax;
       const QuantScale inv = amax == 0.0f ? QuantScale{1.0f, 0.0f} : quant_block_scale(amax);
@@ -274,8 +284,8 @@ int quantize_blockwise(cudaStream_t st, const float *code, const T *A, float *ab
       case 64: BNB_Q(32, 2, 2, kWarps * 2);
       case 128: BNB_Q(32, 4, 1, kWarps);
       case 256: BNB_Q(32, 8, 1, kWarps);
-      case 512: BNB_Q(0, 1, 1, 1);
-      case 1024: BNB_Q(0, 2, 1, 1);
+      case 512: BNB_Q(0, 1, 4, 4);
+      case 1024: BNB_Q(0, 2, 2, 2);
       case 2048: BNB_Q(0, 4, 1, 1);
       case 4096: BNB_Q(0, 8, 1, 1);
       default: break;
