@@ -316,11 +316,24 @@ class NativeFunction:
 _AOT_STATUS = re.compile(r"Return value from \w+ AOT kernel\(.*?\)'s function\(\w+\) is (-?\d+)")
 
 
+def compiling(t) -> bool:
+    """True while MindSpore's graph compiler parses the caller (``mindspore.jit``, ``GRAPH_MODE``), False when it
+    runs in Python (PyNative): in Python every ``Tensor`` has ``asnumpy``; while the compiler parses the code,
+    ``hasattr`` is answered from the graph's tensor type, which has none (a host-side method). One attribute
+    lookup on the PyNative path; see :mod:`bitsandbytes_ms._graph`."""
+    return isinstance(t, Tensor) and not hasattr(t, "asnumpy")
+
+
 def tag_device(out, like=()) -> None:
     """Gives op outputs the ``_device`` attribute that mindtorch (MindSpore NLP's torch API) keeps on
     every tensor it creates, taken from the first input that has one (or mindtorch's default device
     once mindtorch is imported), so results can flow into torch-style code. Plain MindSpore tensors
-    are left untouched when mindtorch is not in use."""
+    are left untouched when mindtorch is not in use, and in a compiled graph (nothing to tag there)."""
+    if not compiling(out[0] if isinstance(out, (tuple, list)) and out else out):
+        _tag_device(out, like)
+
+
+def _tag_device(out, like) -> None:
     device = next((t._device for t in like if isinstance(t, Tensor) and hasattr(t, "_device")), None)
     if device is None:
         mt = sys.modules.get("mindtorch")

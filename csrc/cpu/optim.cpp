@@ -44,6 +44,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
 #include "cpu/quant_lut.h"
+#include "cpu/simd_convert.h"
 
 namespace bnb_ms {
 namespace {
@@ -198,28 +199,9 @@ SIMD_TARGET BNB_MS_INLINE Mk vfinite(F x) {
   return _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x), _mm256_set1_ps(INFINITY), _CMP_LT_OQ);
 }
 SIMD_TARGET BNB_MS_INLINE F vsel(Mk m, F a, F b) { return _mm256_blendv_ps(b, a, m); }
-template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p);
-template <> SIMD_TARGET BNB_MS_INLINE F load<float>(const float *p) { return _mm256_loadu_ps(p); }
-template <> SIMD_TARGET BNB_MS_INLINE F load<fp16_t>(const fp16_t *p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-template <> SIMD_TARGET BNB_MS_INLINE F load<bf16_t>(const bf16_t *p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v);
-template <> SIMD_TARGET BNB_MS_INLINE void store<float>(float *p, F v) { _mm256_storeu_ps(p, v); }
-template <> SIMD_TARGET BNB_MS_INLINE void store<fp16_t>(fp16_t *p, F v) {
-  _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-template <> SIMD_TARGET BNB_MS_INLINE void store<bf16_t>(bf16_t *p, F v) {
-  // round to nearest even; NaN kept quiet (as f32_to_bf16)
-  const __m256i b = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40)), nan);
-  _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
-}
+// element loads/stores: cpu/simd_convert.h (to_f32 / from_f32's bytes, NaNs included)
+template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p) { return load8<T>(p); }
+template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v) { store8<T>(p, v); }
 // The state lookups (cpu/quant_lut.h says why AVX2 uses scalar loads).  StateSrc: one block's dequantized
 // state, code[q[i]] * absmax, here written into the block buffer through a table of the 256 products
 // (prepare), then read by lane groups (at) or elements (at1); requant32: the 32 codes of v[0..32) * pre * inv.
@@ -276,27 +258,8 @@ SIMD_TARGET BNB_MS_INLINE Mk vfinite(F x) {
   return _mm512_cmp_ps_mask(_mm512_andnot_ps(_mm512_set1_ps(-0.0f), x), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
 }
 SIMD_TARGET BNB_MS_INLINE F vsel(Mk m, F a, F b) { return _mm512_mask_blend_ps(m, b, a); }
-template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p);
-template <> SIMD_TARGET BNB_MS_INLINE F load<float>(const float *p) { return _mm512_loadu_ps(p); }
-template <> SIMD_TARGET BNB_MS_INLINE F load<fp16_t>(const fp16_t *p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-}
-template <> SIMD_TARGET BNB_MS_INLINE F load<bf16_t>(const bf16_t *p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v);
-template <> SIMD_TARGET BNB_MS_INLINE void store<float>(float *p, F v) { _mm512_storeu_ps(p, v); }
-template <> SIMD_TARGET BNB_MS_INLINE void store<fp16_t>(fp16_t *p, F v) {
-  _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-template <> SIMD_TARGET BNB_MS_INLINE void store<bf16_t>(bf16_t *p, F v) {
-  const __m512i b = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40)));
-  _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
-}
+template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p) { return load16<T>(p); }
+template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v) { store16<T>(p, v); }
 // The state lookups by gathers (cpu/quant_lut.h says why AVX-512 gathers), in the update loop itself (no
 // block buffer, no prefetch: measured faster on the Sapphire Rapids host).
 constexpr int64_t kAhead = 0;
@@ -382,48 +345,44 @@ int entry8(BNB_MS_AOT_ARGS) {
 
 using bnb_ms::bf16_t;
 using bnb_ms::fp16_t;
-#define BNB_MS_OPT32(name, T, O) \
-  BNB_MS_EXPORT int name(BNB_MS_AOT_ARGS) { return bnb_ms::entry32<T, bnb_ms::O>(nparam, params, ndims, shapes, dtypes, stream, extra); }
-#define BNB_MS_OPT8(name, T, O) \
-  BNB_MS_EXPORT int name(BNB_MS_AOT_ARGS) { return bnb_ms::entry8<T, bnb_ms::O>(nparam, params, ndims, shapes, dtypes, stream, extra); }
 
 // 32-bit state. Names as upstream's C library (momentum/rmsprop/adagrad use the _32/_16 suffixes
 // there; the _bf16 variants of those three are ours).
-BNB_MS_OPT32(cadam32bit_grad_fp32, float, ADAM)
-BNB_MS_OPT32(cadam32bit_grad_fp16, fp16_t, ADAM)
-BNB_MS_OPT32(cadam32bit_grad_bf16, bf16_t, ADAM)
-BNB_MS_OPT32(cademamix32bit_grad_fp32, float, ADEMAMIX)
-BNB_MS_OPT32(cademamix32bit_grad_fp16, fp16_t, ADEMAMIX)
-BNB_MS_OPT32(cademamix32bit_grad_bf16, bf16_t, ADEMAMIX)
-BNB_MS_OPT32(clion32bit_grad_fp32, float, LION)
-BNB_MS_OPT32(clion32bit_grad_fp16, fp16_t, LION)
-BNB_MS_OPT32(clion32bit_grad_bf16, bf16_t, LION)
-BNB_MS_OPT32(cmomentum32bit_grad_32, float, MOMENTUM)
-BNB_MS_OPT32(cmomentum32bit_grad_16, fp16_t, MOMENTUM)
-BNB_MS_OPT32(cmomentum32bit_grad_bf16, bf16_t, MOMENTUM)
-BNB_MS_OPT32(crmsprop32bit_grad_32, float, RMSPROP)
-BNB_MS_OPT32(crmsprop32bit_grad_16, fp16_t, RMSPROP)
-BNB_MS_OPT32(crmsprop32bit_grad_bf16, bf16_t, RMSPROP)
-BNB_MS_OPT32(cadagrad32bit_grad_32, float, ADAGRAD)
-BNB_MS_OPT32(cadagrad32bit_grad_16, fp16_t, ADAGRAD)
-BNB_MS_OPT32(cadagrad32bit_grad_bf16, bf16_t, ADAGRAD)
+BNB_MS_ENTRY(cadam32bit_grad_fp32, bnb_ms::entry32<float, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cadam32bit_grad_fp16, bnb_ms::entry32<fp16_t, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cadam32bit_grad_bf16, bnb_ms::entry32<bf16_t, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cademamix32bit_grad_fp32, bnb_ms::entry32<float, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cademamix32bit_grad_fp16, bnb_ms::entry32<fp16_t, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cademamix32bit_grad_bf16, bnb_ms::entry32<bf16_t, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(clion32bit_grad_fp32, bnb_ms::entry32<float, bnb_ms::LION>)
+BNB_MS_ENTRY(clion32bit_grad_fp16, bnb_ms::entry32<fp16_t, bnb_ms::LION>)
+BNB_MS_ENTRY(clion32bit_grad_bf16, bnb_ms::entry32<bf16_t, bnb_ms::LION>)
+BNB_MS_ENTRY(cmomentum32bit_grad_32, bnb_ms::entry32<float, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(cmomentum32bit_grad_16, bnb_ms::entry32<fp16_t, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(cmomentum32bit_grad_bf16, bnb_ms::entry32<bf16_t, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(crmsprop32bit_grad_32, bnb_ms::entry32<float, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(crmsprop32bit_grad_16, bnb_ms::entry32<fp16_t, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(crmsprop32bit_grad_bf16, bnb_ms::entry32<bf16_t, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(cadagrad32bit_grad_32, bnb_ms::entry32<float, bnb_ms::ADAGRAD>)
+BNB_MS_ENTRY(cadagrad32bit_grad_16, bnb_ms::entry32<fp16_t, bnb_ms::ADAGRAD>)
+BNB_MS_ENTRY(cadagrad32bit_grad_bf16, bnb_ms::entry32<bf16_t, bnb_ms::ADAGRAD>)
 
 // 8-bit blockwise state (blocksize 256).
-BNB_MS_OPT8(cadam_8bit_blockwise_grad_fp32, float, ADAM)
-BNB_MS_OPT8(cadam_8bit_blockwise_grad_fp16, fp16_t, ADAM)
-BNB_MS_OPT8(cadam_8bit_blockwise_grad_bf16, bf16_t, ADAM)
-BNB_MS_OPT8(cademamix_8bit_blockwise_grad_fp32, float, ADEMAMIX)
-BNB_MS_OPT8(cademamix_8bit_blockwise_grad_fp16, fp16_t, ADEMAMIX)
-BNB_MS_OPT8(cademamix_8bit_blockwise_grad_bf16, bf16_t, ADEMAMIX)
-BNB_MS_OPT8(cmomentum_8bit_blockwise_grad_fp32, float, MOMENTUM)
-BNB_MS_OPT8(cmomentum_8bit_blockwise_grad_fp16, fp16_t, MOMENTUM)
-BNB_MS_OPT8(cmomentum_8bit_blockwise_grad_bf16, bf16_t, MOMENTUM)
-BNB_MS_OPT8(crmsprop_8bit_blockwise_grad_fp32, float, RMSPROP)
-BNB_MS_OPT8(crmsprop_8bit_blockwise_grad_fp16, fp16_t, RMSPROP)
-BNB_MS_OPT8(crmsprop_8bit_blockwise_grad_bf16, bf16_t, RMSPROP)
-BNB_MS_OPT8(clion_8bit_blockwise_grad_fp32, float, LION)
-BNB_MS_OPT8(clion_8bit_blockwise_grad_fp16, fp16_t, LION)
-BNB_MS_OPT8(clion_8bit_blockwise_grad_bf16, bf16_t, LION)
-BNB_MS_OPT8(cadagrad_8bit_blockwise_grad_fp32, float, ADAGRAD)
-BNB_MS_OPT8(cadagrad_8bit_blockwise_grad_fp16, fp16_t, ADAGRAD)
-BNB_MS_OPT8(cadagrad_8bit_blockwise_grad_bf16, bf16_t, ADAGRAD)
+BNB_MS_ENTRY(cadam_8bit_blockwise_grad_fp32, bnb_ms::entry8<float, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cadam_8bit_blockwise_grad_fp16, bnb_ms::entry8<fp16_t, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cadam_8bit_blockwise_grad_bf16, bnb_ms::entry8<bf16_t, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cademamix_8bit_blockwise_grad_fp32, bnb_ms::entry8<float, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cademamix_8bit_blockwise_grad_fp16, bnb_ms::entry8<fp16_t, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cademamix_8bit_blockwise_grad_bf16, bnb_ms::entry8<bf16_t, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cmomentum_8bit_blockwise_grad_fp32, bnb_ms::entry8<float, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(cmomentum_8bit_blockwise_grad_fp16, bnb_ms::entry8<fp16_t, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(cmomentum_8bit_blockwise_grad_bf16, bnb_ms::entry8<bf16_t, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(crmsprop_8bit_blockwise_grad_fp32, bnb_ms::entry8<float, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(crmsprop_8bit_blockwise_grad_fp16, bnb_ms::entry8<fp16_t, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(crmsprop_8bit_blockwise_grad_bf16, bnb_ms::entry8<bf16_t, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(clion_8bit_blockwise_grad_fp32, bnb_ms::entry8<float, bnb_ms::LION>)
+BNB_MS_ENTRY(clion_8bit_blockwise_grad_fp16, bnb_ms::entry8<fp16_t, bnb_ms::LION>)
+BNB_MS_ENTRY(clion_8bit_blockwise_grad_bf16, bnb_ms::entry8<bf16_t, bnb_ms::LION>)
+BNB_MS_ENTRY(cadagrad_8bit_blockwise_grad_fp32, bnb_ms::entry8<float, bnb_ms::ADAGRAD>)
+BNB_MS_ENTRY(cadagrad_8bit_blockwise_grad_fp16, bnb_ms::entry8<fp16_t, bnb_ms::ADAGRAD>)
+BNB_MS_ENTRY(cadagrad_8bit_blockwise_grad_bf16, bnb_ms::entry8<bf16_t, bnb_ms::ADAGRAD>)
