@@ -2247,6 +2247,8 @@ def gemm_fp(A: Tensor, W: Tensor, bias: Optional[Tensor] = None, out: Optional[T
     Raises:
         ValueError / TypeError: wrong dtypes or shapes (the message names the argument).
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.gemm_fp(A, W, bias, out)
     fn = "gemm_fp"
     _check_gemm_fp(A, W, bias, fn)
     tag_device([t for t in (A, W, bias) if t is not None])  # tensors made before mindtorch was imported
