@@ -444,7 +444,7 @@ def int8_linear_matmul(A, B, out=None, dtype=ms.int32):
     _no_output_arg(fn, "out", out is not None)
     _check_rank(A.shape, fn, "A")
     _check_matmul_shapes(A.shape, B.shape, fn)
-    return _prim("cigemmlt_32", ())(A, B)
+    return _prim("cigemmlt_32", ())(A, B)[0]  # [1]: has_error, read only in the checking mode (cextension)
 
 
 @constexpr

@@ -105,7 +105,8 @@ for _sfx, _dt in DTYPE_OF_SUFFIX.items():
 # ---- optim ----
 # Fused optimizer updates (functional.optimizer_update_32bit / optimizer_update_8bit_blockwise).
 # The kernels update p, state1, state2, absmax1, absmax2 (and unorm_vec) IN PLACE in the input
-# buffers, as bitsandbytes' C functions do; the only declared output is an int32[1] status (0).
+# buffers, as bitsandbytes' C functions do; the only declared output is an int32[1] status, their has_error
+# (0, or the status of a failure on valid input: scratch allocation, a CUDA launch).
 # Scalars are read as double (functional passes float64 0-d tensors, so hyper-parameter
 # expressions are evaluated like upstream's Python code does).
 OPTIM_32BIT_NAMES = {
@@ -132,6 +133,7 @@ for _opt, _names in OPTIM_32BIT_NAMES.items():
                     "beta3", "alpha", "eps", "weight_decay", "step", "lr", "gnorm_scale", "skip_zeros"),
             outputs=("status",),
             infer=_STATUS,
+            has_error=True,
             bnb_args=("g", "p", "state1", "state2", "unorm_vec", "max_unorm", "param_norm", "beta1", "beta2",
                       "beta3", "alpha", "eps", "weight_decay", "step", "lr", "gnorm_scale", "skip_zeros", "n"),
             doc=f"in-place {_opt} update with fp32 state (upstream 0.50 CPU rule)",
@@ -144,6 +146,7 @@ for _opt, _names in OPTIM_8BIT_BLOCKWISE_NAMES.items():
                     "beta3", "alpha", "eps", "step", "lr", "weight_decay", "gnorm_scale", "skip_zeros"),
             outputs=("status",),
             infer=_STATUS,
+            has_error=True,
             bnb_args=("p", "g", "state1", "state2", "beta1", "beta2", "beta3", "alpha", "eps", "step", "lr",
                       "qmap1", "qmap2", "absmax1", "absmax2", "weight_decay", "gnorm_scale", "skip_zeros", "n"),
             doc=f"in-place {_opt} update with blockwise (256) 8-bit state: dequantize, update, requantize",
@@ -237,11 +240,13 @@ define(NativeOp(
 define(NativeOp(
     name="cigemmlt_32",
     inputs=("A", "B"),
-    outputs=("out",),
-    infer=lambda s, d, st: ((tuple(s["A"][:-1]) + (s["B"][0],), ms.int32),),
+    outputs=("out", "has_error"),
+    infer=lambda s, d, st: ((tuple(s["A"][:-1]) + (s["B"][0],), ms.int32), ((1,), ms.int32)),
+    has_error=True,
     # upstream passes the weight first: (ctx, m, n, k, weight, activations, C, row_scale, lda, ldb, ldc, stream)
     bnb_args=("context", "m", "n", "k", "B", "A", "out", "row_scale", "lda", "ldb", "ldc", "stream"),
-    doc="out[..., n] = sum_k A[..., k] * B[n, k], int8 x int8 with exact int32 accumulation",
+    doc="out[..., n] = sum_k A[..., k] * B[n, k], int8 x int8 with exact int32 accumulation; has_error: 0, or "
+        "the status of a failure on valid input (cuBLASLt on GPU, scratch allocation), as upstream's igemmlt returns",
 ))
 for _sfx, _dt in DTYPE_OF_SUFFIX.items():
     define(NativeOp(

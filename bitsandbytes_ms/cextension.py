@@ -20,9 +20,13 @@ entry points raise :class:`NativeLibraryError`, and ``python -m bitsandbytes_ms`
 
 Errors: a native entry point returns a nonzero status for a malformed call and MindSpore raises
 ``RuntimeError``; :mod:`bitsandbytes_ms.functional` validates arguments before that can happen.
-Kernels that can fail on valid input (declared ``has_error=True``) write an int32 status as their
-last output; :func:`check_status` reads it, and is called only where a result must be trusted, so
-hot paths never force a host synchronisation.
+Kernels that can fail on valid input (declared ``has_error=True``: the int8 GEMM ``cigemmlt_32``, the
+optimizers) write an int32 status as their last output (``has_error``: 0, or the failure's status) instead of
+failing the call, so nothing waits for the device to learn it. Nothing reads it on a hot path: in the checking
+mode (``BNB_MS_CHECK_ERRORS=1`` or :func:`set_check_errors`) every ``lib.<name>`` call of such an op (and every
+optimizer host call) reads it and raises ``RuntimeError`` naming the op and the status; :func:`check_status`
+reads one where a result must be trusted; upstream-style calls (``get_ptr`` arguments) return it, as upstream's
+``cigemmlt_32`` does. :func:`force_error` makes a kernel family report a failure (tests).
 """
 
 from __future__ import annotations
@@ -206,7 +210,46 @@ def _shape_of(s) -> Tuple[int, ...]:
 STATUS_MEANING = {1: "wrong number of params", 2: "a param has the wrong dtype",
                   3: "a param has the wrong shape or element count", 4: "a scalar param has a value that is not allowed",
                   5: "a required param is missing (null)", 6: "not available on this CPU/GPU",
-                  7: "device runtime error", 100: "not implemented for these arguments"}
+                  7: "device runtime error", 8: "out of host memory", 100: "not implemented for these arguments"}
+
+# ---- has_error outputs ----------------------------------------------------------------------------------
+_CHECK_ERRORS = os.environ.get("BNB_MS_CHECK_ERRORS", "0").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def set_check_errors(enabled: bool = True) -> None:
+    """Switches the checking mode on or off (default: ``BNB_MS_CHECK_ERRORS``, off): when on, the ``has_error``
+    output of every op that has one is read after the op (a host synchronisation) and a failure raises
+    ``RuntimeError``; when off nothing reads it."""
+    global _CHECK_ERRORS
+    _CHECK_ERRORS = bool(enabled)
+
+
+def check_errors_enabled() -> bool:
+    """Whether the checking mode is on (:func:`set_check_errors`)."""
+    return _CHECK_ERRORS
+
+
+def has_error_message(what: str, code: int) -> str:
+    return (f"{what}: the native kernel reported has_error {code} "
+            f"({STATUS_MEANING.get(int(code), 'unknown status')}) on {BNB_BACKEND}; its outputs are not valid")
+
+
+def check_host_status(what: str, status: np.ndarray) -> None:
+    """The checking mode's check of a host call's has_error buffer (numpy; reading it costs nothing)."""
+    if _CHECK_ERRORS and int(status.reshape(-1)[0]) != 0:
+        raise RuntimeError(has_error_message(what, int(status.reshape(-1)[0])))
+
+
+def force_error(family: str, code: int) -> None:
+    """Testing hook: every call of the native kernel family ``family`` (``"igemm"``: ``cigemmlt_32``; ``"optim"``:
+    the optimizer updates) reports ``code`` in its has_error output without running, until ``force_error(family,
+    0)``. Process-wide."""
+    if _dll is None or not hasattr(_dll, "bnb_ms_force_error"):
+        raise NativeLibraryError(f"force_error needs the native library: {LIBRARY_ERROR or 'no bnb_ms_force_error'}")
+    fn = _dll.bnb_ms_force_error
+    fn.argtypes, fn.restype = [ct.c_char_p, ct.c_int], ct.c_int
+    if fn(family.encode(), int(code)) != 0:
+        raise ValueError(f"force_error: `family` must be a short name like 'igemm' or 'optim'; got {family!r}")
 
 
 def status_error(name: str, status: int, op: Optional[_ops.NativeOp] = None, args=None) -> RuntimeError:
@@ -284,6 +327,8 @@ class NativeFunction:
             if m is None:
                 raise
             raise status_error(op.name, int(m.group(1)), op, inputs) from None
+        if op.has_error and _CHECK_ERRORS:
+            check_status(out[-1] if isinstance(out, (tuple, list)) else out, f"lib.{op.name}")
         tag_device(out, like=inputs)
         return out
 
@@ -310,7 +355,8 @@ class NativeFunction:
             target = named.get(name)
             if isinstance(target, TensorPointer):
                 target.tensor.copy_(res.reshape(target.tensor.shape))
-        return 0
+        # upstream's cigemmlt_32 returns its has_error (its callers raise on nonzero): so does the same call here
+        return int(results[-1].asnumpy().reshape(-1)[0]) if op.has_error else 0
 
 
 _AOT_STATUS = re.compile(r"Return value from \w+ AOT kernel\(.*?\)'s function\(\w+\) is (-?\d+)")
@@ -406,12 +452,13 @@ lib = NativeLibrary(LIBRARY_PATH, BNB_BACKEND) if _dll is not None else ErrorHan
 
 def check_status(status: Tensor, what: str) -> None:
     """Raises ``RuntimeError`` if a kernel's ``has_error`` output is nonzero. This reads the tensor
-    (a host sync), so call it only where a result must be trusted."""
+    (a host sync), so call it only where a result must be trusted (the checking mode calls it after every op that
+    has one)."""
     code = int(status.asnumpy().reshape(-1)[0])
     if code == 100:
         raise NotImplementedError(f"{what}: not implemented for these arguments on {BNB_BACKEND}")
     if code != 0:
-        raise RuntimeError(f"{what}: native kernel reported status {code}")
+        raise RuntimeError(has_error_message(what, code))
 
 
 #: Upstream names that ported code reads (no ROCm build exists for MindSpore).

@@ -25,7 +25,7 @@ from mindspore import Tensor
 
 from . import _graph, _hostcall, _ms_threads, _reference
 from . import _ops as _ops_table
-from .cextension import BNB_BACKEND, get_ptr, lib, tag_device  # noqa: F401  (get_ptr re-exported as upstream)
+from .cextension import BNB_BACKEND, check_host_status, get_ptr, lib, tag_device  # noqa: F401  (get_ptr re-exported as upstream)
 from .utils import Singleton as _Singleton, dtype_from_name, dtype_name, pack_dict_to_tensor, to_numpy as _to_numpy
 from .utils import ITEMSIZES as _ITEMSIZE, NP_DTYPES as _NP_DTYPE, SUFFIX_OF_DTYPE as _SUFFIX  # the one dtype map
 from .utils import unpack_tensor_to_dict
@@ -653,10 +653,12 @@ def _optim_host_call(entry_name: str, fn: str, args, inplace) -> bool:
                 host_args.append(_hostcall.host(a))
         else:
             host_args.append(a)
-    host_args.append(np.zeros(1, np.int32))
+    status = np.zeros(1, np.int32)  # has_error: read only in the checking mode (cextension)
+    host_args.append(status)
     _hostcall.entry(entry_name)(*host_args)
     for mem, c in back:
         mem[...] = c
+    check_host_status(f"{fn} ({entry_name})", status)
     return True
 
 
@@ -1701,7 +1703,7 @@ def int8_linear_matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, dtype
         return _write(out, _empty_np(shape, ms.int32), fn)
     if K > checks_int8_max_K:
         return _write(out, _int8_matmul_long_k(A, B, shape), fn)
-    return _write(out, lib.cigemmlt_32(_contiguous(A), _contiguous(B)), fn)
+    return _write(out, lib.cigemmlt_32(_contiguous(A), _contiguous(B))[0], fn)  # [1]: has_error (cextension)
 
 
 def _int8_matmul_long_k(A: Tensor, B: Tensor, shape) -> Tensor:
@@ -1713,7 +1715,7 @@ def _int8_matmul_long_k(A: Tensor, B: Tensor, shape) -> Tensor:
     total = None
     for k in range(0, K, checks_int8_max_K):
         part = lib.cigemmlt_32(Tensor(np.ascontiguousarray(a[..., k:k + checks_int8_max_K])),
-                               Tensor(np.ascontiguousarray(b[:, k:k + checks_int8_max_K]))).asnumpy()
+                               Tensor(np.ascontiguousarray(b[:, k:k + checks_int8_max_K])))[0].asnumpy()
         total = part if total is None else total + part  # int32 + int32 wraps in numpy
     res = Tensor(total.reshape(shape))
     tag_device(res, like=(A,))

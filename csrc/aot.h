@@ -12,8 +12,10 @@
 // Kernels that can fail on well-formed input (e.g. a cuBLASLt status) also write the status into a
 // trailing int32 `has_error` output, which Python reads only where a result must be trusted.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 
 #define BNB_MS_AOT_ARGS int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream, void *extra
 #define BNB_MS_EXPORT extern "C" __attribute__((visibility("default")))
@@ -34,6 +36,7 @@ enum Status : int {
   E_NULL = 5,       // a required param is null
   E_UNSUPPORTED = 6,// not available on this CPU/GPU
   E_DEVICE = 7,     // device runtime error (CUDA)
+  E_NOMEM = 8,      // out of host memory (a kernel's scratch could not be allocated)
   E_NOT_IMPLEMENTED = 100,
 };
 
@@ -54,6 +57,40 @@ inline DType parse_dtype(const char *s) {
   if (!std::strcmp(s, "none")) return DType::none;
   return DType::unknown;
 }
+
+// ---- has_error outputs ------------------------------------------------------------------------------
+// A kernel that can fail on well-formed input (the int8 GEMM: cuBLASLt on GPU, scratch allocation; the
+// optimizers) writes a status into its trailing int32[1] `has_error` output: 0, or the E_* code of the failure,
+// and then returns OK, so that nothing waits for the device to learn it; Python reads it only where a result must
+// be trusted or in a checking mode (cextension).  A test can force a failure: bnb_ms_force_error(family, code)
+// (exported by each library) makes every call of the kernel family `family` ("igemm", "optim") report `code`
+// without running, until it is called again with code 0.
+struct ForcedError {
+  std::atomic<int> code{0};
+  char family[32] = {0};
+  std::mutex mu;
+};
+inline ForcedError &forced_error_state() {
+  static ForcedError s;
+  return s;
+}
+// The code forced on `family`, or 0 (one relaxed atomic load when nothing is forced).
+inline int forced_error(const char *family) {
+  ForcedError &s = forced_error_state();
+  if (s.code.load(std::memory_order_relaxed) == 0) return 0;
+  std::lock_guard<std::mutex> lock(s.mu);
+  return std::strcmp(s.family, family) == 0 ? s.code.load() : 0;
+}
+inline int set_forced_error(const char *family, int code) {
+  ForcedError &s = forced_error_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!family || std::strlen(family) >= sizeof(s.family)) return E_VALUE;
+  std::strcpy(s.family, family);
+  s.code.store(code);
+  return OK;
+}
+#define BNB_MS_EXPORT_FORCE_ERROR \
+  BNB_MS_EXPORT int bnb_ms_force_error(const char *family, int code) { return bnb_ms::set_forced_error(family, code); }
 
 // Reads a scalar that the caller placed in host memory.  The CUDA library provides its own
 // reader (cuda/aot_cuda.cuh) that also accepts device-resident 0-d tensors.

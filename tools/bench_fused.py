@@ -86,7 +86,7 @@ def profile_int8(model, rows, reps=9):
             out = np.empty((M, N), np.float32)
             res = {name: median_ms(lin.bind(x, *spec, N, out)) for name, spec in (("int8", i8), ("fp32", f32), ("nf4", q4))}
             CA = rng.randint(-127, 128, (M, K)).astype(np.int8)
-            res["gemm"] = median_ms(gemm.bind(CA, i8[0], np.empty((M, N), np.int32)))
+            res["gemm"] = median_ms(gemm.bind(CA, i8[0], np.empty((M, N), np.int32), np.zeros(1, np.int32)))
             g = lambda ms_: 2 * M * N * K / (ms_ * 1e-3) / 1e9  # noqa: E731
             print(f"| {N} x {K} | {M} | {res['int8']:.3f} | {g(res['int8']):.1f} | {res['gemm']:.3f} ({g(res['gemm']):.1f}) "
                   f"| {res['fp32']:.3f} | {g(res['fp32']):.1f} | {res['nf4']:.3f} | {res['int8'] / res['fp32']:.2f} |")

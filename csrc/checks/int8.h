@@ -59,20 +59,29 @@ struct Igemm : Parsed {
   const int8_t *A = nullptr;
   const int8_t *B = nullptr;
   int32_t *out = nullptr;
+  int32_t *has_error = nullptr;  // int32[1], or null: a caller without it (3 params) gets failures as the status
   int64_t M = 0, N = 0, K = 0;  // M counts rows as numel(A) / K, 0 for K == 0: not empty means M, N, K >= 1
 };
 
-// params: A i8[..., K], B i8[N, K] -> out i32[..., N]
+// params: A i8[..., K], B i8[N, K] -> out i32[..., N], has_error i32[1] (the op table's row; ctypes callers may
+// leave has_error out)
 template <class C>
 int igemm(const C &c, Igemm *a) {
-  if (c.nparam != 3) return E_NPARAM;
-  enum { A, B, OUT };
-  if (c.dtype(A) != DType::i8 || c.dtype(B) != DType::i8 || c.dtype(OUT) != DType::i32) return E_DTYPE;
+  if (c.nparam != 3 && c.nparam != 4) return E_NPARAM;
+  enum { A, B, OUT, HAS_ERROR };
+  const bool he = c.nparam == 4;
+  if (c.dtype(A) != DType::i8 || c.dtype(B) != DType::i8 || c.dtype(OUT) != DType::i32 ||
+      (he && c.dtype(HAS_ERROR) != DType::i32))
+    return E_DTYPE;
   if (c.rank(A) < 1 || c.rank(B) != 2) return E_SHAPE;
   const int64_t K = c.cols(A), N = c.dim(B, 0);
   if (c.dim(B, 1) != K || K > kIgemmMaxK) return E_SHAPE;
   const int64_t M = K ? c.numel(A) / K : 0;
-  if (c.numel(OUT) != M * N || c.cols(OUT) != N) return E_SHAPE;
+  if (c.numel(OUT) != M * N || c.cols(OUT) != N || (he && c.numel(HAS_ERROR) != 1)) return E_SHAPE;
+  if (he) {
+    if (!c.params[HAS_ERROR]) return E_NULL;
+    a->has_error = c.template ptr<int32_t>(HAS_ERROR);
+  }
   a->M = M;
   a->N = N;
   a->K = K;

@@ -38,6 +38,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <new>
 #include <vector>
 
 #include "aot.h"
@@ -1070,8 +1071,21 @@ int igemm_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   checks::Igemm a;
   if (int s = checks::igemm(c, &a)) return s;
+  // A failure on well-formed input (the scratch of the packed operands cannot be allocated, or one forced by
+  // bnb_ms_force_error("igemm", code)) goes to has_error when the call has it, else to the status.
+  const auto report = [&a](int code) {
+    if (!a.has_error) return code;
+    *a.has_error = code;
+    return (int)OK;
+  };
+  if (a.has_error) *a.has_error = 0;
+  if (int f = forced_error("igemm")) return report(f);
   if (a.empty) return OK;
-  int8_gemm(a.A, a.B, a.out, a.M, a.N, a.K);
+  try {
+    int8_gemm(a.A, a.B, a.out, a.M, a.N, a.K);
+  } catch (const std::bad_alloc &) {
+    return report(E_NOMEM);
+  }
   return OK;
 }
 
@@ -1431,6 +1445,7 @@ using bnb_ms::bf16_t;
 using bnb_ms::fp16_t;
 BNB_MS_ENTRY(cint8_vector_quant, bnb_ms::vector_quant_entry)
 BNB_MS_ENTRY(cigemmlt_32, bnb_ms::igemm_entry)
+BNB_MS_EXPORT_FORCE_ERROR
 BNB_MS_ENTRY(cdequant_mm_int32_fp16, bnb_ms::mm_dequant_entry<fp16_t>)
 BNB_MS_ENTRY(cdequant_mm_int32_fp32, bnb_ms::mm_dequant_entry<float>)
 BNB_MS_ENTRY(cdequant_mm_int32_bf16, bnb_ms::mm_dequant_entry<bf16_t>)

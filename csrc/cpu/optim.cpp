@@ -36,6 +36,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "aot.h"
@@ -307,6 +308,13 @@ void update8(const Hyper &h, const T *g, T *p, const State8 &st, int64_t n) {
 }
 
 // ---- entry points: checks in checks/optim.h (shared with the CUDA library) ----------------------
+// The status output is the optimizers' has_error (aot.h): a failure on well-formed input is written there.
+inline int report_status(int32_t *status, int code) {
+  if (!status) return code;
+  *status = code;
+  return OK;
+}
+
 template <class T, Opt O>
 int entry32(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
@@ -316,8 +324,13 @@ int entry32(BNB_MS_AOT_ARGS) {
     return OK;
   };
   if (int s = checks::optimizer_32bit<T, O>(c, &a, zero_status)) return s;
+  if (int f = forced_error("optim")) return report_status(a.status, f);
   if (a.empty) return OK;
-  update32<T, O>(a.h, a.g, a.p, a.s1, a.s2, a.unorm, a.max_unorm, a.param_norm, a.n);
+  try {
+    update32<T, O>(a.h, a.g, a.p, a.s1, a.s2, a.unorm, a.max_unorm, a.param_norm, a.n);
+  } catch (const std::bad_alloc &) {  // the max_unorm path's buffer of raw updates
+    return report_status(a.status, E_NOMEM);
+  }
   return OK;
 }
 
@@ -330,6 +343,7 @@ int entry8(BNB_MS_AOT_ARGS) {
     return OK;
   };
   if (int s = checks::optimizer_8bit_blockwise<T, O>(c, &a, zero_status)) return s;
+  if (int f = forced_error("optim")) return report_status(a.status, f);
   if (a.empty) return OK;
   State8 st{a.s1, nullptr, a.a1, nullptr, a.q1, nullptr, opt_lut(a.q1), nullptr};
   if (two_state(O)) {

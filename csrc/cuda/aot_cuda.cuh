@@ -98,6 +98,23 @@ struct CudaCall : Call<ScalarReader> {
 // into the caller's next check).
 inline int launch_status() { return cudaGetLastError() == cudaSuccess ? OK : E_DEVICE; }
 
+// ---- has_error outputs (aot.h) ------------------------------------------------------------------
+namespace detail {
+__global__ void set_i32(int32_t *p, int32_t v) { *p = v; }
+}  // namespace detail
+// Writes `code` into the has_error output `p` on the stream.  Returns OK when it was written (the failure is
+// then the output's to report), else `code` (p null: the call has no has_error output) or E_DEVICE.
+inline int write_has_error(cudaStream_t st, int32_t *p, int code) {
+  if (!p) return code;
+  if (code == OK) {
+    if (cudaMemsetAsync(p, 0, sizeof(int32_t), st) == cudaSuccess) return OK;
+    (void)cudaGetLastError();
+    return E_DEVICE;
+  }
+  detail::set_i32<<<1, 1, 0, st>>>(p, code);
+  return launch_status() == OK ? OK : code;
+}
+
 inline int sm_count() {
   int dev = 0, n = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return 1;

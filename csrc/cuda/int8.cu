@@ -381,15 +381,20 @@ int igemm_entry(BNB_MS_AOT_ARGS) {
   CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
   checks::Igemm a;
   if (int s = checks::igemm(c, &a)) return s;
-  if (a.empty) return OK;
   const cudaStream_t st = c.cu_stream();
+  // A failure on well-formed input (cuBLASLt cannot run it under BNB_MS_IGEMM=lt, a failed launch, or one forced
+  // by bnb_ms_force_error("igemm", code)) goes to has_error when the call has it, else to the status.
+  const auto report = [&](int code) { return code == OK ? (int)OK : write_has_error(st, a.has_error, code); };
+  if (a.has_error && write_has_error(st, a.has_error, OK) != OK) return E_DEVICE;
+  if (int f = forced_error("igemm")) return report(f);
+  if (a.empty) return OK;
   const int64_t M = a.M, N = a.N, K = a.K;
   const char *mode = std::getenv("BNB_MS_IGEMM");
   const bool force_simt = mode && std::strcmp(mode, "simt") == 0;
   const bool lt_only = mode && std::strcmp(mode, "lt") == 0;
   if (!force_simt && igemm_lt(st, a.A, a.B, a.out, M, N, K)) return OK;
-  if (lt_only) return E_UNSUPPORTED;
-  return igemm_simt_launch(st, a.A, a.B, a.out, M, N, K);
+  if (lt_only) return report(E_UNSUPPORTED);
+  return report(igemm_simt_launch(st, a.A, a.B, a.out, M, N, K));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -737,6 +742,7 @@ using bnb_ms::bf16_t;
 using bnb_ms::fp16_t;
 BNB_MS_ENTRY(cint8_vector_quant, bnb_ms::cuda::vector_quant_entry)
 BNB_MS_ENTRY(cigemmlt_32, bnb_ms::cuda::igemm_entry)
+BNB_MS_EXPORT_FORCE_ERROR
 BNB_MS_ENTRY(cdequant_mm_int32_fp16, bnb_ms::cuda::mm_dequant_entry<fp16_t>)
 BNB_MS_ENTRY(cdequant_mm_int32_fp32, bnb_ms::cuda::mm_dequant_entry<float>)
 BNB_MS_ENTRY(cdequant_mm_int32_bf16, bnb_ms::cuda::mm_dequant_entry<bf16_t>)

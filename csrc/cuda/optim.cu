@@ -449,13 +449,12 @@ int update8(cudaStream_t st, const Hyper &h, const T *g, T *p, uint8_t *s1, uint
 }
 
 // ---- entry points: checks in checks/optim.h (shared with the CPU library) -----------------------
-int zero_status(cudaStream_t st, int32_t *status) {
-  if (!status) return OK;
-  if (cudaMemsetAsync(status, 0, sizeof(int32_t), st) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return E_DEVICE;
-  }
-  return OK;
+// The status output is the optimizers' has_error (aot.h): zeroed once the call is well-formed; a failure on
+// well-formed input (scratch allocation, a launch, or one forced by bnb_ms_force_error("optim", code)) is
+// written there.
+inline int zero_status(cudaStream_t st, int32_t *status) { return status ? write_has_error(st, status, OK) : OK; }
+inline int report_status(cudaStream_t st, int32_t *status, int code) {
+  return code == OK ? (int)OK : write_has_error(st, status, code);
 }
 
 template <class H, Opt O>
@@ -464,8 +463,10 @@ int entry32(BNB_MS_AOT_ARGS) {
   CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
   checks::Optimizer32<T> a;
   if (int s = checks::optimizer_32bit<T, O>(c, &a, [&] { return zero_status(c.cu_stream(), a.status); })) return s;
+  if (int f = forced_error("optim")) return report_status(c.cu_stream(), a.status, f);
   if (a.empty) return OK;
-  return update32<T, O>(c.cu_stream(), a.h, a.g, a.p, a.s1, a.s2, a.unorm, a.max_unorm, a.param_norm, a.n);
+  return report_status(c.cu_stream(), a.status,
+                       update32<T, O>(c.cu_stream(), a.h, a.g, a.p, a.s1, a.s2, a.unorm, a.max_unorm, a.param_norm, a.n));
 }
 
 template <class H, Opt O>
@@ -475,8 +476,10 @@ int entry8(BNB_MS_AOT_ARGS) {
   checks::Optimizer8<T> a;
   if (int s = checks::optimizer_8bit_blockwise<T, O>(c, &a, [&] { return zero_status(c.cu_stream(), a.status); }))
     return s;
+  if (int f = forced_error("optim")) return report_status(c.cu_stream(), a.status, f);
   if (a.empty) return OK;
-  return update8<T, O>(c.cu_stream(), a.h, a.g, a.p, a.s1, a.s2, a.a1, a.a2, a.q1, a.q2, a.n);
+  return report_status(c.cu_stream(), a.status,
+                       update8<T, O>(c.cu_stream(), a.h, a.g, a.p, a.s1, a.s2, a.a1, a.a2, a.q1, a.q2, a.n));
 }
 
 }  // namespace
