@@ -10,14 +10,14 @@ import pytest
 
 import mindspore as ms
 
-from bitsandbytes_ms import _ops, _reference as R, cextension
+from bitsandbytes_ms import _native_table, _reference as R, cextension
 from bitsandbytes_ms import functional as F
 from bitsandbytes_ms.cextension import get_ptr, lib
 
 
 def test_every_table_row_is_exported_by_the_library():
     dll = ct.CDLL(str(cextension.LIBRARY_PATH))
-    for name in _ops.OPS:
+    for name in _native_table.OPS:
         assert hasattr(dll, name), name
 
 

@@ -1651,16 +1651,16 @@ def fmt_table_wo(rows) -> str:
 
 
 def op_names(path: str | None) -> list[str]:
-    """Names of every row of bitsandbytes_ms/_ops.py: the table module loaded standalone (needs MindSpore),
+    """Names of every row of bitsandbytes_ms/_native_table.py: the table module loaded standalone (needs MindSpore),
     else a names file (one a line) generated where MindSpore is installed."""
     try:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from status_diff import op_table  # the one standalone loader of _ops.py (and the utils.py it imports)
+        from status_diff import op_table  # the one standalone loader of _native_table.py (and the utils.py it imports)
 
         return [n for n, op in op_table().OPS.items() if not getattr(op, "cpu_only", False)]
     except Exception as e:
         if not path:
-            raise RuntimeError(f"_ops.py not loadable ({type(e).__name__}: {e}) and no --op-names file") from e
+            raise RuntimeError(f"_native_table.py not loadable ({type(e).__name__}: {e}) and no --op-names file") from e
         return [l.strip() for l in Path(path).read_text().splitlines() if l.strip()]
 
 
@@ -1673,7 +1673,7 @@ def check_completeness(cuda: Aot, names_file: str | None) -> str:
         fail("op table completeness: no op names")
     if missing:
         fail(f"op table completeness: {len(missing)} of {len(names)} rows not exported: {', '.join(missing)}")
-    return (f"op table completeness: {len(names) - len(missing)}/{len(names)} rows of bitsandbytes_ms/_ops.py are "
+    return (f"op table completeness: {len(names) - len(missing)}/{len(names)} rows of bitsandbytes_ms/_native_table.py are "
             f"exported by {Path(cuda.path).name} (dlsym)" + (f"; MISSING: {', '.join(missing)}" if missing else ""))
 
 
@@ -1748,7 +1748,7 @@ def main() -> int:
     ap.add_argument("--weightonly-only", action="store_true",
                     help="only the weight-only + op-table completeness section; the rest of --out is kept")
     ap.add_argument("--op-names", default=None,
-                    help="file with the op table's names, one a line (used when _ops.py cannot be imported)")
+                    help="file with the op table's names, one a line (used when _native_table.py cannot be imported)")
     a = ap.parse_args()
     if a.cpu_ref_only:
         print(cpu_vs_reference(a.cpu_lib), flush=True)

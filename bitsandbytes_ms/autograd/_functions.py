@@ -19,7 +19,8 @@ from mindspore.common.api import _pynative_executor
 
 from .. import _hostcall
 from .. import functional as _F
-from ..cextension import BNB_BACKEND as _BNB_BACKEND, tag_device as _tag_device
+from .._ops import tag as _tag_device
+from ..cextension import BNB_BACKEND as _BNB_BACKEND
 from ..utils import Singleton as _Singleton
 
 

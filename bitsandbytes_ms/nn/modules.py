@@ -19,7 +19,7 @@ from mindspore import ops as _msops
 from .. import _hostcall
 from .. import functional as _F
 from ..autograd import _functions as _autograd
-from ..cextension import tag_device as _tag_device
+from .._ops import tag as _tag_device
 from ..optim import GlobalOptimManager as _GlobalOptimManager
 
 _logger = _logging.getLogger(__name__)
