@@ -311,7 +311,10 @@ class NativeFunction:
         for name, res in zip(op.outputs, results):
             target = named.get(name)
             if isinstance(target, TensorPointer):
-                target.tensor.copy_(res.reshape(target.tensor.shape))
+                res = ops.reshape(res, tuple(target.tensor.shape))
+                if hasattr(target.tensor, "_device"):  # mindtorch's copy_ reads the source's device
+                    res._device = target.tensor._device
+                target.tensor.copy_(res)
         return 0
 
 

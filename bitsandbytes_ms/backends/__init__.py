@@ -1,6 +1,10 @@
 """Kernels of the ops declared in :mod:`bitsandbytes_ms._ops`, one module per backend (upstream's
 ``bitsandbytes/backends/<name>/ops.py``): :mod:`.native` (the CPU and the CUDA library) and :mod:`.reference`
-(numpy). Byte-level helpers both use live here."""
+(numpy). Byte-level helpers both use live here.
+
+Kernels use MindSpore's own ops (``mindspore.ops``) on intermediate tensors, never Tensor methods: those are
+mindtorch's once mindtorch is imported and need its device tag, which results get only when the op returns
+(:func:`bitsandbytes_ms._ops.tag`)."""
 
 from __future__ import annotations
 
@@ -29,12 +33,12 @@ def storage_view(packed_u8: Tensor, quant_storage) -> Tensor:
         t = Tensor(arr.view(np.uint16).view(np_bfloat16).copy())
     else:
         t = Tensor(arr.view(_NP_DTYPE[quant_storage]).copy())
-    return t.reshape(-1, 1)
+    return ms.ops.reshape(t, (-1, 1))
 
 
 def as_uint8(A: Tensor) -> Tensor:
     """The raw bytes of a packed 4-bit tensor stored in any ``quant_storage`` dtype, as flat uint8."""
     if A.dtype == ms.uint8:
-        return A.reshape(-1)
+        return ms.ops.reshape(A, (-1,))
     raw = A.asnumpy().view(np.uint8)  # bf16 bits as stored (not via float32: NaN patterns would change)
     return Tensor(np.ascontiguousarray(raw).reshape(-1))

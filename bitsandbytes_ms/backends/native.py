@@ -79,7 +79,7 @@ def _(A, absmax, blocksize, quant_type, shape, dtype, code=None):
     n = int(np.prod(shape))
     code = code_4bit(quant_type) if code is None else code
     out = _fn(f"cdequantize_blockwise_{_SUFFIX[dtype]}_{quant_type}")(code, as_uint8(A), absmax, blocksize, n)
-    return out.reshape(tuple(shape))
+    return ms.ops.reshape(out, tuple(int(s) for s in shape))
 
 
 @_ops.gemv_4bit.register(*NATIVE)

@@ -47,8 +47,9 @@ def _write_back(t: Tensor, values: np.ndarray) -> None:
     if mem is not None:
         mem[...] = values.reshape(mem.shape).astype(mem.dtype)
         return
-    src = Tensor(np.ascontiguousarray(values.astype(np.float32) if t.dtype == ms.bfloat16 else values)).astype(t.dtype)
-    t.copy_(src.reshape(t.shape))
+    src = ms.ops.cast(Tensor(np.ascontiguousarray(values.astype(np.float32) if t.dtype == ms.bfloat16 else values)),
+                      t.dtype)
+    t.copy_(ms.ops.reshape(src, tuple(t.shape)))
 
 
 # ---- blockwise 8-bit ----
@@ -92,7 +93,7 @@ def _(A, B, shapeB, absmax, code, blocksize, bias=None, absmax2=None, code2=None
     extra = dict(absmax2=_np(absmax2), code2=_np(code2), offset=None if offset is None else float(_np(offset)),
                  bias=_np(bias), blocksize2=int(blocksize2))
     if bf16_dot and A.dtype == ms.bfloat16:
-        return _t(R.linear_4bit_bf16dot(*args, **extra)).astype(ms.bfloat16)
+        return ms.ops.cast(_t(R.linear_4bit_bf16dot(*args, **extra)), ms.bfloat16)
     return _t(R.linear_4bit(*args, **extra, dtype=_name(A.dtype)))
 
 
