@@ -276,7 +276,7 @@ class Bound:
 
 
 class Entry:
-    """A native entry point of the op table, called on host memory."""
+    """A native entry point of the C ABI table (:mod:`bitsandbytes_ms._native_table`), called on host memory."""
 
     def __init__(self, name: str):
         op = _native_table.OPS[name]

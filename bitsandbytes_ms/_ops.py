@@ -58,6 +58,8 @@ def tag(res, like: Sequence = ()):
     device = None
     for t in outs:
         if isinstance(t, Tensor) and not hasattr(t, "_device"):
+            if not hasattr(t, "asnumpy"):  # MindSpore's graph compiler is parsing the caller: nothing to tag
+                return res
             if device is None:
                 device = next((a._device for a in like if isinstance(a, Tensor) and hasattr(a, "_device")), None)
                 if device is None:

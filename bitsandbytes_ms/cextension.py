@@ -31,7 +31,6 @@ from __future__ import annotations
 import ctypes as ct
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 

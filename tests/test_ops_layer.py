@@ -25,8 +25,13 @@ def _rng(seed=0):
 
 
 def _t(a, dtype=None):
+    """A tensor as a user has it (with mindtorch's device tag once mindtorch is imported by another test)."""
     t = Tensor(a)
-    return t if dtype is None or dtype == t.dtype else ms.ops.cast(t, dtype)
+    return _ops.tag(t if dtype is None or dtype == t.dtype else ms.ops.cast(t, dtype))
+
+
+def _f32(t):
+    return ms.ops.cast(t, ms.float32).asnumpy()
 
 
 def _np(res):
@@ -78,25 +83,25 @@ def test_4bit_native_equals_reference(dtype, quant_type, storage):
     W = _t((_rng(2).standard_normal((24, 64)) * 0.1).astype(np.float32), dtype)
     native, ref = _both(_ops.quantize_4bit, W, 64, quant_type, storage)
     _same(native, ref)
-    packed = _ops.quantize_4bit.kernel("cpu")(W, 64, quant_type, storage)[0]
+    packed = _ops.quantize_4bit(W, 64, quant_type, storage)[0]
     assert packed.dtype == storage and tuple(packed.shape) == (24 * 64 // 2 // (2 if storage == ms.bfloat16 else 1), 1)
     absmax = _t(native[1])
     _same(*_both(_ops.dequantize_4bit, packed, absmax, 64, quant_type, (24, 64), dtype))
     x = _t(_rng(3).standard_normal((1, 64)).astype(np.float32), dtype)
     code = F.get_4bit_type(quant_type)
     g_native, g_ref = (_ops.gemv_4bit.kernel(b)(x, packed, (24, 64), absmax, code, 64) for b in BACKENDS)
-    np.testing.assert_allclose(g_native.astype(ms.float32).asnumpy(), g_ref.astype(ms.float32).asnumpy(),
+    np.testing.assert_allclose(_f32(g_native), _f32(g_ref),
                                rtol=1e-2 if dtype != ms.float32 else 1e-5, atol=1e-2 if dtype != ms.float32 else 1e-5)
     bias = _t(_rng(4).standard_normal(24).astype(np.float32), dtype)
     l_native, l_ref = (_ops.linear_4bit.kernel(b)(x, packed, (24, 64), absmax, code, 64, bias) for b in BACKENDS)
-    np.testing.assert_allclose(l_native.astype(ms.float32).asnumpy(), l_ref.astype(ms.float32).asnumpy(),
+    np.testing.assert_allclose(_f32(l_native), _f32(l_ref),
                                rtol=1e-2 if dtype != ms.float32 else 1e-5, atol=1e-2 if dtype != ms.float32 else 1e-5)
 
 
 def test_linear_4bit_bf16_dot_native_equals_reference():
     """The bf16 dot-product kernel is bit-exact with its numpy model (portable kernel on this CPU)."""
     W = _t((_rng(5).standard_normal((32, 64)) * 0.1).astype(np.float32))
-    packed, absmax = _ops.quantize_4bit.kernel("cpu")(W, 64, "nf4", ms.uint8)
+    packed, absmax = _ops.quantize_4bit(W, 64, "nf4", ms.uint8)
     x = _t(_rng(6).standard_normal((3, 64)).astype(np.float32), ms.bfloat16)
     _same(*_both(_ops.linear_4bit, x, packed, (32, 64), absmax, F.get_4bit_type("nf4"), 64, None, None, None, None,
                  256, True))
@@ -111,7 +116,7 @@ def test_int8_native_equals_reference(dtype, threshold):
     quant = _both(_ops.int8_vectorwise_quant, At, threshold)
     _same(*quant)
     W = _t((_rng(8).standard_normal((16, 48)) * 0.2).astype(np.float32))
-    CB, SCB, _ = _ops.int8_vectorwise_quant.kernel("cpu")(W, 0.0)
+    CB, SCB, _ = _ops.int8_vectorwise_quant(W, 0.0)
     CA = _t(quant[0][0])
     C = _both(_ops.int8_linear_matmul, CA, CB)
     _same(*C)
@@ -141,8 +146,8 @@ def test_optimizer_updates_native_equal_reference(name):
     s10, s20 = np.abs(rng.standard_normal(600)).astype(np.float32) * 0.01, np.abs(rng.standard_normal(600)).astype(np.float32) * 1e-4
     res = []
     for b in BACKENDS:
-        p, g, s1 = Tensor(p0.copy()), Tensor(g0.copy()), Tensor(s10.copy())
-        s2 = Tensor(s20.copy()) if name == "adam" else None
+        p, g, s1 = _t(p0.copy()), _t(g0.copy()), _t(s10.copy())
+        s2 = _t(s20.copy()) if name == "adam" else None
         _ops.optimizer_update_32bit.kernel(b)(name, g, p, s1, s2, None, 0.0, 0.0, 0.9, 0.999, 0.0, 0.0, 1e-8, 0.01,
                                               3, 1e-3, 1.0, False)
         res.append([p.asnumpy(), s1.asnumpy()] + ([s2.asnumpy()] if s2 is not None else []))
@@ -151,9 +156,9 @@ def test_optimizer_updates_native_equal_reference(name):
     qmap1, qmap2 = F.create_dynamic_map(signed=True), F.create_dynamic_map(signed=False)
     res = []
     for b in BACKENDS:
-        p, g = Tensor(p0.copy()), Tensor(g0.copy())
-        st1, a1 = _ops.quantize_blockwise.kernel("cpu")(Tensor(s10 * (1 if name == "adam" else -1)), qmap1, 256)
-        st2, a2 = _ops.quantize_blockwise.kernel("cpu")(Tensor(s20), qmap2, 256) if name == "adam" else (None, None)
+        p, g = _t(p0.copy()), _t(g0.copy())
+        st1, a1 = _ops.quantize_blockwise(_t(s10 * (1 if name == "adam" else -1)), qmap1, 256)
+        st2, a2 = _ops.quantize_blockwise(_t(s20), qmap2, 256) if name == "adam" else (None, None)
         _ops.optimizer_update_8bit_blockwise.kernel(b)(name, g, p, st1, st2, 0.9, 0.999, 0.0, 0.0, 1e-8, 3, 1e-3,
                                                        qmap1, qmap2 if name == "adam" else None, a1, a2, 0.01, 1.0)
         res.append([t.asnumpy() for t in (p, st1, a1) + ((st2, a2) if st2 is not None else ())])

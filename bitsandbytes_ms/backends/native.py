@@ -25,7 +25,7 @@ from ..utils import SUFFIX_OF_DTYPE as _SUFFIX
 from . import as_uint8, code_4bit, storage_view
 
 NATIVE = ("cpu", "cuda")
-_FLOAT_INDEX = {ms.float32: 0, ms.float16: 1, ms.bfloat16: 2}
+_FLOAT_ORDER = tuple(_SUFFIX)  # fp32, fp16, bf16: the order of the optimizer rows of the C ABI table
 
 
 def _fn(name: str):
@@ -201,7 +201,7 @@ def _h64(x) -> np.ndarray:
 @_ops.optimizer_update_32bit.register(*NATIVE)
 def _(optimizer_name, g, p, state1, state2, unorm_vec, max_unorm, param_norm, beta1, beta2, beta3, alpha, eps,
       weight_decay, step, lr, gnorm_scale, skip_zeros=False):
-    entry = OPTIM_32BIT_NAMES[optimizer_name][_FLOAT_INDEX[p.dtype]]
+    entry = OPTIM_32BIT_NAMES[optimizer_name][_FLOAT_ORDER.index(p.dtype)]
     scal = (float(max_unorm), float(param_norm), float(beta1), float(beta2), float(beta3), float(alpha), float(eps),
             float(weight_decay), int(step), float(lr), float(gnorm_scale))
     fn = "optimizer_update_32bit"
@@ -217,7 +217,7 @@ def _(optimizer_name, g, p, state1, state2, unorm_vec, max_unorm, param_norm, be
 @_ops.optimizer_update_8bit_blockwise.register(*NATIVE)
 def _(optimizer_name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps, step, lr, qmap1, qmap2, absmax1,
       absmax2, weight_decay, gnorm_scale, skip_zeros=False):
-    entry = OPTIM_8BIT_BLOCKWISE_NAMES[optimizer_name][_FLOAT_INDEX[p.dtype]]
+    entry = OPTIM_8BIT_BLOCKWISE_NAMES[optimizer_name][_FLOAT_ORDER.index(p.dtype)]
     scal = (float(beta1), float(beta2), float(beta3), float(alpha), float(eps), int(step), float(lr),
             float(weight_decay), float(gnorm_scale))
     fn = "optimizer_update_8bit_blockwise"
