@@ -44,15 +44,30 @@ def rows_2d(a: np.ndarray, K: int) -> np.ndarray:
     return a.reshape(int(math.prod(a.shape[:-1])), K)
 
 
+def nan_bits16(x: np.ndarray, dtype: str) -> np.ndarray:
+    """The 16-bit patterns the library gives the NaNs of float32 ``x`` (csrc/aot.h f32_to_fp16 / f32_to_bf16): sign
+    and top payload bits kept, made quiet -- fp16 ``sign | 0x7e00 | payload >> 13`` (x86's vcvtps2ph, upstream's
+    ``_Float16`` casts), bf16 ``bits >> 16 | 0x40``. numpy does not quiet a signalling NaN and ml_dtypes' bfloat16
+    drops the payload, so their casts differ there."""
+    b = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    if dtype == "float16":
+        return (((b >> 16) & 0x8000) | 0x7E00 | ((b >> 13) & 0x3FF)).astype(np.uint16)
+    return ((b >> 16) | 0x40).astype(np.uint16)
+
+
 def cast_out(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Rounds float32 values to ``dtype`` ("float32" | "float16" | "bfloat16")."""
+    """Rounds float32 values to ``dtype`` ("float32" | "float16" | "bfloat16"), NaNs as the library rounds them
+    (:func:`nan_bits16`)."""
     if dtype == "float32":
         return x.astype(np.float32)
-    if dtype == "float16":
-        return x.astype(np.float16)
-    if dtype == "bfloat16":
-        return x.astype(np_bfloat16)
-    raise ValueError(dtype)
+    if dtype not in ("float16", "bfloat16"):
+        raise ValueError(dtype)
+    x = np.asarray(x, np.float32)
+    y = np.array(x.astype(np.float16 if dtype == "float16" else np_bfloat16))
+    nan = np.isnan(x)
+    if nan.any():
+        y.view(np.uint16)[nan] = nan_bits16(x[nan], dtype)
+    return y
 
 
 # ---------------------------------------------------------------------------------------------

@@ -320,6 +320,14 @@ class NativeFunction:
 _AOT_STATUS = re.compile(r"Return value from \w+ AOT kernel\(.*?\)'s function\(\w+\) is (-?\d+)")
 
 
+def compiling(t) -> bool:
+    """True while MindSpore's graph compiler parses the caller (``mindspore.jit``, ``GRAPH_MODE``), False when it
+    runs in Python (PyNative): in Python every ``Tensor`` has ``asnumpy``; while the compiler parses the code,
+    ``hasattr`` is answered from the graph's tensor type, which has none (a host-side method). One attribute
+    lookup on the PyNative path; see :mod:`bitsandbytes_ms._graph`."""
+    return isinstance(t, Tensor) and not hasattr(t, "asnumpy")
+
+
 class _DummyShapes(dict):
     """Shape lookup used when only output dtypes are wanted."""
 

@@ -25,7 +25,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from . import _hostcall, _ops, _reference
+from . import _graph, _hostcall, _ops, _reference
 from ._ops import tag as _tag
 from .backends import as_uint8 as _raw_bytes, native as _native, storage_view as _storage_view
 from .cextension import BNB_BACKEND, get_ptr, lib  # noqa: F401  (get_ptr, lib re-exported as upstream)
@@ -329,7 +329,11 @@ class QuantState:
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __getitem__(self, idx):
-        """Upstream's legacy list layout: [absmax, shape, dtype, blocksize, [offset, state2] | None, quant_type]."""
+        """Upstream's legacy list layout: [absmax, shape, dtype, blocksize, [offset, state2] | None, quant_type].
+        A string key reads :meth:`as_dict`'s entry (``state["absmax"]``), the form a quant state has inside
+        ``mindspore.jit`` / GRAPH_MODE (see :mod:`bitsandbytes_ms._graph`), so the same code runs in both modes."""
+        if isinstance(idx, str):
+            return self.as_dict()[idx]
         nested = [self.offset, self.state2] if self.nested else None
         return [self.absmax, self.shape, self.dtype, self.blocksize, nested, self.quant_type][idx]
 
@@ -480,6 +484,8 @@ def quantize_blockwise(A: Tensor, code: Optional[Tensor] = None, absmax: Optiona
             [256], ``out``/``absmax`` of the wrong shape or dtype.
         TypeError: an argument is not a tensor / int.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.quantize_blockwise(A, code, absmax, out, blocksize, nested)
     fn = "quantize_blockwise"
     _check_dtype(A, FLOAT_DTYPES, fn, "A")
     blocksize = _check_blocksize(blocksize, BLOCKWISE_BLOCKSIZES, fn)
@@ -529,6 +535,8 @@ def dequantize_blockwise(A: Tensor, quant_state: Optional[QuantState] = None, ab
         ValueError: ``A`` not uint8; neither ``quant_state`` nor ``absmax``; blocksize not allowed;
             absmax length not ceil(n/blocksize); ``out`` of the wrong shape/dtype.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.dequantize_blockwise(A, quant_state, absmax, code, out, blocksize, nested)
     fn = "dequantize_blockwise"
     _check_dtype(A, (ms.uint8,), fn, "A")
     if quant_state is None and absmax is None:
@@ -737,6 +745,8 @@ def quantize_4bit(A: Tensor, absmax: Optional[Tensor] = None, out: Optional[Tens
     Raises:
         ValueError: wrong dtype of ``A``, blocksize, quant_type, quant_storage or ``out``/``absmax``.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.quantize_4bit(A, absmax, out, blocksize, compress_statistics, quant_type, quant_storage)
     fn = "quantize_4bit"
     if blocksize is None:
         blocksize = 64
@@ -850,6 +860,8 @@ def dequantize_4bit(A: Tensor, quant_state: Optional[QuantState] = None, absmax:
         ValueError: neither quant_state nor absmax+out; bad blocksize/quant_type/dtype; packed bytes or absmax
             entries other than exactly what ``quant_state.shape`` and ``blocksize`` need.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.dequantize_4bit(A, quant_state, absmax, out, blocksize, quant_type)
     fn = "dequantize_4bit"
     if blocksize is None:
         blocksize = 64
@@ -922,6 +934,8 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
         ValueError: ``state`` missing, A not float, K != state.shape[1], packed bytes or absmax entries other than
             exactly what ``state.shape`` and ``state.blocksize`` need, or bad ``out``.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.gemv_4bit(A, B, out, transposed_A, transposed_B, state)
     fn = "gemv_4bit"
     if state is None:
         raise ValueError("state cannot be None. gemv_4bit() requires the state from quantize_4bit()")
@@ -1317,6 +1331,8 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
     Returns:
         [..., N] in A's dtype.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.linear_4bit(A, B, quant_state, bias, bf16_dot)
     fn = "linear_4bit"
     if quant_state is None:
         raise ValueError(f"{fn}: `quant_state` is required")
@@ -1407,6 +1423,8 @@ def int8_vectorwise_quant(A: Tensor, threshold: float = 0.0):
         ValueError: ``A`` not a 16/32-bit float tensor or 0-d; negative threshold.
         TypeError: ``A`` not a tensor; threshold not a number.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.int8_vectorwise_quant(A, threshold)
     fn = "int8_vectorwise_quant"
     _check_dtype(A, FLOAT_DTYPES, fn, "A")
     _check_rank(A, 1, fn, "A")
@@ -1432,6 +1450,8 @@ def int8_vectorwise_dequant(A: Tensor, stats: Tensor) -> Tensor:
     Raises:
         ValueError: wrong dtypes, or ``stats`` size differs from the number of rows of ``A``.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.int8_vectorwise_dequant(A, stats)
     fn = "int8_vectorwise_dequant"
     _check_dtype(A, (ms.int8,), fn, "A")
     _check_dtype(stats, (ms.float32,), fn, "stats")
@@ -1460,6 +1480,8 @@ def int8_double_quant(A: Tensor, col_stats=None, row_stats=None, out_col=None, o
         ValueError: any of the preallocated arguments is given (upstream does not support them), or ``A``
             is not a 16/32-bit float tensor.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.int8_double_quant(A, col_stats, row_stats, out_col, out_row, threshold)
     fn = "int8_double_quant"
     for name, v in (("row_stats", row_stats), ("col_stats", col_stats), ("out_col", out_col), ("out_row", out_row)):
         if v is not None:
@@ -1500,6 +1522,8 @@ def int8_linear_matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, dtype
         ValueError: ``A``/``B`` not int8, ``B`` not 2-D, inner dimensions differ, ``dtype`` not int32,
             ``out`` of the wrong shape/dtype.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.int8_linear_matmul(A, B, out, dtype)
     fn = "int8_linear_matmul"
     _check_dtype(A, (ms.int8,), fn, "A")
     _check_dtype(B, (ms.int8,), fn, "B")
@@ -1578,6 +1602,8 @@ def int8_mm_dequant(A: Tensor, row_stats: Tensor, col_stats: Tensor, out: Option
     Raises:
         ValueError: wrong dtypes (A int32, stats float32, bias float), stats/bias sizes that do not match.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.int8_mm_dequant(A, row_stats, col_stats, out, bias)
     fn = "int8_mm_dequant"
     res = _mm_dequant(A, row_stats, col_stats, bias, ms.float16, fn)
     if out is not None:
@@ -1589,6 +1615,8 @@ def int8_scaled_mm(A: Tensor, B: Tensor, row_stats: Tensor, col_stats: Tensor, b
                    dtype=None) -> Tensor:
     """``int8_mm_dequant(int8_linear_matmul(A, B), row_stats, col_stats, bias)`` in ``dtype`` (default
     float16), shaped ``[..., N]`` like ``A`` (upstream op ``bitsandbytes::int8_scaled_mm``)."""
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.int8_scaled_mm(A, B, row_stats, col_stats, bias, dtype)
     fn = "int8_scaled_mm"
     dtype = ms.float16 if dtype is None else dtype
     C = int8_linear_matmul(A, B)
@@ -1871,6 +1899,8 @@ def quantize_weight_only(W: Tensor, bits: int = 8) -> Tuple[Tensor, Tensor]:
     Raises:
         ValueError: W not a 2-D float tensor, bits not 8/4.
     """
+    if _graph.compiling(W):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.quantize_weight_only(W, bits)
     fn = "quantize_weight_only"
     _check_dtype(W, FLOAT_DTYPES, fn, "W")
     bits = _check_bits(bits, fn)
@@ -1912,6 +1942,8 @@ def dequantize_weight_only(q: Tensor, scale: Tensor, in_features: Optional[int] 
     Raises:
         ValueError: wrong dtypes/shapes, bits not 8/4.
     """
+    if _graph.compiling(q):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.dequantize_weight_only(q, scale, in_features, bits, dtype, out)
     fn = "dequantize_weight_only"
     bits = _check_bits(bits, fn)
     _check_tensor(q, fn, "q")
@@ -1945,6 +1977,8 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
     Raises:
         ValueError: wrong dtypes/shapes, bits not 8/4.
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.gemm_weight_only(A, q, scale, bits, bias, out, in_features)
     fn = "gemm_weight_only"
     bits = _check_bits(bits, fn)
     _check_dtype(A, FLOAT_DTYPES, fn, "A")

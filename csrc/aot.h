@@ -17,6 +17,11 @@
 
 #define BNB_MS_AOT_ARGS int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream, void *extra
 #define BNB_MS_EXPORT extern "C" __attribute__((visibility("default")))
+// The one way the libraries export an entry point: `name` with the AOT signature, forwarding every argument to
+// `impl` (a function or template instance of the same signature), e.g.
+//   BNB_MS_ENTRY(cquantize_blockwise_fp32, bnb_ms::quantize_entry<float>)
+#define BNB_MS_ENTRY(name, ...) \
+  BNB_MS_EXPORT int name(BNB_MS_AOT_ARGS) { return __VA_ARGS__(nparam, params, ndims, shapes, dtypes, stream, extra); }
 
 namespace bnb_ms {
 
@@ -112,7 +117,8 @@ struct fp16_t { uint16_t v; };
 inline float bf16_to_f32(uint16_t h) {
   uint32_t b = (uint32_t)h << 16; float f; std::memcpy(&f, &b, 4); return f;
 }
-// Round to nearest even (as upstream's CPU kernels and torch do; NaN stays NaN).
+// Round to nearest even (as upstream's CPU kernels and torch do).  NaN keeps its sign and the top 7 bits of its
+// payload and is made quiet ((bits >> 16) | 0x40), as f32_to_fp16.
 inline uint16_t f32_to_bf16(float f) {
   uint32_t b; std::memcpy(&b, &f, 4);
   if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x40);
@@ -133,12 +139,15 @@ inline float fp16_to_f32(uint16_t h) {
   else bits = sign | ((exp + 112u) << 23) | (man << 13);
   float f; std::memcpy(&f, &bits, 4); return f;
 }
-// IEEE round-to-nearest-even float -> half.
+// IEEE round-to-nearest-even float -> half.  NaN keeps its sign and the top 10 bits of its payload and is made
+// quiet (sign | 0x7e00 | payload >> 13), as x86's vcvtps2ph, upstream's CPU kernels (_Float16 casts) and torch's
+// vectorised casts do; the same NaN rule as f32_to_bf16 (the library's one rule for NaN -> 16 bits).
 inline uint16_t f32_to_fp16(float f) {
   uint32_t x; std::memcpy(&x, &f, 4);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0));
+  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+  if (ax == 0x7f800000u) return (uint16_t)(sign | 0x7c00u);
   if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);  // rounds to inf
   if (ax < 0x38800000u) {  // result is subnormal or zero
     if (ax < 0x33000000u) return (uint16_t)sign;

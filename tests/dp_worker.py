@@ -18,8 +18,9 @@ What it covers on the way (each a hard failure of the worker, exit 1):
   * state_dict: halfway, rank 0 saves every optimizer's state_dict with torch.save; all ranks load it
     into fresh optimizers and go on (the loaded state must equal the state each rank had);
   * the bridge's errors for bad input (a second init, an unsupported op, a bad src or group);
-  * the mindspore.nn user too: a Dense Cell trained with AdamW8bit, gradients averaged by MindSpore's
-    nn.DistributedGradReducer (``cell/...`` in the file).
+  * the mindspore.nn user too: a Cell model of our Cell layers (Linear4bitCell base + LoRAAdapter,
+    Linear8bitLtCell; frozen quantized weights, trainable adapter and biases) trained with AdamW8bit,
+    gradients averaged by MindSpore's nn.DistributedGradReducer (``cell/...`` in the file).
 """
 
 import argparse
@@ -273,26 +274,44 @@ def train(a, built, distributed, rank, world, name):
 
 
 def train_cell(a, distributed, rank, world, steps=4):
-    """The mindspore.nn user: a Dense Cell's Parameters, AdamW8bit, gradients averaged by MindSpore's own
-    nn.DistributedGradReducer (no torch.distributed). Returns {"cell/...": numpy}."""
-    from mindspore import nn
+    """The mindspore.nn user: a Cell model of our Cell layers -- a frozen NF4 base (Linear4bitCell, double quant)
+    with a trainable LoRA adapter and bias, then a frozen int8 Linear8bitLtCell with a trainable bias -- trained
+    with AdamW8bit, gradients averaged by MindSpore's own nn.DistributedGradReducer (no torch.distributed).
+    Returns {"cell/...": numpy}."""
+    from mindspore import nn, ops
 
-    net = nn.Dense(64, 64)
-    rng = np.random.RandomState(7)
-    for p in net.trainable_params():
-        p.set_data(mindspore.Tensor((rng.randn(*p.shape) * 0.1).astype(np.float32)))
-    params = net.trainable_params()
+    from bitsandbytes_ms.nn import Linear4bitCell, Linear8bitLtCell, LoRAAdapter
+
+    rng = np.random.RandomState(7)  # the frozen base: the same fixed numbers on every rank
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.l1 = LoRAAdapter(Linear4bitCell(64, 64, quant_type="nf4", compress_statistics=True,
+                                                 weight=mindspore.Tensor((rng.randn(64, 64) * 0.1).astype(np.float32))),
+                                  r=8, seed=3)
+            self.l2 = Linear8bitLtCell(64, 32, weight=mindspore.Tensor((rng.randn(32, 64) * 0.1).astype(np.float32)))
+
+        def construct(self, x, y):  # MindSpore's functional ops (see bitsandbytes_ms.nn.cells)
+            return ops.mean(ops.square(ops.sub(self.l2(ops.tanh(self.l1(x))), y)))
+
+    net = Net()
+    net.l1.lora_up.set_data(mindspore.Tensor((rng.randn(64, 8) * 0.05).astype(np.float32)))
+    # the adapter first: p0 (lora_down, 512 values) gets 8-bit AdamW state, the biases 32-bit (min_8bit_size)
+    params = [net.l1.lora_down, net.l1.lora_up, net.l1.base.bias, net.l2.bias]
+    assert sorted(p.name for p in params) == sorted(p.name for p in net.trainable_params())
+    frozen = {p.name: p.asnumpy().copy() for p in net.get_parameters() if not p.requires_grad}
     opt = bnb.optim.AdamW8bit(params, lr=1e-2, min_8bit_size=256)
     reducer = nn.DistributedGradReducer(params, mean=True, degree=world) if distributed else None
     x_all = np.random.RandomState(8).randn(a.batch, 64).astype(np.float32)
+    y_all = np.random.RandomState(9).randn(a.batch, 32).astype(np.float32)
     per_rank = a.batch // world
     x = mindspore.Tensor(x_all[rank * per_rank:(rank + 1) * per_rank])
-    # MindSpore's functional ops: after `import mindnlp` Tensor methods are mindtorch's, which want a device tag
-    value_and_grad = mindspore.value_and_grad(lambda x: mindspore.ops.mean(mindspore.ops.square(net(x))), None,
-                                              weights=params)
+    y = mindspore.Tensor(y_all[rank * per_rank:(rank + 1) * per_rank])
+    value_and_grad = mindspore.value_and_grad(net, None, weights=params)
     out, losses = {}, []
     for step in range(steps):
-        loss, grads = value_and_grad(x)
+        loss, grads = value_and_grad(x, y)
         if reducer is not None:
             grads = reducer(grads)
             dist.all_reduce(loss, op=dist.ReduceOp.AVG)
@@ -302,6 +321,9 @@ def train_cell(a, distributed, rank, world, steps=4):
             out[f"cell/step{step}/param/{i}"] = p.asnumpy().copy()
         for key, val in opt_tensors([opt]).items():
             out[f"cell/step{step}/state/{key}"] = val
+    for p in net.get_parameters():
+        if p.name in frozen and not np.array_equal(p.asnumpy(), frozen[p.name]):
+            fail(f"the frozen quantized parameter {p.name} changed in training")
     out["cell/losses"] = np.array(losses, np.float64)
     return out
 

@@ -14,7 +14,7 @@ On a GPU host (torch with CUDA), the CUDA library against the CPU library of the
     python3 tools/status_diff.py record bitsandbytes_ms/libbitsandbytes_ms_cuda.so cuda.json --device cuda
     python3 tools/status_diff.py compare cpu.json cuda.json --status-only   # drop --status-only: bytes too
 
-Covers the blockwise, optim, weightonly and int8 entry points (the fused cint8_linear_* and
+Covers the blockwise, 4-bit (fourbit_ops), optim, weightonly and int8 entry points (the fused cint8_linear_* and
 cint8_mixed_mm_dequant_* included), and well-formed calls on edge values (edge_ops: subnormal blocks, NaN/inf rows).  Calls go straight through ctypes with the
 AOT signature (no MindSpore); buffers are over-allocated so that a call a library wrongly accepts
 cannot write outside them.  Run each `record` in its own process (one library per process).
@@ -229,8 +229,37 @@ def edge_ops():
                          zeros_am, a2] + hp + [P((1,), "int32")]
 
 
+def code4():
+    return P((16,), "float32", init=lambda: np.linspace(-1, 1, 16, dtype=np.float32))
+
+
+def fourbit_ops():
+    for sfx, dt in SFX.items():
+        for qt in ("fp4", "nf4"):
+            for n, bs in ((1000, 64), (0, 64), (301, 32)):
+                nb = -(-n // bs)
+                yield f"cquantize_blockwise_{sfx}_{qt}", [code4(), P((n,), dt), S(bs), P(((n + 1) // 2, 1), "uint8"),
+                                                          P((nb,), "float32")]
+                yield f"cdequantize_blockwise_{sfx}_{qt}", [code4(), P(((n + 1) // 2,), "uint8"),
+                                                            P((nb,), "float32", init="absmax"), S(bs), S(n), P((n,), dt)]
+        # (M, N, K, blocksize): M or N = 0 is empty; K = 0 writes zeros
+        for M, N, K, bs in ((1, 8, 64, 64), (3, 5, 33, 32), (0, 8, 64, 64), (2, 0, 64, 64), (2, 4, 0, 64)):
+            nb = -(-(N * K) // bs)
+            wb = (N * K + 1) // 2
+            yield f"cgemm_4bit_inference_naive_{sfx}", [P((M, K), dt), P((wb,), "uint8"), P((nb,), "float32", init="absmax"),
+                                                        code4(), S(bs), S(N), P((M, N), dt)]
+            for nested in (False, True):
+                for bias in (None, dt):
+                    if nested:
+                        am = [P((nb,), "uint8"), P((-(-nb // 256),), "float32", init="absmax"), code(), S(0.25, "float32")]
+                    else:
+                        am = [P((nb,), "float32", init="absmax"), None, None, None]
+                    yield f"clinear_4bit_{sfx}", [P((M, K), dt), P((wb,), "uint8"), am[0], code4(), am[1], am[2], am[3],
+                                                  None if bias is None else P((N,), bias), S(bs), S(256), S(N), P((M, N), dt)]
+
+
 def templates():
-    for gen in (blockwise_ops, optim_ops, weightonly_ops, int8_ops, edge_ops):
+    for gen in (blockwise_ops, fourbit_ops, optim_ops, weightonly_ops, int8_ops, edge_ops):
         yield from gen()
 
 

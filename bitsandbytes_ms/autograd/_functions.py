@@ -17,7 +17,7 @@ from mindspore import nn as _msnn
 from mindspore import ops as _msops
 from mindspore.common.api import _pynative_executor
 
-from .. import _hostcall
+from .. import _graph, _hostcall
 from .. import functional as _F
 from .._ops import tag as _tag_device
 from ..cextension import BNB_BACKEND as _BNB_BACKEND
@@ -54,6 +54,8 @@ def _forward_4bit(A, B, quant_state, bias):
     """A[..., K] @ W[N, K]^T (+ bias) in A's dtype: up to ``functional.LINEAR_4BIT_MAX_ROWS`` rows one
     native call (:func:`~bitsandbytes_ms.functional.linear_4bit`: the gemv kernel per row, bias fused),
     otherwise dequantize to fp32, matmul in fp32, cast."""
+    if _graph.compiling(A):
+        return _graph.forward_4bit(A, B, quant_state, bias)
     N = int(quant_state.shape[0])
     K = A.shape[-1]
     rows = int(_math.prod(A.shape[:-1]))
@@ -123,6 +125,8 @@ class MatMul4Bit(_msnn.Cell):
 def _grad_4bit(A, B, quant_state, dout, bias):
     """Gradients of ``A @ W.T + bias`` for A (``dout @ W``, W dequantized in fp32, cast to A's dtype) and the bias
     (``dout`` summed over the leading dimensions; None without a bias)."""
+    if _graph.compiling(dout):
+        return _graph.grad_4bit(A, B, quant_state, dout, bias)
     N = int(quant_state.shape[0])
     g = dout.reshape(-1, N).astype(_ms.float32)
     W = _dequant_weight_f32(B, quant_state)
@@ -159,6 +163,8 @@ def matmul_4bit(A, B, quant_state, out: _Optional[_Tensor] = None, bias: _Option
             ``quant_state.shape`` and ``blocksize`` need; ``bias`` or ``out`` of the wrong size.
     """
     fn = "matmul_4bit"
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the forward (bitsandbytes_ms/_graph.py; no autograd cell)
+        return _graph.forward_4bit(A, B, quant_state, bias)
     if quant_state is None:
         raise ValueError("quant_state is required")
     if quant_state.shape is None or len(quant_state.shape) != 2:
@@ -528,6 +534,8 @@ def matmul(A: _Tensor, B: _Tensor, out: _Optional[_Tensor] = None, state: _Optio
         ValueError: A not a float tensor, B not 2-D, inner dimensions differ.
     """
     fn = "matmul"
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the forward (bitsandbytes_ms/_graph.py; no autograd cell)
+        return _graph.matmul(A, B, state, threshold, bias)
     _F._check_dtype(A, _F.FLOAT_DTYPES, fn, "A")
     _F._check_dtype(B, _F.FLOAT_DTYPES + (_ms.int8,), fn, "B")
     if B.ndim != 2:

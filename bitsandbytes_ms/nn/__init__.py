@@ -6,6 +6,9 @@ from .modules import Linear4bit, LinearFP4, LinearNF4, Params4bit  # noqa: E402,
 # ---- int8 ----
 from .modules import Int8Params, Linear8bitLt  # noqa: E402,F401
 
+# ---- mindspore.nn Cell forms (PyNative and GRAPH_MODE / mindspore.jit; QLoRA-style training) ----
+from .cells import Linear4bitCell, Linear8bitLtCell, LoRAAdapter  # noqa: E402,F401
+
 # ---- embeddings ----
 from .modules import (  # noqa: E402,F401
     Embedding, Embedding4bit, Embedding8bit, EmbeddingFP4, EmbeddingNF4, StableEmbedding,

@@ -250,9 +250,9 @@ int dequantize_entry(BNB_MS_AOT_ARGS) {
 
 using bnb_ms::bf16_t;
 using bnb_ms::fp16_t;
-BNB_MS_EXPORT int cquantize_blockwise_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::quantize_entry<float>(nparam, params, ndims, shapes, dtypes, stream, extra); }
-BNB_MS_EXPORT int cquantize_blockwise_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::quantize_entry<fp16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
-BNB_MS_EXPORT int cquantize_blockwise_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::quantize_entry<bf16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
-BNB_MS_EXPORT int cdequantize_blockwise_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::dequantize_entry<float>(nparam, params, ndims, shapes, dtypes, stream, extra); }
-BNB_MS_EXPORT int cdequantize_blockwise_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::dequantize_entry<fp16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
-BNB_MS_EXPORT int cdequantize_blockwise_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::dequantize_entry<bf16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+BNB_MS_ENTRY(cquantize_blockwise_fp32, bnb_ms::quantize_entry<float>)
+BNB_MS_ENTRY(cquantize_blockwise_fp16, bnb_ms::quantize_entry<fp16_t>)
+BNB_MS_ENTRY(cquantize_blockwise_bf16, bnb_ms::quantize_entry<bf16_t>)
+BNB_MS_ENTRY(cdequantize_blockwise_fp32, bnb_ms::dequantize_entry<float>)
+BNB_MS_ENTRY(cdequantize_blockwise_fp16, bnb_ms::dequantize_entry<fp16_t>)
+BNB_MS_ENTRY(cdequantize_blockwise_bf16, bnb_ms::dequantize_entry<bf16_t>)

@@ -655,12 +655,11 @@ int rms_norm_entry(BNB_MS_AOT_ARGS) {
 }  // namespace
 }  // namespace bnb_ms
 
-#define BNB_MS_FWD(...) return __VA_ARGS__(nparam, params, ndims, shapes, dtypes, stream, extra)
-BNB_MS_EXPORT int cdecoder_attention_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::attention_entry<false>); }
-BNB_MS_EXPORT int cdecoder_mlp_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::mlp_entry<false>); }
-BNB_MS_EXPORT int cdecoder_linear_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear_entry<false>); }
+BNB_MS_ENTRY(cdecoder_attention_fp32, bnb_ms::attention_entry<false>)
+BNB_MS_ENTRY(cdecoder_mlp_fp32, bnb_ms::mlp_entry<false>)
+BNB_MS_ENTRY(cdecoder_linear_fp32, bnb_ms::linear_entry<false>)
 // The same three with a 4-bit weight's prefill (more than 8 rows) computed in bf16 (gemm_rows_bf16).
-BNB_MS_EXPORT int cdecoder_attention_fp32_bf16dot(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::attention_entry<true>); }
-BNB_MS_EXPORT int cdecoder_mlp_fp32_bf16dot(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::mlp_entry<true>); }
-BNB_MS_EXPORT int cdecoder_linear_fp32_bf16dot(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::linear_entry<true>); }
-BNB_MS_EXPORT int crms_norm_fp32(BNB_MS_AOT_ARGS) { BNB_MS_FWD(bnb_ms::rms_norm_entry); }
+BNB_MS_ENTRY(cdecoder_attention_fp32_bf16dot, bnb_ms::attention_entry<true>)
+BNB_MS_ENTRY(cdecoder_mlp_fp32_bf16dot, bnb_ms::mlp_entry<true>)
+BNB_MS_ENTRY(cdecoder_linear_fp32_bf16dot, bnb_ms::linear_entry<true>)
+BNB_MS_ENTRY(crms_norm_fp32, bnb_ms::rms_norm_entry)

@@ -1429,11 +1429,11 @@ void int8_linear_f32(const Int8Weight &w, const float *A, const float *bias, flo
 
 using bnb_ms::bf16_t;
 using bnb_ms::fp16_t;
-BNB_MS_EXPORT int cint8_vector_quant(BNB_MS_AOT_ARGS) { return bnb_ms::vector_quant_entry(nparam, params, ndims, shapes, dtypes, stream, extra); }
-BNB_MS_EXPORT int cigemmlt_32(BNB_MS_AOT_ARGS) { return bnb_ms::igemm_entry(nparam, params, ndims, shapes, dtypes, stream, extra); }
-BNB_MS_EXPORT int cdequant_mm_int32_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::mm_dequant_entry<fp16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
-BNB_MS_EXPORT int cdequant_mm_int32_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::mm_dequant_entry<float>(nparam, params, ndims, shapes, dtypes, stream, extra); }
-BNB_MS_EXPORT int cdequant_mm_int32_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::mm_dequant_entry<bf16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+BNB_MS_ENTRY(cint8_vector_quant, bnb_ms::vector_quant_entry)
+BNB_MS_ENTRY(cigemmlt_32, bnb_ms::igemm_entry)
+BNB_MS_ENTRY(cdequant_mm_int32_fp16, bnb_ms::mm_dequant_entry<fp16_t>)
+BNB_MS_ENTRY(cdequant_mm_int32_fp32, bnb_ms::mm_dequant_entry<float>)
+BNB_MS_ENTRY(cdequant_mm_int32_bf16, bnb_ms::mm_dequant_entry<bf16_t>)
 
 // Plain C diagnostics (ctypes): the int8 GEMM path in use (for `rows` rows of A: the automatic choice
 // takes AMX only from 8 rows on).
@@ -1445,9 +1445,9 @@ BNB_MS_EXPORT const char *bnb_ms_int8_gemm_path_for_rows(int64_t rows) {
 }
 
 // LLM.int8() outlier columns and the fused linear forward (see "mixed mm dequant" above).
-BNB_MS_EXPORT int cint8_mixed_mm_dequant_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::mixed_mm_dequant_entry<fp16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
-BNB_MS_EXPORT int cint8_mixed_mm_dequant_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::mixed_mm_dequant_entry<float>(nparam, params, ndims, shapes, dtypes, stream, extra); }
-BNB_MS_EXPORT int cint8_mixed_mm_dequant_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::mixed_mm_dequant_entry<bf16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
-BNB_MS_EXPORT int cint8_linear_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::int8_linear_entry<fp16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
-BNB_MS_EXPORT int cint8_linear_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::int8_linear_entry<float>(nparam, params, ndims, shapes, dtypes, stream, extra); }
-BNB_MS_EXPORT int cint8_linear_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::int8_linear_entry<bf16_t>(nparam, params, ndims, shapes, dtypes, stream, extra); }
+BNB_MS_ENTRY(cint8_mixed_mm_dequant_fp16, bnb_ms::mixed_mm_dequant_entry<fp16_t>)
+BNB_MS_ENTRY(cint8_mixed_mm_dequant_fp32, bnb_ms::mixed_mm_dequant_entry<float>)
+BNB_MS_ENTRY(cint8_mixed_mm_dequant_bf16, bnb_ms::mixed_mm_dequant_entry<bf16_t>)
+BNB_MS_ENTRY(cint8_linear_fp16, bnb_ms::int8_linear_entry<fp16_t>)
+BNB_MS_ENTRY(cint8_linear_fp32, bnb_ms::int8_linear_entry<float>)
+BNB_MS_ENTRY(cint8_linear_bf16, bnb_ms::int8_linear_entry<bf16_t>)

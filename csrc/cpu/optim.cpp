@@ -40,9 +40,11 @@
 
 #include "aot.h"
 #include "checks/optim.h"
+#include "optim_rule.h"
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
 #include "cpu/quant_lut.h"
+#include "cpu/simd_convert.h"
 
 namespace bnb_ms {
 namespace {
@@ -54,90 +56,10 @@ using OptLut = QuantLut;
 inline const OptLut *opt_lut(const float *code) { return get_quant_lut(code); }
 BNB_MS_INLINE uint8_t lut_quant(const OptLut *lut, float v) { return quant_lookup(lut, v); }
 
-// ---- hyper-parameters (Hyper: checks/optim.h), rounded to float as upstream's CPU code sees them --
-struct K {
-  float b1, omb1, b2, omb2, b3, omb3, alpha, eps, gnorm, decay, wd, neg_lr;
-  float c1, c2, eps_c2, neg_lr_c1, adam_step32;
-  bool has_wd, first;
-  explicit K(const Hyper &h) {
-    b1 = (float)h.beta1; omb1 = (float)(1.0 - h.beta1);
-    b2 = (float)h.beta2; omb2 = (float)(1.0 - h.beta2);
-    b3 = (float)h.beta3; omb3 = (float)(1.0 - h.beta3);
-    alpha = (float)h.alpha; eps = (float)h.eps; gnorm = (float)h.gnorm;
-    has_wd = h.wd > 0.0; wd = (float)h.wd; decay = (float)(1.0 - h.lr * h.wd);
-    neg_lr = (float)(-h.lr);
-    const double dc1 = 1.0 - std::pow(h.beta1, (double)h.step);
-    const double dc2 = std::sqrt(1.0 - std::pow(h.beta2, (double)h.step));
-    c1 = (float)dc1; c2 = (float)dc2;
-    eps_c2 = (float)(h.eps * dc2);
-    neg_lr_c1 = (float)(-h.lr / dc1);
-    adam_step32 = (float)(-h.lr * dc2 / dc1);
-    first = h.step == 1;
-  }
-};
-
-// One element of the update. Q8 selects upstream's 8-bit CPU variant of the rule. For the
-// max_unorm path (32-bit only) `upd` receives the raw update and p is not touched.
-template <Opt O, bool Q8, bool UNORM>
-BNB_MS_INLINE void update_elem(const K &k, float g, float &p, float &s1, float &s1b, float &s2, float *upd) {
-  g = g * k.gnorm;
-  if (O == ADAM) {
-    s1 = s1 * k.b1 + k.omb1 * g;
-    s2 = s2 * k.b2 + k.omb2 * g * g;
-    if (Q8) {
-      const float denom = std::sqrt(s2) / k.c2 + k.eps;
-      if (k.has_wd) p = p * k.decay;
-      p = p + k.neg_lr_c1 * (s1 / denom);
-    } else {
-      const float u = s1 / (std::sqrt(s2) + k.eps_c2);
-      if (UNORM) { *upd = u; return; }
-      if (k.has_wd) p = p * k.decay;
-      p = p + k.adam_step32 * u;
-    }
-  } else if (O == ADEMAMIX) {
-    s1 = s1 * k.b1 + k.omb1 * g;
-    s1b = s1b * k.b3 + k.omb3 * g;
-    s2 = s2 * k.b2 + k.omb2 * g * g;
-    const float u = (s1 / k.c1 + k.alpha * s1b) / (std::sqrt(s2) / k.c2 + k.eps);
-    if (k.has_wd) p = p * k.decay;
-    p = p + k.neg_lr * u;
-  } else if (O == MOMENTUM) {
-    if (Q8 || k.has_wd) g = g + k.wd * p;
-    s1 = k.first ? g : s1 * k.b1 + g;
-    if (UNORM) { *upd = s1; return; }
-    p = p + k.neg_lr * s1;
-  } else if (O == LION) {
-    if (k.has_wd) p = p * k.decay;
-    const float u = s1 * k.b1 + k.omb1 * g;
-    // sign(u): 1, -1, 0 for +-0, and NaN for NaN (torch.sign / np.sign: a NaN gradient reaches p)
-    const float sg = u > 0.0f ? 1.0f : (u < 0.0f ? -1.0f : (u == u ? 0.0f : u));
-    p = p + k.neg_lr * sg;
-    s1 = s1 * k.b2 + k.omb2 * g;
-  } else if (O == RMSPROP) {
-    if (Q8 || k.has_wd) g = g + k.wd * p;
-    s1 = s1 * k.b1 + k.omb1 * g * g;
-    const float u = g / (std::sqrt(s1) + k.eps);
-    if (UNORM) { *upd = u; return; }
-    p = p + k.neg_lr * u;
-  } else {  // ADAGRAD
-    if (Q8 || k.has_wd) g = g + k.wd * p;
-    s1 = s1 + g * g;
-    p = p + k.neg_lr * (g / (std::sqrt(s1) + k.eps));
-  }
-}
-
-// One element of an 8-bit blockwise update. A non-finite gradient element (inf or NaN) is skipped
-// as upstream's CUDA blockwise kernels skip it: p keeps its value and the element's states are reset
-// to 0, so they stay out of the block's new absmax. Without this an inf state made absmax inf and
-// the next dequantization code * inf turned all 255 neighbours of the block into NaN.
-template <Opt O>
-BNB_MS_INLINE void update_elem8(const K &k, float g, float &p, float &s1, float &s1b, float &s2) {
-  if (!std::isfinite(g)) {
-    s1 = 0.0f; s1b = 0.0f; s2 = 0.0f;
-    return;
-  }
-  update_elem<O, true, false>(k, g, p, s1, s1b, s2, nullptr);
-}
+// ---- the update rule: optim_rule.h (shared with csrc/cuda/optim.cu) ---------------------------
+// K: the constants of one update (OptConsts); update_elem / update_elem8: one element, scalar.  The SIMD
+// loops (optim_simd.inc) are their vector form.
+using K = OptConsts;
 
 // ---- 32-bit state -------------------------------------------------------------------------------
 template <class T, Opt O, bool UNORM>
@@ -184,30 +106,29 @@ double norm_of(const T *x, int64_t n) {
   return std::sqrt(acc);
 }
 
+// LAMB / LARS (max_unorm > 0; Adam, Momentum, RMSprop): the norm of the whole update scales the step.
 template <class T, Opt O>
-void update32(const Hyper &h, const T *g, T *p, float *s1, float *s2, float *unorm_vec, double max_unorm,
-              double param_norm, int64_t n) {
-  const K k(h);
-  const bool unorm_path = max_unorm > 0.0 && (O == ADAM || O == MOMENTUM || O == RMSPROP);
-  if (!unorm_path) { run32<T, O, false>(k, g, p, s1, s2, nullptr, n); return; }
-  // LAMB / LARS trust ratio: the norm of the whole update scales the step.
+void update32_unorm(const K &k, const Hyper &h, const T *g, T *p, float *s1, float *s2, float *unorm_vec,
+                    double max_unorm, double param_norm, int64_t n) {
   if (param_norm <= 0.0) param_norm = norm_of(p, n);
   std::vector<float> upd((size_t)n);
   run32<T, O, true>(k, g, p, s1, s2, upd.data(), n);
   const double unorm = norm_of(upd.data(), n);
   if (unorm_vec) *unorm_vec = (float)unorm;
-  const double scale = unorm > max_unorm * param_norm ? (max_unorm * param_norm) / unorm : 1.0;
-  const float coef = (float)((O == ADAM ? -h.lr * std::sqrt(1.0 - std::pow(h.beta2, (double)h.step)) /
-                                               (1.0 - std::pow(h.beta1, (double)h.step))
-                                         : -h.lr) * scale);
-  const bool decay = O == ADAM && k.has_wd;
+  const float coef = unorm_coef(unorm_factor<O>(h), unorm, max_unorm, param_norm);
   parallel_for(n, 16384, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      float pv = to_f32(p[i]);
-      if (decay) pv = pv * k.decay;
-      p[i] = from_f32<T>(pv + coef * upd[i]);
-    }
+    for (int64_t i = i0; i < i1; ++i) p[i] = from_f32<T>(unorm_step<O>(k, coef, upd[i], to_f32(p[i])));
   });
+}
+
+template <class T, Opt O>
+void update32(const Hyper &h, const T *g, T *p, float *s1, float *s2, float *unorm_vec, double max_unorm,
+              double param_norm, int64_t n) {
+  const K k = opt_consts(h);
+  if constexpr (has_unorm_path<O>()) {
+    if (max_unorm > 0.0) return update32_unorm<T, O>(k, h, g, p, s1, s2, unorm_vec, max_unorm, param_norm, n);
+  }
+  run32<T, O, false>(k, g, p, s1, s2, nullptr, n);
 }
 
 // ---- 8-bit blockwise state ---------------------------------------------------------------------
@@ -278,28 +199,9 @@ SIMD_TARGET BNB_MS_INLINE Mk vfinite(F x) {
   return _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x), _mm256_set1_ps(INFINITY), _CMP_LT_OQ);
 }
 SIMD_TARGET BNB_MS_INLINE F vsel(Mk m, F a, F b) { return _mm256_blendv_ps(b, a, m); }
-template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p);
-template <> SIMD_TARGET BNB_MS_INLINE F load<float>(const float *p) { return _mm256_loadu_ps(p); }
-template <> SIMD_TARGET BNB_MS_INLINE F load<fp16_t>(const fp16_t *p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-template <> SIMD_TARGET BNB_MS_INLINE F load<bf16_t>(const bf16_t *p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v);
-template <> SIMD_TARGET BNB_MS_INLINE void store<float>(float *p, F v) { _mm256_storeu_ps(p, v); }
-template <> SIMD_TARGET BNB_MS_INLINE void store<fp16_t>(fp16_t *p, F v) {
-  _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-template <> SIMD_TARGET BNB_MS_INLINE void store<bf16_t>(bf16_t *p, F v) {
-  // round to nearest even; NaN kept quiet (as f32_to_bf16)
-  const __m256i b = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40)), nan);
-  _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
-}
+// element loads/stores: cpu/simd_convert.h (to_f32 / from_f32's bytes, NaNs included)
+template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p) { return load8<T>(p); }
+template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v) { store8<T>(p, v); }
 // The state lookups (cpu/quant_lut.h says why AVX2 uses scalar loads).  StateSrc: one block's dequantized
 // state, code[q[i]] * absmax, here written into the block buffer through a table of the 256 products
 // (prepare), then read by lane groups (at) or elements (at1); requant32: the 32 codes of v[0..32) * pre * inv.
@@ -356,27 +258,8 @@ SIMD_TARGET BNB_MS_INLINE Mk vfinite(F x) {
   return _mm512_cmp_ps_mask(_mm512_andnot_ps(_mm512_set1_ps(-0.0f), x), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
 }
 SIMD_TARGET BNB_MS_INLINE F vsel(Mk m, F a, F b) { return _mm512_mask_blend_ps(m, b, a); }
-template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p);
-template <> SIMD_TARGET BNB_MS_INLINE F load<float>(const float *p) { return _mm512_loadu_ps(p); }
-template <> SIMD_TARGET BNB_MS_INLINE F load<fp16_t>(const fp16_t *p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-}
-template <> SIMD_TARGET BNB_MS_INLINE F load<bf16_t>(const bf16_t *p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v);
-template <> SIMD_TARGET BNB_MS_INLINE void store<float>(float *p, F v) { _mm512_storeu_ps(p, v); }
-template <> SIMD_TARGET BNB_MS_INLINE void store<fp16_t>(fp16_t *p, F v) {
-  _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-template <> SIMD_TARGET BNB_MS_INLINE void store<bf16_t>(bf16_t *p, F v) {
-  const __m512i b = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40)));
-  _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
-}
+template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p) { return load16<T>(p); }
+template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v) { store16<T>(p, v); }
 // The state lookups by gathers (cpu/quant_lut.h says why AVX-512 gathers), in the update loop itself (no
 // block buffer, no prefetch: measured faster on the Sapphire Rapids host).
 constexpr int64_t kAhead = 0;
@@ -413,7 +296,7 @@ BNB_MS_TARGET_AVX512 void blocks8_avx512(const K &k, const T *g, T *p, const Sta
 
 template <class T, Opt O>
 void update8(const Hyper &h, const T *g, T *p, const State8 &st, int64_t n) {
-  const K k(h);
+  const K k = opt_consts(h);
   const int64_t nb = (n + kBlock - 1) / kBlock;
   const SimdLevel lvl = simd_level();
   parallel_for(nb, 32, [&](int64_t b0, int64_t b1) {
@@ -462,48 +345,44 @@ int entry8(BNB_MS_AOT_ARGS) {
 
 using bnb_ms::bf16_t;
 using bnb_ms::fp16_t;
-#define BNB_MS_OPT32(name, T, O) \
-  BNB_MS_EXPORT int name(BNB_MS_AOT_ARGS) { return bnb_ms::entry32<T, bnb_ms::O>(nparam, params, ndims, shapes, dtypes, stream, extra); }
-#define BNB_MS_OPT8(name, T, O) \
-  BNB_MS_EXPORT int name(BNB_MS_AOT_ARGS) { return bnb_ms::entry8<T, bnb_ms::O>(nparam, params, ndims, shapes, dtypes, stream, extra); }
 
 // 32-bit state. Names as upstream's C library (momentum/rmsprop/adagrad use the _32/_16 suffixes
 // there; the _bf16 variants of those three are ours).
-BNB_MS_OPT32(cadam32bit_grad_fp32, float, ADAM)
-BNB_MS_OPT32(cadam32bit_grad_fp16, fp16_t, ADAM)
-BNB_MS_OPT32(cadam32bit_grad_bf16, bf16_t, ADAM)
-BNB_MS_OPT32(cademamix32bit_grad_fp32, float, ADEMAMIX)
-BNB_MS_OPT32(cademamix32bit_grad_fp16, fp16_t, ADEMAMIX)
-BNB_MS_OPT32(cademamix32bit_grad_bf16, bf16_t, ADEMAMIX)
-BNB_MS_OPT32(clion32bit_grad_fp32, float, LION)
-BNB_MS_OPT32(clion32bit_grad_fp16, fp16_t, LION)
-BNB_MS_OPT32(clion32bit_grad_bf16, bf16_t, LION)
-BNB_MS_OPT32(cmomentum32bit_grad_32, float, MOMENTUM)
-BNB_MS_OPT32(cmomentum32bit_grad_16, fp16_t, MOMENTUM)
-BNB_MS_OPT32(cmomentum32bit_grad_bf16, bf16_t, MOMENTUM)
-BNB_MS_OPT32(crmsprop32bit_grad_32, float, RMSPROP)
-BNB_MS_OPT32(crmsprop32bit_grad_16, fp16_t, RMSPROP)
-BNB_MS_OPT32(crmsprop32bit_grad_bf16, bf16_t, RMSPROP)
-BNB_MS_OPT32(cadagrad32bit_grad_32, float, ADAGRAD)
-BNB_MS_OPT32(cadagrad32bit_grad_16, fp16_t, ADAGRAD)
-BNB_MS_OPT32(cadagrad32bit_grad_bf16, bf16_t, ADAGRAD)
+BNB_MS_ENTRY(cadam32bit_grad_fp32, bnb_ms::entry32<float, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cadam32bit_grad_fp16, bnb_ms::entry32<fp16_t, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cadam32bit_grad_bf16, bnb_ms::entry32<bf16_t, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cademamix32bit_grad_fp32, bnb_ms::entry32<float, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cademamix32bit_grad_fp16, bnb_ms::entry32<fp16_t, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cademamix32bit_grad_bf16, bnb_ms::entry32<bf16_t, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(clion32bit_grad_fp32, bnb_ms::entry32<float, bnb_ms::LION>)
+BNB_MS_ENTRY(clion32bit_grad_fp16, bnb_ms::entry32<fp16_t, bnb_ms::LION>)
+BNB_MS_ENTRY(clion32bit_grad_bf16, bnb_ms::entry32<bf16_t, bnb_ms::LION>)
+BNB_MS_ENTRY(cmomentum32bit_grad_32, bnb_ms::entry32<float, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(cmomentum32bit_grad_16, bnb_ms::entry32<fp16_t, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(cmomentum32bit_grad_bf16, bnb_ms::entry32<bf16_t, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(crmsprop32bit_grad_32, bnb_ms::entry32<float, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(crmsprop32bit_grad_16, bnb_ms::entry32<fp16_t, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(crmsprop32bit_grad_bf16, bnb_ms::entry32<bf16_t, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(cadagrad32bit_grad_32, bnb_ms::entry32<float, bnb_ms::ADAGRAD>)
+BNB_MS_ENTRY(cadagrad32bit_grad_16, bnb_ms::entry32<fp16_t, bnb_ms::ADAGRAD>)
+BNB_MS_ENTRY(cadagrad32bit_grad_bf16, bnb_ms::entry32<bf16_t, bnb_ms::ADAGRAD>)
 
 // 8-bit blockwise state (blocksize 256).
-BNB_MS_OPT8(cadam_8bit_blockwise_grad_fp32, float, ADAM)
-BNB_MS_OPT8(cadam_8bit_blockwise_grad_fp16, fp16_t, ADAM)
-BNB_MS_OPT8(cadam_8bit_blockwise_grad_bf16, bf16_t, ADAM)
-BNB_MS_OPT8(cademamix_8bit_blockwise_grad_fp32, float, ADEMAMIX)
-BNB_MS_OPT8(cademamix_8bit_blockwise_grad_fp16, fp16_t, ADEMAMIX)
-BNB_MS_OPT8(cademamix_8bit_blockwise_grad_bf16, bf16_t, ADEMAMIX)
-BNB_MS_OPT8(cmomentum_8bit_blockwise_grad_fp32, float, MOMENTUM)
-BNB_MS_OPT8(cmomentum_8bit_blockwise_grad_fp16, fp16_t, MOMENTUM)
-BNB_MS_OPT8(cmomentum_8bit_blockwise_grad_bf16, bf16_t, MOMENTUM)
-BNB_MS_OPT8(crmsprop_8bit_blockwise_grad_fp32, float, RMSPROP)
-BNB_MS_OPT8(crmsprop_8bit_blockwise_grad_fp16, fp16_t, RMSPROP)
-BNB_MS_OPT8(crmsprop_8bit_blockwise_grad_bf16, bf16_t, RMSPROP)
-BNB_MS_OPT8(clion_8bit_blockwise_grad_fp32, float, LION)
-BNB_MS_OPT8(clion_8bit_blockwise_grad_fp16, fp16_t, LION)
-BNB_MS_OPT8(clion_8bit_blockwise_grad_bf16, bf16_t, LION)
-BNB_MS_OPT8(cadagrad_8bit_blockwise_grad_fp32, float, ADAGRAD)
-BNB_MS_OPT8(cadagrad_8bit_blockwise_grad_fp16, fp16_t, ADAGRAD)
-BNB_MS_OPT8(cadagrad_8bit_blockwise_grad_bf16, bf16_t, ADAGRAD)
+BNB_MS_ENTRY(cadam_8bit_blockwise_grad_fp32, bnb_ms::entry8<float, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cadam_8bit_blockwise_grad_fp16, bnb_ms::entry8<fp16_t, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cadam_8bit_blockwise_grad_bf16, bnb_ms::entry8<bf16_t, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cademamix_8bit_blockwise_grad_fp32, bnb_ms::entry8<float, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cademamix_8bit_blockwise_grad_fp16, bnb_ms::entry8<fp16_t, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cademamix_8bit_blockwise_grad_bf16, bnb_ms::entry8<bf16_t, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cmomentum_8bit_blockwise_grad_fp32, bnb_ms::entry8<float, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(cmomentum_8bit_blockwise_grad_fp16, bnb_ms::entry8<fp16_t, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(cmomentum_8bit_blockwise_grad_bf16, bnb_ms::entry8<bf16_t, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(crmsprop_8bit_blockwise_grad_fp32, bnb_ms::entry8<float, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(crmsprop_8bit_blockwise_grad_fp16, bnb_ms::entry8<fp16_t, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(crmsprop_8bit_blockwise_grad_bf16, bnb_ms::entry8<bf16_t, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(clion_8bit_blockwise_grad_fp32, bnb_ms::entry8<float, bnb_ms::LION>)
+BNB_MS_ENTRY(clion_8bit_blockwise_grad_fp16, bnb_ms::entry8<fp16_t, bnb_ms::LION>)
+BNB_MS_ENTRY(clion_8bit_blockwise_grad_bf16, bnb_ms::entry8<bf16_t, bnb_ms::LION>)
+BNB_MS_ENTRY(cadagrad_8bit_blockwise_grad_fp32, bnb_ms::entry8<float, bnb_ms::ADAGRAD>)
+BNB_MS_ENTRY(cadagrad_8bit_blockwise_grad_fp16, bnb_ms::entry8<fp16_t, bnb_ms::ADAGRAD>)
+BNB_MS_ENTRY(cadagrad_8bit_blockwise_grad_bf16, bnb_ms::entry8<bf16_t, bnb_ms::ADAGRAD>)

@@ -1,6 +1,8 @@
 // simd_convert.h -- SIMD loads/stores of fp32/fp16/bf16 for the CPU kernels: 8 lanes (AVX2 + F16C) and
-// 16 lanes (AVX-512). The values and roundings are those of to_f32/from_f32 in aot.h, NaNs included, so a SIMD
-// path gives the same bytes as its scalar twin. Included by the kernel files that convert element types.
+// 16 lanes (AVX-512). The values and roundings are those of to_f32/from_f32 in aot.h, NaNs included (a NaN keeps
+// its sign and top payload bits and is made quiet), so a SIMD path gives the same bytes as its scalar twin. Every
+// kernel file that converts element types in vectors uses these (blockwise, fourbit, int8, gemm_fp, decoder,
+// optim).
 // convert_span<S, D>(src, dst, n): dst[i] = D(src[i]) over a span at the best level (serial; callers split it).
 #pragma once
 #include <immintrin.h>
@@ -20,12 +22,8 @@ template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 load8<bf16_t>(const bf16_t *
 template <class T> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8(T *p, __m256 v);
 template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<float>(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
 template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<fp16_t>(fp16_t *p, __m256 v) {
-  // vcvtps2ph rounds to nearest even like f32_to_fp16, but keeps NaN payload bits: f32_to_fp16 gives
-  // sign | 0x7e00 for every NaN, so NaN lanes are rewritten to that.
-  __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x7c00));
-  const __m128i canon = _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16((short)0x8000)), _mm_set1_epi16(0x7e00));
-  _mm_storeu_si128((__m128i *)p, _mm_blendv_epi8(h, canon, nan));
+  // vcvtps2ph: round to nearest even; NaN -> sign | 0x7e00 | payload >> 13 (f32_to_fp16's rule)
+  _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 template <> BNB_MS_TARGET_AVX2 BNB_MS_INLINE void store8<bf16_t>(bf16_t *p, __m256 v) {
   // round to nearest even; NaN -> (bits >> 16) | 0x40 (same as f32_to_bf16)
@@ -48,10 +46,7 @@ template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 load16<bf16_t>(const bf16_
 template <class T> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16(T *p, __m512 v);
 template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<float>(float *p, __m512 v) { _mm512_storeu_ps(p, v); }
 template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<fp16_t>(fp16_t *p, __m512 v) {
-  __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  const __m256i canon = _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi16((short)0x8000)), _mm256_set1_epi16(0x7e00));
-  _mm256_storeu_si256((__m256i *)p, _mm256_mask_mov_epi16(h, nan, canon));
+  _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<bf16_t>(bf16_t *p, __m512 v) {
   const __m512i b = _mm512_castps_si512(v);

@@ -207,18 +207,21 @@ int gemm_wo_entry(BNB_MS_AOT_ARGS) {
 
 using bnb_ms::bf16_t;
 using bnb_ms::fp16_t;
-#define BNB_MS_WO_FWD(...) return __VA_ARGS__(nparam, params, ndims, shapes, dtypes, stream, extra)
-#define BNB_MS_WO_ENTRIES(SFX, T)                                                                                   \
-  BNB_MS_EXPORT int cquantize_weight_only_int8_##SFX(BNB_MS_AOT_ARGS) { BNB_MS_WO_FWD(bnb_ms::quantize_wo_entry<T, 8>); } \
-  BNB_MS_EXPORT int cquantize_weight_only_int4_##SFX(BNB_MS_AOT_ARGS) { BNB_MS_WO_FWD(bnb_ms::quantize_wo_entry<T, 4>); } \
-  BNB_MS_EXPORT int cdequantize_weight_only_int8_##SFX(BNB_MS_AOT_ARGS) {                                            \
-    BNB_MS_WO_FWD(bnb_ms::dequantize_wo_entry<T, 8>);                                                               \
-  }                                                                                                                 \
-  BNB_MS_EXPORT int cdequantize_weight_only_int4_##SFX(BNB_MS_AOT_ARGS) {                                            \
-    BNB_MS_WO_FWD(bnb_ms::dequantize_wo_entry<T, 4>);                                                               \
-  }                                                                                                                 \
-  BNB_MS_EXPORT int cgemm_weight_only_int8_##SFX(BNB_MS_AOT_ARGS) { BNB_MS_WO_FWD(bnb_ms::gemm_wo_entry<T, 8>); }     \
-  BNB_MS_EXPORT int cgemm_weight_only_int4_##SFX(BNB_MS_AOT_ARGS) { BNB_MS_WO_FWD(bnb_ms::gemm_wo_entry<T, 4>); }
-BNB_MS_WO_ENTRIES(fp32, float)
-BNB_MS_WO_ENTRIES(fp16, fp16_t)
-BNB_MS_WO_ENTRIES(bf16, bf16_t)
+BNB_MS_ENTRY(cquantize_weight_only_int8_fp32, bnb_ms::quantize_wo_entry<float, 8>)
+BNB_MS_ENTRY(cquantize_weight_only_int4_fp32, bnb_ms::quantize_wo_entry<float, 4>)
+BNB_MS_ENTRY(cdequantize_weight_only_int8_fp32, bnb_ms::dequantize_wo_entry<float, 8>)
+BNB_MS_ENTRY(cdequantize_weight_only_int4_fp32, bnb_ms::dequantize_wo_entry<float, 4>)
+BNB_MS_ENTRY(cgemm_weight_only_int8_fp32, bnb_ms::gemm_wo_entry<float, 8>)
+BNB_MS_ENTRY(cgemm_weight_only_int4_fp32, bnb_ms::gemm_wo_entry<float, 4>)
+BNB_MS_ENTRY(cquantize_weight_only_int8_fp16, bnb_ms::quantize_wo_entry<fp16_t, 8>)
+BNB_MS_ENTRY(cquantize_weight_only_int4_fp16, bnb_ms::quantize_wo_entry<fp16_t, 4>)
+BNB_MS_ENTRY(cdequantize_weight_only_int8_fp16, bnb_ms::dequantize_wo_entry<fp16_t, 8>)
+BNB_MS_ENTRY(cdequantize_weight_only_int4_fp16, bnb_ms::dequantize_wo_entry<fp16_t, 4>)
+BNB_MS_ENTRY(cgemm_weight_only_int8_fp16, bnb_ms::gemm_wo_entry<fp16_t, 8>)
+BNB_MS_ENTRY(cgemm_weight_only_int4_fp16, bnb_ms::gemm_wo_entry<fp16_t, 4>)
+BNB_MS_ENTRY(cquantize_weight_only_int8_bf16, bnb_ms::quantize_wo_entry<bf16_t, 8>)
+BNB_MS_ENTRY(cquantize_weight_only_int4_bf16, bnb_ms::quantize_wo_entry<bf16_t, 4>)
+BNB_MS_ENTRY(cdequantize_weight_only_int8_bf16, bnb_ms::dequantize_wo_entry<bf16_t, 8>)
+BNB_MS_ENTRY(cdequantize_weight_only_int4_bf16, bnb_ms::dequantize_wo_entry<bf16_t, 4>)
+BNB_MS_ENTRY(cgemm_weight_only_int8_bf16, bnb_ms::gemm_wo_entry<bf16_t, 8>)
+BNB_MS_ENTRY(cgemm_weight_only_int4_bf16, bnb_ms::gemm_wo_entry<bf16_t, 4>)

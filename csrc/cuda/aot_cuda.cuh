@@ -114,8 +114,11 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162f
 template <class T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half from_float<__half>(float v) {
-  // round to nearest even; NaN -> sign | 0x7e00 (aot.h's f32_to_fp16)
-  if (v != v) return __ushort_as_half((unsigned short)(((__float_as_uint(v) >> 16) & 0x8000u) | 0x7e00u));
+  // round to nearest even; NaN -> sign | 0x7e00 | payload >> 13 (aot.h's f32_to_fp16; __float2half_rn gives 0x7fff)
+  if (v != v) {
+    const uint32_t b = __float_as_uint(v);
+    return __ushort_as_half((unsigned short)(((b >> 16) & 0x8000u) | 0x7e00u | ((b >> 13) & 0x3ffu)));
+  }
   return __float2half_rn(v);
 }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {

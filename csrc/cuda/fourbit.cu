@@ -362,25 +362,17 @@ inline int grid_for(int64_t work, int threads, int per_sm) {
   return (int)(want < 1 ? 1 : (want < cap ? want : cap));
 }
 
-// ---- entry points (same checks, same order as fourbit.cpp) --------------------------------------
+// ---- entry points: checks in checks/fourbit.h (shared with the CPU library) ------------------------
 template <class H>
 int quantize4_entry(BNB_MS_AOT_ARGS) {
   using T = typename DevType<H>::type;
   CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 5) return E_NPARAM;
-  enum { CODE, A, BS, OUT, ABSMAX };
-  int64_t bs;
-  if (c.dtype(CODE) != DType::f32 || c.dtype(A) != dtype_of<H>() || c.dtype(OUT) != DType::u8 ||
-      c.dtype(ABSMAX) != DType::f32)
-    return E_DTYPE;
-  if (!c.scalar_i64(BS, &bs) || bs <= 0 || bs % 2) return E_VALUE;
-  const int64_t n = c.numel(A), nb = (n + bs - 1) / bs;
-  if (c.numel(CODE) != kCode4 || c.numel(OUT) != (n + 1) / 2 || c.numel(ABSMAX) != nb) return E_SHAPE;
-  if (n == 0) return OK;
-  if (!c.params[CODE] || !c.params[A] || !c.params[OUT] || !c.params[ABSMAX]) return E_NULL;
+  checks::Quantize4<T> a;
+  if (int s = checks::quantize4(c, &a)) return s;
+  if (a.empty) return OK;
+  const int64_t n = a.n, nb = a.nb, bs = a.bs;
   const int grid = grid_for(nb, kQThreads / 32, 8);
-  quantize4<T><<<grid, kQThreads, 0, c.cu_stream()>>>(c.ptr<float>(CODE), c.ptr<T>(A), c.ptr<float>(ABSMAX),
-                                                      c.ptr<uint8_t>(OUT), bs, n, nb);
+  quantize4<T><<<grid, kQThreads, 0, c.cu_stream()>>>(a.code, a.A, a.absmax, a.out, bs, n, nb);
   return launch_status();
 }
 
@@ -388,20 +380,13 @@ template <class H, bool FP4>
 int dequantize4_entry(BNB_MS_AOT_ARGS) {
   using T = typename DevType<H>::type;
   CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 6) return E_NPARAM;
-  enum { CODE, A, ABSMAX, BS, N, OUT };
-  int64_t bs, n;
-  if (c.dtype(CODE) != DType::f32 || c.dtype(A) != DType::u8 || c.dtype(ABSMAX) != DType::f32 ||
-      c.dtype(OUT) != dtype_of<H>())
-    return E_DTYPE;
-  if (!c.scalar_i64(BS, &bs) || bs <= 0 || bs % 2 || !c.scalar_i64(N, &n) || n < 0) return E_VALUE;
-  if (c.numel(CODE) != kCode4 || c.numel(OUT) != n || c.numel(A) < (n + 1) / 2 || c.numel(ABSMAX) < (n + bs - 1) / bs)
-    return E_SHAPE;
-  if (n == 0) return OK;
-  if (!c.params[CODE] || !c.params[A] || !c.params[OUT] || !c.params[ABSMAX]) return E_NULL;
-  const float *code = c.ptr<float>(CODE), *am = c.ptr<float>(ABSMAX);
-  const uint8_t *q = c.ptr<uint8_t>(A);
-  T *o = c.ptr<T>(OUT);
+  checks::Dequantize4<T> a;
+  if (int s = checks::dequantize4(c, &a)) return s;
+  if (a.empty) return OK;
+  const int64_t n = a.n, bs = a.bs;
+  const float *code = a.code, *am = a.absmax;
+  const uint8_t *q = a.A;
+  T *o = a.out;
   constexpr int G = 16 / sizeof(T);
   if (bs % G == 0 && (reinterpret_cast<uintptr_t>(q) % (G / 2)) == 0 && aligned16(o)) {
     const int grid = grid_for(n / G, kDThreads * 4, 16);
@@ -417,21 +402,11 @@ template <class H>
 int gemv4_entry(BNB_MS_AOT_ARGS) {
   using T = typename DevType<H>::type;
   CudaCall c(nparam, params, ndims, shapes, dtypes, stream);
-  if (nparam != 7) return E_NPARAM;
-  enum { A, B, ABSMAX, CODE, BS, NOUT, OUT };
-  int64_t bs, N;
-  if (c.dtype(A) != dtype_of<H>() || c.dtype(B) != DType::u8 || c.dtype(ABSMAX) != DType::f32 ||
-      c.dtype(CODE) != DType::f32 || c.dtype(OUT) != dtype_of<H>())
-    return E_DTYPE;
-  if (!c.scalar_i64(BS, &bs) || bs <= 0 || bs % 2 || !c.scalar_i64(NOUT, &N) || N < 0) return E_VALUE;
-  if (c.rank(A) < 1) return E_SHAPE;
-  const int64_t K = c.cols(A), M = c.rows(A);
-  if (c.numel(CODE) != kCode4 || c.numel(OUT) != M * N || c.numel(B) < (N * K + 1) / 2 ||
-      c.numel(ABSMAX) < (N * K + bs - 1) / bs)
-    return E_SHAPE;
-  if (M * N == 0) return OK;
-  if (!c.params[A] || !c.params[B] || !c.params[ABSMAX] || !c.params[CODE] || !c.params[OUT]) return E_NULL;
-  T *o = c.ptr<T>(OUT);
+  checks::Gemv4<T> ga;
+  if (int s = checks::gemv4(c, &ga)) return s;
+  if (ga.empty) return OK;
+  const int64_t M = ga.M, N = ga.N, K = ga.K, bs = ga.bs;
+  T *o = ga.out;
   const cudaStream_t st = c.cu_stream();
   if (K == 0) {
     fill_zero<T><<<grid_for(M * N, 256, 8), 256, 0, st>>>(o, M * N);
@@ -440,13 +415,12 @@ int gemv4_entry(BNB_MS_AOT_ARGS) {
   const int64_t row_blocks = (N + kGWarps - 1) / kGWarps;
   if (row_blocks > 0x7fffffff) return E_SHAPE;
   dim3 grid((unsigned)row_blocks, (unsigned)(M < 65535 ? M : 65535));
-  const T *a = c.ptr<T>(A);
-  const uint8_t *b = c.ptr<uint8_t>(B);
+  const T *a = ga.A;
+  const uint8_t *b = ga.B;
   if (K % 32 == 0 && bs % 32 == 0 && aligned16(a) && aligned16(b))
-    gemv4_fast<T><<<grid, kGWarps * 32, 0, st>>>(c.ptr<float>(CODE), b, c.ptr<float>(ABSMAX), a, o, M, N, K, bs,
-                                                 log2_exact(bs));
+    gemv4_fast<T><<<grid, kGWarps * 32, 0, st>>>(ga.code, b, ga.absmax, a, o, M, N, K, bs, log2_exact(bs));
   else
-    gemv4_generic<T><<<grid, kGWarps * 32, 0, st>>>(c.ptr<float>(CODE), b, c.ptr<float>(ABSMAX), a, o, M, N, K, bs);
+    gemv4_generic<T><<<grid, kGWarps * 32, 0, st>>>(ga.code, b, ga.absmax, a, o, M, N, K, bs);
   return launch_status();
 }
 
@@ -504,23 +478,21 @@ int linear4_entry(BNB_MS_AOT_ARGS) {
 
 using bnb_ms::bf16_t;
 using bnb_ms::fp16_t;
-#define BNB_FWD(...) return __VA_ARGS__(nparam, params, ndims, shapes, dtypes, stream, extra)
-BNB_MS_EXPORT int cquantize_blockwise_fp32_fp4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::quantize4_entry<float>); }
-BNB_MS_EXPORT int cquantize_blockwise_fp16_fp4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::quantize4_entry<fp16_t>); }
-BNB_MS_EXPORT int cquantize_blockwise_bf16_fp4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::quantize4_entry<bf16_t>); }
-BNB_MS_EXPORT int cquantize_blockwise_fp32_nf4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::quantize4_entry<float>); }
-BNB_MS_EXPORT int cquantize_blockwise_fp16_nf4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::quantize4_entry<fp16_t>); }
-BNB_MS_EXPORT int cquantize_blockwise_bf16_nf4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::quantize4_entry<bf16_t>); }
-BNB_MS_EXPORT int cdequantize_blockwise_fp32_fp4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::dequantize4_entry<float, true>); }
-BNB_MS_EXPORT int cdequantize_blockwise_fp16_fp4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::dequantize4_entry<fp16_t, true>); }
-BNB_MS_EXPORT int cdequantize_blockwise_bf16_fp4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::dequantize4_entry<bf16_t, true>); }
-BNB_MS_EXPORT int cdequantize_blockwise_fp32_nf4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::dequantize4_entry<float, false>); }
-BNB_MS_EXPORT int cdequantize_blockwise_fp16_nf4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::dequantize4_entry<fp16_t, false>); }
-BNB_MS_EXPORT int cdequantize_blockwise_bf16_nf4(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::dequantize4_entry<bf16_t, false>); }
-BNB_MS_EXPORT int cgemm_4bit_inference_naive_fp32(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::gemv4_entry<float>); }
-BNB_MS_EXPORT int cgemm_4bit_inference_naive_fp16(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::gemv4_entry<fp16_t>); }
-BNB_MS_EXPORT int cgemm_4bit_inference_naive_bf16(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::gemv4_entry<bf16_t>); }
-BNB_MS_EXPORT int clinear_4bit_fp32(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::linear4_entry<float>); }
-BNB_MS_EXPORT int clinear_4bit_fp16(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::linear4_entry<fp16_t>); }
-BNB_MS_EXPORT int clinear_4bit_bf16(BNB_MS_AOT_ARGS) { BNB_FWD(bnb_ms::cuda::linear4_entry<bf16_t>); }
-#undef BNB_FWD
+BNB_MS_ENTRY(cquantize_blockwise_fp32_fp4, bnb_ms::cuda::quantize4_entry<float>)
+BNB_MS_ENTRY(cquantize_blockwise_fp16_fp4, bnb_ms::cuda::quantize4_entry<fp16_t>)
+BNB_MS_ENTRY(cquantize_blockwise_bf16_fp4, bnb_ms::cuda::quantize4_entry<bf16_t>)
+BNB_MS_ENTRY(cquantize_blockwise_fp32_nf4, bnb_ms::cuda::quantize4_entry<float>)
+BNB_MS_ENTRY(cquantize_blockwise_fp16_nf4, bnb_ms::cuda::quantize4_entry<fp16_t>)
+BNB_MS_ENTRY(cquantize_blockwise_bf16_nf4, bnb_ms::cuda::quantize4_entry<bf16_t>)
+BNB_MS_ENTRY(cdequantize_blockwise_fp32_fp4, bnb_ms::cuda::dequantize4_entry<float, true>)
+BNB_MS_ENTRY(cdequantize_blockwise_fp16_fp4, bnb_ms::cuda::dequantize4_entry<fp16_t, true>)
+BNB_MS_ENTRY(cdequantize_blockwise_bf16_fp4, bnb_ms::cuda::dequantize4_entry<bf16_t, true>)
+BNB_MS_ENTRY(cdequantize_blockwise_fp32_nf4, bnb_ms::cuda::dequantize4_entry<float, false>)
+BNB_MS_ENTRY(cdequantize_blockwise_fp16_nf4, bnb_ms::cuda::dequantize4_entry<fp16_t, false>)
+BNB_MS_ENTRY(cdequantize_blockwise_bf16_nf4, bnb_ms::cuda::dequantize4_entry<bf16_t, false>)
+BNB_MS_ENTRY(cgemm_4bit_inference_naive_fp32, bnb_ms::cuda::gemv4_entry<float>)
+BNB_MS_ENTRY(cgemm_4bit_inference_naive_fp16, bnb_ms::cuda::gemv4_entry<fp16_t>)
+BNB_MS_ENTRY(cgemm_4bit_inference_naive_bf16, bnb_ms::cuda::gemv4_entry<bf16_t>)
+BNB_MS_ENTRY(clinear_4bit_fp32, bnb_ms::cuda::linear4_entry<float>)
+BNB_MS_ENTRY(clinear_4bit_fp16, bnb_ms::cuda::linear4_entry<fp16_t>)
+BNB_MS_ENTRY(clinear_4bit_bf16, bnb_ms::cuda::linear4_entry<bf16_t>)

@@ -63,12 +63,6 @@ int gemm_fp_entry(BNB_MS_AOT_ARGS) {
 
 using bnb_ms::bf16_t;
 using bnb_ms::fp16_t;
-BNB_MS_EXPORT int cgemm_fp_fp32(BNB_MS_AOT_ARGS) {
-  return bnb_ms::cuda::gemm_fp_entry<float>(nparam, params, ndims, shapes, dtypes, stream, extra);
-}
-BNB_MS_EXPORT int cgemm_fp_fp16(BNB_MS_AOT_ARGS) {
-  return bnb_ms::cuda::gemm_fp_entry<fp16_t>(nparam, params, ndims, shapes, dtypes, stream, extra);
-}
-BNB_MS_EXPORT int cgemm_fp_bf16(BNB_MS_AOT_ARGS) {
-  return bnb_ms::cuda::gemm_fp_entry<bf16_t>(nparam, params, ndims, shapes, dtypes, stream, extra);
-}
+BNB_MS_ENTRY(cgemm_fp_fp32, bnb_ms::cuda::gemm_fp_entry<float>)
+BNB_MS_ENTRY(cgemm_fp_fp16, bnb_ms::cuda::gemm_fp_entry<fp16_t>)
+BNB_MS_ENTRY(cgemm_fp_bf16, bnb_ms::cuda::gemm_fp_entry<bf16_t>)

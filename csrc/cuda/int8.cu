@@ -735,16 +735,14 @@ int int8_linear_entry(BNB_MS_AOT_ARGS) {
 
 using bnb_ms::bf16_t;
 using bnb_ms::fp16_t;
-#define BNB_ARGS nparam, params, ndims, shapes, dtypes, stream, extra
-BNB_MS_EXPORT int cint8_vector_quant(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::vector_quant_entry(BNB_ARGS); }
-BNB_MS_EXPORT int cigemmlt_32(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::igemm_entry(BNB_ARGS); }
-BNB_MS_EXPORT int cdequant_mm_int32_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mm_dequant_entry<fp16_t>(BNB_ARGS); }
-BNB_MS_EXPORT int cdequant_mm_int32_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mm_dequant_entry<float>(BNB_ARGS); }
-BNB_MS_EXPORT int cdequant_mm_int32_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mm_dequant_entry<bf16_t>(BNB_ARGS); }
-BNB_MS_EXPORT int cint8_mixed_mm_dequant_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mixed_mm_dequant_entry<fp16_t>(BNB_ARGS); }
-BNB_MS_EXPORT int cint8_mixed_mm_dequant_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mixed_mm_dequant_entry<float>(BNB_ARGS); }
-BNB_MS_EXPORT int cint8_mixed_mm_dequant_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::mixed_mm_dequant_entry<bf16_t>(BNB_ARGS); }
-BNB_MS_EXPORT int cint8_linear_fp16(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::int8_linear_entry<fp16_t>(BNB_ARGS); }
-BNB_MS_EXPORT int cint8_linear_fp32(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::int8_linear_entry<float>(BNB_ARGS); }
-BNB_MS_EXPORT int cint8_linear_bf16(BNB_MS_AOT_ARGS) { return bnb_ms::cuda::int8_linear_entry<bf16_t>(BNB_ARGS); }
-#undef BNB_ARGS
+BNB_MS_ENTRY(cint8_vector_quant, bnb_ms::cuda::vector_quant_entry)
+BNB_MS_ENTRY(cigemmlt_32, bnb_ms::cuda::igemm_entry)
+BNB_MS_ENTRY(cdequant_mm_int32_fp16, bnb_ms::cuda::mm_dequant_entry<fp16_t>)
+BNB_MS_ENTRY(cdequant_mm_int32_fp32, bnb_ms::cuda::mm_dequant_entry<float>)
+BNB_MS_ENTRY(cdequant_mm_int32_bf16, bnb_ms::cuda::mm_dequant_entry<bf16_t>)
+BNB_MS_ENTRY(cint8_mixed_mm_dequant_fp16, bnb_ms::cuda::mixed_mm_dequant_entry<fp16_t>)
+BNB_MS_ENTRY(cint8_mixed_mm_dequant_fp32, bnb_ms::cuda::mixed_mm_dequant_entry<float>)
+BNB_MS_ENTRY(cint8_mixed_mm_dequant_bf16, bnb_ms::cuda::mixed_mm_dequant_entry<bf16_t>)
+BNB_MS_ENTRY(cint8_linear_fp16, bnb_ms::cuda::int8_linear_entry<fp16_t>)
+BNB_MS_ENTRY(cint8_linear_fp32, bnb_ms::cuda::int8_linear_entry<float>)
+BNB_MS_ENTRY(cint8_linear_bf16, bnb_ms::cuda::int8_linear_entry<bf16_t>)

@@ -2,13 +2,13 @@
 // points, checks, in-place semantics and status output as csrc/cpu/optim.cpp (read its header for
 // the update rules, which follow upstream bitsandbytes 0.50's CPU implementation).
 //
-// Numerics: the hyper-parameter constants are computed on the host exactly as the CPU library does
-// (double, rounded to float once) and passed by value; each element's update is the CPU's sequence
-// of float operations (the target is built with -fmad=false, so nothing is contracted; sqrtf and
-// division are IEEE-rounded without --use_fast_math).  p, state and absmax bytes therefore equal the
-// CPU library's.  The LAMB/LARS path (max_unorm > 0) sums squares in double like the CPU, but in a
-// different order (per-warp partials + atomics), so the norms can differ in the last bits of a
-// double; they only reach the result after rounding to float.
+// Numerics: the update rule itself is optim_rule.h, the same source the CPU library compiles (constants
+// computed on the host in double and rounded to float once, OptConsts; one element's update,
+// update_elem / update_elem8; the max_unorm step).  The target is built with -fmad=false, so nothing is
+// contracted; sqrtf and division are IEEE-rounded without --use_fast_math.  p, state and absmax bytes
+// therefore equal the CPU library's.  The LAMB/LARS path (max_unorm > 0) sums squares in double like the
+// CPU, but in a different order (per-warp partials + atomics), so the norms can differ in the last bits of
+// a double; they only reach the result after rounding to float.
 //
 // 8-bit blockwise state: one 256-thread block per 256-element quantization block (persistent grid):
 // dequantize code[q] * absmax, update, block absmax, requantize.  Requantization uses the 255
@@ -23,6 +23,7 @@
 
 #include "checks/optim.h"
 #include "cuda/aot_cuda.cuh"
+#include "optim_rule.h"
 
 namespace bnb_ms {
 namespace cuda {
@@ -31,80 +32,6 @@ namespace {
 constexpr int64_t kBlock = checks::kOptBlock;
 constexpr int kCodeN = (int)checks::kCodeSize;
 constexpr int kLutN = 65536;
-
-// Constants of the update, computed on the host as optim.cpp's K does.
-struct Kd {
-  float b1, omb1, b2, omb2, b3, omb3, alpha, eps, gnorm, decay, wd, neg_lr;
-  float c1, c2, eps_c2, neg_lr_c1, adam_step32;
-  bool has_wd, first;
-};
-
-Kd make_k(const Hyper &h) {
-  Kd k;
-  k.b1 = (float)h.beta1; k.omb1 = (float)(1.0 - h.beta1);
-  k.b2 = (float)h.beta2; k.omb2 = (float)(1.0 - h.beta2);
-  k.b3 = (float)h.beta3; k.omb3 = (float)(1.0 - h.beta3);
-  k.alpha = (float)h.alpha; k.eps = (float)h.eps; k.gnorm = (float)h.gnorm;
-  k.has_wd = h.wd > 0.0; k.wd = (float)h.wd; k.decay = (float)(1.0 - h.lr * h.wd);
-  k.neg_lr = (float)(-h.lr);
-  const double dc1 = 1.0 - std::pow(h.beta1, (double)h.step);
-  const double dc2 = std::sqrt(1.0 - std::pow(h.beta2, (double)h.step));
-  k.c1 = (float)dc1; k.c2 = (float)dc2;
-  k.eps_c2 = (float)(h.eps * dc2);
-  k.neg_lr_c1 = (float)(-h.lr / dc1);
-  k.adam_step32 = (float)(-h.lr * dc2 / dc1);
-  k.first = h.step == 1;
-  return k;
-}
-
-// One element: optim.cpp's update_elem, operation for operation.
-template <Opt O, bool Q8, bool UNORM>
-__device__ __forceinline__ void update_elem(const Kd &k, float g, float &p, float &s1, float &s1b, float &s2,
-                                            float *upd) {
-  g = g * k.gnorm;
-  if (O == ADAM) {
-    s1 = s1 * k.b1 + k.omb1 * g;
-    s2 = s2 * k.b2 + k.omb2 * g * g;
-    if (Q8) {
-      const float denom = sqrtf(s2) / k.c2 + k.eps;
-      if (k.has_wd) p = p * k.decay;
-      p = p + k.neg_lr_c1 * (s1 / denom);
-    } else {
-      const float u = s1 / (sqrtf(s2) + k.eps_c2);
-      if (UNORM) { *upd = u; return; }
-      if (k.has_wd) p = p * k.decay;
-      p = p + k.adam_step32 * u;
-    }
-  } else if (O == ADEMAMIX) {
-    s1 = s1 * k.b1 + k.omb1 * g;
-    s1b = s1b * k.b3 + k.omb3 * g;
-    s2 = s2 * k.b2 + k.omb2 * g * g;
-    const float u = (s1 / k.c1 + k.alpha * s1b) / (sqrtf(s2) / k.c2 + k.eps);
-    if (k.has_wd) p = p * k.decay;
-    p = p + k.neg_lr * u;
-  } else if (O == MOMENTUM) {
-    if (Q8 || k.has_wd) g = g + k.wd * p;
-    s1 = k.first ? g : s1 * k.b1 + g;
-    if (UNORM) { *upd = s1; return; }
-    p = p + k.neg_lr * s1;
-  } else if (O == LION) {
-    if (k.has_wd) p = p * k.decay;
-    const float u = s1 * k.b1 + k.omb1 * g;
-    const float sg = u > 0.0f ? 1.0f : (u < 0.0f ? -1.0f : (u == u ? 0.0f : u));  // NaN stays NaN
-    p = p + k.neg_lr * sg;
-    s1 = s1 * k.b2 + k.omb2 * g;
-  } else if (O == RMSPROP) {
-    if (Q8 || k.has_wd) g = g + k.wd * p;
-    s1 = s1 * k.b1 + k.omb1 * g * g;
-    const float u = g / (sqrtf(s1) + k.eps);
-    if (UNORM) { *upd = u; return; }
-    p = p + k.neg_lr * u;
-  } else {  // ADAGRAD
-    if (Q8 || k.has_wd) g = g + k.wd * p;
-    s1 = s1 + g * g;
-    p = p + k.neg_lr * (g / (sqrtf(s1) + k.eps));
-  }
-}
 
 __device__ __forceinline__ void warp_add_double(double v, double *dst) {
 #pragma unroll
@@ -115,7 +42,7 @@ __device__ __forceinline__ void warp_add_double(double v, double *dst) {
 // ---- 32-bit state -------------------------------------------------------------------------------
 template <class T, Opt O, bool UNORM>
 __global__ void __launch_bounds__(256)
-opt32(Kd k, const T *__restrict__ g, T *__restrict__ p, float *__restrict__ s1, float *__restrict__ s2,
+opt32(OptConsts k, const T *__restrict__ g, T *__restrict__ p, float *__restrict__ s1, float *__restrict__ s2,
       float *__restrict__ upd, double *__restrict__ usum, int64_t n) {
   double acc = 0.0;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -154,20 +81,15 @@ __global__ void unorm_finalize(const double *sums, float *coef, float *unorm_vec
   const double pn = param_norm > 0.0 ? param_norm : sqrt(sums[0]);
   const double unorm = sqrt(sums[1]);
   if (unorm_vec) *unorm_vec = (float)unorm;
-  const double scale = unorm > max_unorm * pn ? (max_unorm * pn) / unorm : 1.0;
-  *coef = (float)(factor * scale);
+  *coef = unorm_coef(factor, unorm, max_unorm, pn);
 }
 
-template <class T>
+template <class T, Opt O>
 __global__ void __launch_bounds__(256)
-unorm_apply(Kd k, bool decay, const float *__restrict__ coefp, const float *__restrict__ upd, T *__restrict__ p,
-            int64_t n) {
+unorm_apply(OptConsts k, const float *__restrict__ coefp, const float *__restrict__ upd, T *__restrict__ p, int64_t n) {
   const float coef = *coefp;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float pv = to_float(p[i]);
-    if (decay) pv = pv * k.decay;
-    p[i] = from_float<T>(pv + coef * upd[i]);
-  }
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = from_float<T>(unorm_step<O>(k, coef, upd[i], to_float(p[i])));
 }
 
 inline int grid_for(int64_t work, int threads, int per_sm) {
@@ -176,17 +98,11 @@ inline int grid_for(int64_t work, int threads, int per_sm) {
   return (int)(want < 1 ? 1 : (want < cap ? want : cap));
 }
 
+// LAMB / LARS (max_unorm > 0; Adam, Momentum, RMSprop): the raw updates and their norm, then the scaled step.
 template <class T, Opt O>
-int update32(cudaStream_t st, const Hyper &h, const T *g, T *p, float *s1, float *s2, float *unorm_vec,
-             double max_unorm, double param_norm, int64_t n) {
-  const Kd k = make_k(h);
-  const int grid = grid_for(n, 256, 8);
-  const bool unorm_path = max_unorm > 0.0 && (O == ADAM || O == MOMENTUM || O == RMSPROP);
-  if (!unorm_path) {
-    opt32<T, O, false><<<grid, 256, 0, st>>>(k, g, p, s1, s2, nullptr, nullptr, n);
-    return launch_status();
-  }
-  // LAMB / LARS: scratch = [sum p^2, sum upd^2 (doubles)][coef][pad][upd (n floats)]
+int update32_unorm(cudaStream_t st, const OptConsts &k, const Hyper &h, int grid, const T *g, T *p, float *s1,
+                   float *s2, float *unorm_vec, double max_unorm, double param_norm, int64_t n) {
+  // scratch = [sum p^2, sum upd^2 (doubles)][coef][pad][upd (n floats)]
   char *scratch = nullptr;
   if (cudaMallocAsync(reinterpret_cast<void **>(&scratch), 32 + (size_t)n * 4, st) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -200,11 +116,8 @@ int update32(cudaStream_t st, const Hyper &h, const T *g, T *p, float *s1, float
   if (rc == OK) {
     if (param_norm <= 0.0) sum_squares<T><<<grid, 256, 0, st>>>(p, sums, n);
     opt32<T, O, true><<<grid, 256, 0, st>>>(k, g, p, s1, s2, upd, sums + 1, n);
-    const double factor = O == ADAM ? -h.lr * std::sqrt(1.0 - std::pow(h.beta2, (double)h.step)) /
-                                          (1.0 - std::pow(h.beta1, (double)h.step))
-                                    : -h.lr;
-    unorm_finalize<<<1, 1, 0, st>>>(sums, coef, unorm_vec, max_unorm, param_norm, factor);
-    unorm_apply<T><<<grid, 256, 0, st>>>(k, O == ADAM && k.has_wd, coef, upd, p, n);
+    unorm_finalize<<<1, 1, 0, st>>>(sums, coef, unorm_vec, max_unorm, param_norm, unorm_factor<O>(h));
+    unorm_apply<T, O><<<grid, 256, 0, st>>>(k, coef, upd, p, n);
     rc = launch_status();
   }
   if (cudaFreeAsync(scratch, st) != cudaSuccess) {
@@ -212,6 +125,18 @@ int update32(cudaStream_t st, const Hyper &h, const T *g, T *p, float *s1, float
     rc = E_DEVICE;
   }
   return rc;
+}
+
+template <class T, Opt O>
+int update32(cudaStream_t st, const Hyper &h, const T *g, T *p, float *s1, float *s2, float *unorm_vec,
+             double max_unorm, double param_norm, int64_t n) {
+  const OptConsts k = opt_consts(h);
+  const int grid = grid_for(n, 256, 8);
+  if constexpr (has_unorm_path<O>()) {
+    if (max_unorm > 0.0) return update32_unorm<T, O>(st, k, h, grid, g, p, s1, s2, unorm_vec, max_unorm, param_norm, n);
+  }
+  opt32<T, O, false><<<grid, 256, 0, st>>>(k, g, p, s1, s2, nullptr, nullptr, n);
+  return launch_status();
 }
 
 // ---- 8-bit blockwise state ----------------------------------------------------------------------
@@ -280,7 +205,7 @@ __device__ __forceinline__ float block_absmax(float v, float *red) {
 
 template <class T, Opt O>
 __global__ void __launch_bounds__(256)
-opt8(Kd k, const T *__restrict__ g, T *__restrict__ p, uint8_t *__restrict__ s1, uint8_t *__restrict__ s2,
+opt8(OptConsts k, const T *__restrict__ g, T *__restrict__ p, uint8_t *__restrict__ s1, uint8_t *__restrict__ s2,
      float *__restrict__ a1, float *__restrict__ a2, const float *__restrict__ q1, const float *__restrict__ q2,
      int64_t n, int64_t nb) {
   __shared__ float pm[kCodeN];
@@ -306,14 +231,8 @@ opt8(Kd k, const T *__restrict__ g, T *__restrict__ p, uint8_t *__restrict__ s1,
       m = __fmul_rn(c1[s1[i]], sc1);
       if (O == ADEMAMIX) mb = __fmul_rn(c1[s1[n + i]], scb);
       if (two_state(O)) v = __fmul_rn(c2[s2[i]], sc2);
-      const float gv = to_float(g[i]);
-      if (isfinite(gv)) {
-        pv = to_float(p[i]);
-        update_elem<O, true, false>(k, gv, pv, m, mb, v, nullptr);
-        p[i] = from_float<T>(pv);
-      } else {  // optim.cpp's update_elem8: a non-finite gradient leaves p and zeroes the element's states
-        m = mb = v = 0.0f;
-      }
+      pv = to_float(p[i]);
+      if (update_elem8<O>(k, to_float(g[i]), pv, m, mb, v)) p[i] = from_float<T>(pv);
     } else {
       m = mb = v = 0.0f;
     }
@@ -338,7 +257,7 @@ opt8(Kd k, const T *__restrict__ g, T *__restrict__ p, uint8_t *__restrict__ s1,
 template <class T, Opt O>
 int update8(cudaStream_t st, const Hyper &h, const T *g, T *p, uint8_t *s1, uint8_t *s2, float *a1, float *a2,
             const float *q1, const float *q2, int64_t n) {
-  const Kd k = make_k(h);
+  const OptConsts k = opt_consts(h);
   const int64_t nb = (n + kBlock - 1) / kBlock;
   const int64_t cap = (int64_t)sm_count() * 8;
   const int grid = (int)(nb < cap ? nb : cap);
@@ -383,51 +302,41 @@ int entry8(BNB_MS_AOT_ARGS) {
 
 using bnb_ms::bf16_t;
 using bnb_ms::fp16_t;
-#define BNB_OPT32(name, T, O)                                                                        \
-  BNB_MS_EXPORT int name(BNB_MS_AOT_ARGS) {                                                          \
-    return bnb_ms::cuda::entry32<T, bnb_ms::O>(nparam, params, ndims, shapes, dtypes, stream, extra); \
-  }
-#define BNB_OPT8(name, T, O)                                                                         \
-  BNB_MS_EXPORT int name(BNB_MS_AOT_ARGS) {                                                          \
-    return bnb_ms::cuda::entry8<T, bnb_ms::O>(nparam, params, ndims, shapes, dtypes, stream, extra); \
-  }
 
-BNB_OPT32(cadam32bit_grad_fp32, float, ADAM)
-BNB_OPT32(cadam32bit_grad_fp16, fp16_t, ADAM)
-BNB_OPT32(cadam32bit_grad_bf16, bf16_t, ADAM)
-BNB_OPT32(cademamix32bit_grad_fp32, float, ADEMAMIX)
-BNB_OPT32(cademamix32bit_grad_fp16, fp16_t, ADEMAMIX)
-BNB_OPT32(cademamix32bit_grad_bf16, bf16_t, ADEMAMIX)
-BNB_OPT32(clion32bit_grad_fp32, float, LION)
-BNB_OPT32(clion32bit_grad_fp16, fp16_t, LION)
-BNB_OPT32(clion32bit_grad_bf16, bf16_t, LION)
-BNB_OPT32(cmomentum32bit_grad_32, float, MOMENTUM)
-BNB_OPT32(cmomentum32bit_grad_16, fp16_t, MOMENTUM)
-BNB_OPT32(cmomentum32bit_grad_bf16, bf16_t, MOMENTUM)
-BNB_OPT32(crmsprop32bit_grad_32, float, RMSPROP)
-BNB_OPT32(crmsprop32bit_grad_16, fp16_t, RMSPROP)
-BNB_OPT32(crmsprop32bit_grad_bf16, bf16_t, RMSPROP)
-BNB_OPT32(cadagrad32bit_grad_32, float, ADAGRAD)
-BNB_OPT32(cadagrad32bit_grad_16, fp16_t, ADAGRAD)
-BNB_OPT32(cadagrad32bit_grad_bf16, bf16_t, ADAGRAD)
+BNB_MS_ENTRY(cadam32bit_grad_fp32, bnb_ms::cuda::entry32<float, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cadam32bit_grad_fp16, bnb_ms::cuda::entry32<fp16_t, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cadam32bit_grad_bf16, bnb_ms::cuda::entry32<bf16_t, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cademamix32bit_grad_fp32, bnb_ms::cuda::entry32<float, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cademamix32bit_grad_fp16, bnb_ms::cuda::entry32<fp16_t, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cademamix32bit_grad_bf16, bnb_ms::cuda::entry32<bf16_t, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(clion32bit_grad_fp32, bnb_ms::cuda::entry32<float, bnb_ms::LION>)
+BNB_MS_ENTRY(clion32bit_grad_fp16, bnb_ms::cuda::entry32<fp16_t, bnb_ms::LION>)
+BNB_MS_ENTRY(clion32bit_grad_bf16, bnb_ms::cuda::entry32<bf16_t, bnb_ms::LION>)
+BNB_MS_ENTRY(cmomentum32bit_grad_32, bnb_ms::cuda::entry32<float, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(cmomentum32bit_grad_16, bnb_ms::cuda::entry32<fp16_t, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(cmomentum32bit_grad_bf16, bnb_ms::cuda::entry32<bf16_t, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(crmsprop32bit_grad_32, bnb_ms::cuda::entry32<float, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(crmsprop32bit_grad_16, bnb_ms::cuda::entry32<fp16_t, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(crmsprop32bit_grad_bf16, bnb_ms::cuda::entry32<bf16_t, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(cadagrad32bit_grad_32, bnb_ms::cuda::entry32<float, bnb_ms::ADAGRAD>)
+BNB_MS_ENTRY(cadagrad32bit_grad_16, bnb_ms::cuda::entry32<fp16_t, bnb_ms::ADAGRAD>)
+BNB_MS_ENTRY(cadagrad32bit_grad_bf16, bnb_ms::cuda::entry32<bf16_t, bnb_ms::ADAGRAD>)
 
-BNB_OPT8(cadam_8bit_blockwise_grad_fp32, float, ADAM)
-BNB_OPT8(cadam_8bit_blockwise_grad_fp16, fp16_t, ADAM)
-BNB_OPT8(cadam_8bit_blockwise_grad_bf16, bf16_t, ADAM)
-BNB_OPT8(cademamix_8bit_blockwise_grad_fp32, float, ADEMAMIX)
-BNB_OPT8(cademamix_8bit_blockwise_grad_fp16, fp16_t, ADEMAMIX)
-BNB_OPT8(cademamix_8bit_blockwise_grad_bf16, bf16_t, ADEMAMIX)
-BNB_OPT8(cmomentum_8bit_blockwise_grad_fp32, float, MOMENTUM)
-BNB_OPT8(cmomentum_8bit_blockwise_grad_fp16, fp16_t, MOMENTUM)
-BNB_OPT8(cmomentum_8bit_blockwise_grad_bf16, bf16_t, MOMENTUM)
-BNB_OPT8(crmsprop_8bit_blockwise_grad_fp32, float, RMSPROP)
-BNB_OPT8(crmsprop_8bit_blockwise_grad_fp16, fp16_t, RMSPROP)
-BNB_OPT8(crmsprop_8bit_blockwise_grad_bf16, bf16_t, RMSPROP)
-BNB_OPT8(clion_8bit_blockwise_grad_fp32, float, LION)
-BNB_OPT8(clion_8bit_blockwise_grad_fp16, fp16_t, LION)
-BNB_OPT8(clion_8bit_blockwise_grad_bf16, bf16_t, LION)
-BNB_OPT8(cadagrad_8bit_blockwise_grad_fp32, float, ADAGRAD)
-BNB_OPT8(cadagrad_8bit_blockwise_grad_fp16, fp16_t, ADAGRAD)
-BNB_OPT8(cadagrad_8bit_blockwise_grad_bf16, bf16_t, ADAGRAD)
-#undef BNB_OPT32
-#undef BNB_OPT8
+BNB_MS_ENTRY(cadam_8bit_blockwise_grad_fp32, bnb_ms::cuda::entry8<float, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cadam_8bit_blockwise_grad_fp16, bnb_ms::cuda::entry8<fp16_t, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cadam_8bit_blockwise_grad_bf16, bnb_ms::cuda::entry8<bf16_t, bnb_ms::ADAM>)
+BNB_MS_ENTRY(cademamix_8bit_blockwise_grad_fp32, bnb_ms::cuda::entry8<float, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cademamix_8bit_blockwise_grad_fp16, bnb_ms::cuda::entry8<fp16_t, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cademamix_8bit_blockwise_grad_bf16, bnb_ms::cuda::entry8<bf16_t, bnb_ms::ADEMAMIX>)
+BNB_MS_ENTRY(cmomentum_8bit_blockwise_grad_fp32, bnb_ms::cuda::entry8<float, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(cmomentum_8bit_blockwise_grad_fp16, bnb_ms::cuda::entry8<fp16_t, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(cmomentum_8bit_blockwise_grad_bf16, bnb_ms::cuda::entry8<bf16_t, bnb_ms::MOMENTUM>)
+BNB_MS_ENTRY(crmsprop_8bit_blockwise_grad_fp32, bnb_ms::cuda::entry8<float, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(crmsprop_8bit_blockwise_grad_fp16, bnb_ms::cuda::entry8<fp16_t, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(crmsprop_8bit_blockwise_grad_bf16, bnb_ms::cuda::entry8<bf16_t, bnb_ms::RMSPROP>)
+BNB_MS_ENTRY(clion_8bit_blockwise_grad_fp32, bnb_ms::cuda::entry8<float, bnb_ms::LION>)
+BNB_MS_ENTRY(clion_8bit_blockwise_grad_fp16, bnb_ms::cuda::entry8<fp16_t, bnb_ms::LION>)
+BNB_MS_ENTRY(clion_8bit_blockwise_grad_bf16, bnb_ms::cuda::entry8<bf16_t, bnb_ms::LION>)
+BNB_MS_ENTRY(cadagrad_8bit_blockwise_grad_fp32, bnb_ms::cuda::entry8<float, bnb_ms::ADAGRAD>)
+BNB_MS_ENTRY(cadagrad_8bit_blockwise_grad_fp16, bnb_ms::cuda::entry8<fp16_t, bnb_ms::ADAGRAD>)
+BNB_MS_ENTRY(cadagrad_8bit_blockwise_grad_bf16, bnb_ms::cuda::entry8<bf16_t, bnb_ms::ADAGRAD>)

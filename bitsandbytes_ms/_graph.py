@@ -1,0 +1,751 @@
+"""Graph mode: the functional ops inside ``mindspore.jit`` and ``GRAPH_MODE``.
+
+MindSpore compiles a ``jit`` function or a ``GRAPH_MODE`` Cell by *parsing* its Python source (and that of the
+functions it calls) into a graph; the code never runs in Python. The native ops are ``ops.Custom(...,
+func_type="aot")`` primitives, which compile like any other primitive; what does not compile is the Python
+around them in :mod:`bitsandbytes_ms.functional` (host calls, numpy, ``asnumpy``, mindtorch device tags, caches).
+So every public op of ``functional`` starts with ``if _graph.compiling(A): return _graph.<op>(...)`` and this
+module holds the graph form of each op: the same argument checks (evaluated once, at compile time, on the
+constant shapes and dtypes), the same native primitive (``cextension.NativeFunction._custom``: the very object
+PyNative runs) and the same MindSpore ops around it, so both modes give the same bytes.
+
+How the code tells: :func:`compiling` is ``not hasattr(A, "asnumpy")`` for a tensor ``A``. In Python (PyNative)
+every ``Tensor`` has ``asnumpy``; while MindSpore's graph compiler parses the function, ``hasattr`` is answered
+from the graph's tensor type, which has no ``asnumpy`` (a host-side method). One attribute lookup (~60 ns) on
+the PyNative hot path. ``tests/test_graph_mode.py`` checks both answers, so a MindSpore release that changed
+this would fail there, not silently.
+
+Quant states: a graph cannot create a :class:`~bitsandbytes_ms.functional.QuantState` (a Python object) from
+tensors computed in it, so the graph forms return a :class:`GraphQuantState` (a namedtuple with the same
+attribute names) and accept either one (a ``QuantState`` made in PyNative and captured by the compiled
+function or Cell works too). Not in graph mode: ``out=`` / ``absmax=`` output arguments (a graph does not write
+into a caller's tensor; use the return value), ``quant_storage`` other than uint8, and int8 outlier columns
+(``threshold > 0``: their count is data-dependent).
+
+Names: ``_F`` is :mod:`bitsandbytes_ms.functional` (imported inside compile-time helpers: it imports this
+module); ``ops`` is ``mindspore.ops``.
+
+Everything here uses MindSpore's functional ``ops``, not Tensor methods or operators: the 4-bit dequantize and
+backward also run in PyNative from a Cell's ``bprop``, on tensors without mindtorch's device tag, which
+mindtorch's Tensor methods (installed by ``import mindnlp``) would refuse.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, ops
+from mindspore.ops import constexpr
+
+from . import functional as _F  # partly initialised here (it imports this module); read at compile time
+from .cextension import compiling, lib  # noqa: F401  (compiling: the test every hand-over uses)
+from .utils import SUFFIX_OF_DTYPE, dtype_name
+
+
+def graph_state(absmax, shape, code, blocksize, quant_type, dtype, offset=None, state2=None):
+    """A quant state made inside a graph, in the layout of ``QuantState.as_dict()`` (upstream's keys; ``dtype`` by
+    name, ``nested_offset`` a 0-d tensor): MindSpore 2.7 compiles dicts across function boundaries and as jit
+    outputs, but a class instance (or a namedtuple holding a dtype or None) returned from a function becomes an
+    opaque object. Return the tensors a caller needs (``state["absmax"]``, ...) from a jit function, not the dict:
+    MindSpore 2.7 fails at run time on some dict outputs that hold ``ops.Custom`` results ("The pointer[abstract]
+    is null")."""
+    if state2 is None:
+        return {"quant_type": quant_type, "absmax": absmax, "blocksize": blocksize, "quant_map": code,
+                "dtype": _name_of(dtype), "shape": shape}
+    return {"quant_type": quant_type, "absmax": absmax, "blocksize": blocksize, "quant_map": code,
+            "dtype": _name_of(dtype), "shape": shape, "nested_absmax": state2["absmax"],
+            "nested_blocksize": state2["blocksize"], "nested_quant_map": state2["quant_map"],
+            "nested_dtype": state2["dtype"], "nested_offset": offset}
+
+
+def as_graph_state(state):
+    """``state`` (a QuantState the compiled code captured, or a dict from :func:`graph_state` / ``as_dict()``) as
+    such a dict."""
+    if isinstance(state, dict):
+        return state
+    if state.nested:
+        s2 = state.state2
+        return graph_state(state.absmax, state.shape, state.code, state.blocksize, state.quant_type, state.dtype,
+                           _offset_tensor(state.offset),
+                           graph_state(s2.absmax, s2.shape, s2.code, s2.blocksize, s2.quant_type, s2.dtype))
+    return graph_state(state.absmax, state.shape, state.code, state.blocksize, state.quant_type, state.dtype)
+
+
+# ---- compile-time helpers (constexpr: run in Python on the graph's constants) ----
+@constexpr
+def _prim_name(name, static):
+    """Makes sure ``lib.<name>`` has created its ``ops.Custom`` primitive for the values of its table row's
+    ``static`` scalars (the object PyNative calls) and returns ``name``; see :func:`_prim`."""
+    fn = getattr(lib, name)
+    fn._custom(dict(zip(fn.op.static, static)))
+    return name
+
+
+def _prim(name, static):
+    """The ``ops.Custom`` primitive of entry point ``name`` (``static``: the values of its row's static scalars).
+    The graph reads it from ``lib.<name>``'s cache, which :func:`_prim_name` filled at compile time (the lookup
+    depends on its result, so it is resolved after; a Primitive returned by a constexpr itself would not be a
+    primitive in the graph)."""
+    return getattr(lib, _prim_name(name, static))._cache[static]
+
+
+@constexpr
+def _offset_tensor(offset):
+    return offset if isinstance(offset, Tensor) else Tensor(np.float32(offset))
+
+
+@constexpr
+def _name_of(dtype):
+    return dtype if isinstance(dtype, str) else dtype_name(dtype)
+
+
+@constexpr
+def _dtype_of(dtype):
+    """A state's dtype (a MindSpore dtype in a QuantState, its name in a GraphQuantState) as a MindSpore dtype."""
+    from .utils import dtype_from_name
+    return dtype_from_name(dtype) if isinstance(dtype, str) else dtype
+
+
+@constexpr
+def _entry(base, dtype, tail=""):
+    """The entry point name for ``dtype`` (a MindSpore dtype or its name), e.g. ``cquantize_blockwise_fp32``."""
+    from .utils import dtype_from_name
+    return f"{base}_{SUFFIX_OF_DTYPE[dtype_from_name(dtype) if isinstance(dtype, str) else dtype]}{tail}"
+
+
+@constexpr
+def _const_code(kind):
+    """The default code tensors (the dynamic 8-bit map, the NF4/FP4 maps), as graph constants."""
+    return _F._dynamic_code() if kind == "dynamic" else _F._code4(kind)
+
+
+@constexpr
+def _fail(exc, msg):
+    raise exc(msg)
+
+
+@constexpr
+def _no_output_arg(fn, arg, given):
+    if given:
+        raise NotImplementedError(f"{fn}: `{arg}` (an output argument) is not supported under mindspore.jit / "
+                                  f"GRAPH_MODE, where an op cannot write into a caller's tensor; use the return value")
+
+
+@constexpr
+def _check_dtype(dtype, allowed, fn, arg):
+    from .utils import dtype_from_name
+    if isinstance(dtype, str):
+        dtype = dtype_from_name(dtype)
+    if dtype not in allowed:
+        raise ValueError(f"{fn}: `{arg}` must have dtype {', '.join(dtype_name(d) for d in allowed)}; got "
+                         f"{dtype_name(dtype)}")
+
+
+@constexpr
+def _check_blocksize(blocksize, allowed, fn):
+    if isinstance(blocksize, bool) or not isinstance(blocksize, (int, np.integer)):
+        raise TypeError(f"{fn}: `blocksize` must be an int, got {type(blocksize).__name__}")
+    if int(blocksize) not in allowed:
+        raise ValueError(f"{fn}: `blocksize` must be one of {tuple(allowed)}; got {blocksize}")
+
+
+@constexpr
+def _check_numel(shape, n, fn, arg):
+    if int(math.prod(shape)) != n:
+        raise ValueError(f"{fn}: `{arg}` must have {n} entries; got {int(math.prod(shape))}")
+
+
+@constexpr
+def _nblocks(shape, blocksize):
+    return -(-int(math.prod(shape)) // int(blocksize))
+
+
+@constexpr
+def _numel(shape):
+    return int(math.prod(shape))
+
+
+@constexpr
+def _f32(x):
+    return Tensor(np.float32(x))
+
+
+_FLOAT = (ms.float32, ms.float16, ms.bfloat16)
+
+
+def _reshape(t, shape):
+    """``t.reshape(shape)``; MindSpore 2.7's CPU Reshape kernel (graph mode) has no bfloat16, so a bfloat16 tensor
+    is reshaped as float32 (exact both ways for every value a kernel here writes)."""
+    if t.dtype == ms.bfloat16:
+        return ops.cast(ops.reshape(ops.cast(t, ms.float32), shape), ms.bfloat16)
+    return ops.reshape(t, shape)
+
+
+def _mean_f32(t):
+    """``functional._mean_f32`` (the offset of double quantization): the sum in float64, rounded once to float32,
+    divided by n in float32. numpy's float64 sum and MindSpore's can differ in the last float64 bit, which
+    changes the float32 result only when it lies within 2^-29 of a rounding boundary."""
+    s = ops.cast(ops.reduce_sum(ops.cast(ops.reshape(t, (-1,)), ms.float64)), ms.float32)
+    return ops.div(s, _f32(max(_numel(t.shape), 1)))
+
+
+# ---- blockwise 8-bit ----
+def _quantize_blockwise(A, code, blocksize):
+    return _prim(_entry("cquantize_blockwise", A.dtype), (blocksize,))(code, A, blocksize)
+
+
+def _nested_state(A, qabsmax, amax, amax2, offset, code, code2, blocksize, blocksize2, quant_type):
+    return graph_state(qabsmax, A.shape, code, blocksize, quant_type, A.dtype, offset,
+                       graph_state(amax2, None, code2, blocksize2, None, ms.float32))
+
+
+def quantize_blockwise(A, code=None, absmax=None, out=None, blocksize=4096, nested=False):
+    fn = "quantize_blockwise"
+    _check_dtype(A.dtype, _FLOAT, fn, "A")
+    _check_blocksize(blocksize, _F.BLOCKWISE_BLOCKSIZES, fn)
+    _no_output_arg(fn, "out", out is not None)
+    _no_output_arg(fn, "absmax", absmax is not None)
+    if code is None:
+        code = _const_code("dynamic")
+    _check_dtype(code.dtype, (ms.float32,), fn, "code")
+    _check_numel(code.shape, 256, fn, "code")
+    _check_nonempty(A.shape, fn, "A")
+    q, amax = _quantize_blockwise(A, code, blocksize)
+    if nested:
+        offset = _mean_f32(amax)
+        qabsmax, amax2 = _quantize_blockwise(ops.sub(amax, offset), code, blocksize)
+        return q, _nested_state(A, qabsmax, amax, amax2, offset, code, code, blocksize, blocksize, None)
+    return q, graph_state(amax, A.shape, code, blocksize, None, A.dtype)
+
+
+def _dequantize_blockwise(A, code, amax, blocksize, dtype):
+    return _prim(_entry("cdequantize_blockwise", dtype), ())(code, A, amax, blocksize)
+
+
+def _absmax(state):
+    """fp32 absmax of a state dict, undoing double quantization as ``functional`` does."""
+    if "nested_absmax" in state:
+        amax = ops.add(_dequantize_blockwise(state["absmax"], state["nested_quant_map"], state["nested_absmax"],
+                                             state["nested_blocksize"], state["nested_dtype"]), state["nested_offset"])
+        if amax.dtype != ms.float32:
+            amax = ops.cast(amax, ms.float32)
+        return amax
+    return state["absmax"]
+
+
+def dequantize_blockwise(A, quant_state=None, absmax=None, code=None, out=None, blocksize=4096, nested=False):
+    fn = "dequantize_blockwise"
+    _check_dtype(A.dtype, (ms.uint8,), fn, "A")
+    _no_output_arg(fn, "out", out is not None)
+    if quant_state is None:
+        if absmax is None:
+            _fail(ValueError, f"{fn} requires either `quant_state` or `absmax`")
+        if code is None:
+            code = _const_code("dynamic")
+        st = graph_state(absmax, None, code, blocksize, None, ms.float32)
+    else:
+        st = as_graph_state(quant_state)
+    _check_blocksize(st["blocksize"], _F.BLOCKWISE_BLOCKSIZES, fn)
+    _check_dtype(st["quant_map"].dtype, (ms.float32,), fn, "code")
+    _check_numel(st["quant_map"].shape, 256, fn, "code")
+    _check_dtype(st["dtype"], _FLOAT, fn, "quant_state.dtype")
+    _check_nonempty(A.shape, fn, "A")
+    amax = _absmax(st)
+    _check_dtype(amax.dtype, (ms.float32,), fn, "absmax")
+    _check_numel(amax.shape, _nblocks(A.shape, st["blocksize"]), fn, "absmax")
+    return _dequantize_blockwise(A, st["quant_map"], amax, st["blocksize"], st["dtype"])
+
+
+# ---- 4-bit ----
+@constexpr
+def _check_quant_type(quant_type, fn):
+    if quant_type not in ("nf4", "fp4"):
+        raise ValueError(f"{fn}: `quant_type` must be 'nf4' or 'fp4', got {quant_type!r}")
+
+
+@constexpr
+def _check_nonempty(shape, fn, arg):
+    if int(math.prod(shape)) == 0:
+        raise NotImplementedError(f"{fn}: an empty `{arg}` is not supported under mindspore.jit / GRAPH_MODE")
+
+
+@constexpr
+def _check_storage(dtype, fn):
+    if dtype != ms.uint8:
+        raise NotImplementedError(f"{fn}: a packed weight stored as {dtype_name(dtype)} (quant_storage) is not "
+                                  f"supported under mindspore.jit / GRAPH_MODE; quantize with quant_storage=uint8")
+
+
+@constexpr
+def _check_4bit_sizes(shape, blocksize, packed_shape, packed_dtype, absmax_shape, fn, packed):
+    """``functional._4bit_size_errors`` on constants."""
+    if shape is None:
+        raise ValueError(f"{fn}: `quant_state.shape` must be the shape of the quantized tensor; got None")
+    n = int(math.prod(shape))
+    nbytes = int(math.prod(packed_shape)) * _F._itemsize(packed_dtype)
+    if nbytes != (n + 1) // 2:
+        raise ValueError(f"{fn}: {packed} holds {nbytes} bytes; quant_state.shape {tuple(shape)} needs exactly "
+                         f"{(n + 1) // 2} (two 4-bit codes a byte)")
+    nb = -(-n // int(blocksize))
+    if int(math.prod(absmax_shape)) != nb:
+        raise ValueError(f"{fn}: quant_state.absmax has {int(math.prod(absmax_shape))} entries; quant_state.shape "
+                         f"{tuple(shape)} at blocksize {blocksize} needs exactly ceil({n}/{blocksize}) = {nb}")
+
+
+def _check_4bit_state(st, B, fn, packed):
+    _check_blocksize(st["blocksize"], _F.FOURBIT_BLOCKSIZES, fn)
+    _check_quant_type(st["quant_type"], fn)
+    _check_dtype(st["dtype"], _FLOAT, fn, "quant_state.dtype")
+    _check_dtype(st["quant_map"].dtype, (ms.float32,), fn, "quant_state.code")
+    _check_numel(st["quant_map"].shape, 16, fn, "quant_state.code")
+    _check_4bit_sizes(st["shape"], st["blocksize"], B.shape, B.dtype, st["absmax"].shape, fn, packed)
+    _check_storage(B.dtype, fn)
+
+
+def quantize_4bit(A, absmax=None, out=None, blocksize=None, compress_statistics=False, quant_type="fp4",
+                  quant_storage=ms.uint8):
+    fn = "quantize_4bit"
+    if blocksize is None:
+        blocksize = 64
+    _check_dtype(A.dtype, _FLOAT, fn, "A")
+    _check_blocksize(blocksize, _F.FOURBIT_BLOCKSIZES, fn)
+    _check_quant_type(quant_type, fn)
+    _no_output_arg(fn, "out", out is not None)
+    _no_output_arg(fn, "absmax", absmax is not None)
+    _check_storage(quant_storage, fn)
+    _check_nonempty(A.shape, fn, "A")
+    code = _const_code(quant_type)
+    packed, amax = _prim(_entry("cquantize_blockwise", A.dtype, "_" + quant_type), (blocksize,))(code, A, blocksize)
+    if compress_statistics:
+        offset = _mean_f32(amax)
+        code8 = _const_code("dynamic")
+        qabsmax, amax2 = _quantize_blockwise(ops.sub(amax, offset), code8, 256)
+        return packed, _nested_state(A, qabsmax, amax, amax2, offset, code, code8, blocksize, 256, quant_type)
+    return packed, graph_state(amax, A.shape, code, blocksize, quant_type, A.dtype)
+
+
+def dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, quant_type="fp4"):
+    fn = "dequantize_4bit"
+    _no_output_arg(fn, "out", out is not None)
+    if quant_state is None:
+        _fail(ValueError, f"{fn}: `quant_state` is required under mindspore.jit / GRAPH_MODE (without it upstream "
+                          f"needs `out`, an output argument)")
+    st = as_graph_state(quant_state)
+    _check_4bit_state(st, A, fn, "`A`")
+    shape = st["shape"]
+    n = _numel(shape)
+    _check_nonempty(shape, fn, "A")
+    amax = _absmax(st)
+    res = _prim(_entry("cdequantize_blockwise", st["dtype"], "_" + st["quant_type"]), (n,))(
+        st["quant_map"], ops.reshape(A, (-1,)), amax, st["blocksize"], n)
+    res = _reshape(res, shape)
+    if len(A.shape) == 2 and A.shape[0] == 1 and A.shape[1] > 1 and len(shape) == 2:
+        res = ops.transpose(res, (1, 0))  # upstream's transposed-view case (see functional.dequantize_4bit)
+    return res
+
+
+@constexpr
+def _check_gemv_shapes(shape, a_shape, fn):
+    if shape is None or len(shape) != 2:
+        raise ValueError(f"{fn}: `state.shape` must be 2-D [N, K]; got {shape}")
+    if len(a_shape) == 0 or a_shape[-1] != shape[1]:
+        raise ValueError(f"{fn}: `A` must have last dimension {shape[1]} (state.shape[1]); got shape {tuple(a_shape)}")
+    if int(math.prod(a_shape)) == 0 or shape[0] == 0:
+        raise NotImplementedError(f"{fn}: empty inputs are not supported under mindspore.jit / GRAPH_MODE")
+
+
+def gemv_4bit(A, B, out=None, transposed_A=False, transposed_B=False, state=None):
+    fn = "gemv_4bit"
+    _no_output_arg(fn, "out", out is not None)
+    if state is None:
+        _fail(ValueError, "state cannot be None. gemv_4bit() requires the state from quantize_4bit()")
+    st = as_graph_state(state)
+    _check_dtype(A.dtype, _FLOAT, fn, "A")
+    _check_gemv_shapes(st["shape"], A.shape, fn)
+    _check_4bit_state(st, B, fn, "`B`")
+    N = st["shape"][0]
+    amax = _absmax(st)
+    return _prim(_entry("cgemm_4bit_inference_naive", A.dtype), (N,))(
+        A, B.reshape(-1), amax, st["quant_map"], st["blocksize"], N)
+
+
+# ---- int8 (LLM.int8()) ----
+@constexpr
+def _check_threshold(threshold, fn):
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{fn}: `threshold` must be a float, got {type(threshold).__name__}")
+    if not float(threshold) >= 0.0:
+        raise ValueError(f"{fn}: `threshold` must be >= 0; got {threshold}")
+    if float(threshold) > 0.0:
+        raise NotImplementedError(f"{fn}: `threshold` > 0 (outlier columns, a data-dependent count) is not "
+                                  f"supported under mindspore.jit / GRAPH_MODE")
+
+
+@constexpr
+def _check_rank(shape, fn, arg):
+    if len(shape) < 1:
+        raise ValueError(f"{fn}: `{arg}` must have at least 1 dimension(s); got shape {tuple(shape)}")
+    if int(math.prod(shape)) == 0:
+        raise NotImplementedError(f"{fn}: an empty `{arg}` is not supported under mindspore.jit / GRAPH_MODE")
+
+
+def int8_vectorwise_quant(A, threshold=0.0):
+    fn = "int8_vectorwise_quant"
+    _check_dtype(A.dtype, _FLOAT, fn, "A")
+    _check_rank(A.shape, fn, "A")
+    _check_threshold(threshold, fn)
+    CA, stats, _ = _prim("cint8_vector_quant", ())(A, 0.0)
+    return CA, stats, None
+
+
+@constexpr
+def _no_preallocated(given):
+    for name, v in given:
+        if v:
+            raise ValueError(f"{name} must be None. int8_double_quant() does not support pre-allocated {name}.")
+
+
+def int8_double_quant(A, col_stats=None, row_stats=None, out_col=None, out_row=None, threshold=0.0):
+    """``functional.int8_double_quant`` without outlier columns (threshold 0): the same MindSpore ops."""
+    fn = "int8_double_quant"
+    _no_preallocated((("row_stats", row_stats is not None), ("col_stats", col_stats is not None),
+                      ("out_col", out_col is not None), ("out_row", out_row is not None)))
+    CA, rstats, outlier_cols = int8_vectorwise_quant(A, threshold)
+    K = A.shape[-1]
+    a = ops.cast(_reshape(A, (-1, K)), ms.float32)
+    cstats = ops.reduce_max(ops.abs(a), 0)
+    # MindSpore's CPU max skips NaN; upstream's amax propagates it (a NaN column gets a NaN scale)
+    cstats = ops.select(ops.any(ops.isnan(a), 0), ops.full_like(cstats, float("nan")), cstats)
+    q = ops.round(ops.div(ops.mul(a, 127.0), ops.reshape(cstats, (1, K))))
+    q = ops.select(ops.isfinite(q), q, ops.zeros_like(q))
+    return CA, ops.reshape(ops.cast(q, ms.int8), A.shape), rstats, cstats, outlier_cols
+
+
+@constexpr
+def _check_matmul_shapes(a_shape, b_shape, fn):
+    if len(b_shape) != 2:
+        raise ValueError(f"{fn}: `B` must be 2-D [N, K]; got shape {tuple(b_shape)}")
+    if a_shape[-1] != b_shape[-1]:
+        raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(a_shape)} @ `B`.T {tuple(b_shape)} "
+                         f"(A.shape[-1] must equal B.shape[1])")
+    if a_shape[-1] > _F.checks_int8_max_K or b_shape[0] == 0:
+        raise NotImplementedError(f"{fn}: K > {_F.checks_int8_max_K} or N = 0 is not supported under "
+                                  f"mindspore.jit / GRAPH_MODE")
+
+
+def int8_linear_matmul(A, B, out=None, dtype=ms.int32):
+    fn = "int8_linear_matmul"
+    _check_dtype(A.dtype, (ms.int8,), fn, "A")
+    _check_dtype(B.dtype, (ms.int8,), fn, "B")
+    _check_dtype(dtype, (ms.int32,), fn, "dtype")
+    _no_output_arg(fn, "out", out is not None)
+    _check_rank(A.shape, fn, "A")
+    _check_matmul_shapes(A.shape, B.shape, fn)
+    return _prim("cigemmlt_32", ())(A, B)
+
+
+@constexpr
+def _check_mm_dequant(a_shape, rs_shape, cs_shape, bias_shape, fn):
+    N = a_shape[-1]
+    rows = int(math.prod(a_shape[:-1]))
+    if int(math.prod(rs_shape)) != rows:
+        raise ValueError(f"{fn}: `row_stats` must have one value per row of `A` ({rows}); got {int(math.prod(rs_shape))}")
+    if int(math.prod(cs_shape)) != N:
+        raise ValueError(f"{fn}: `col_stats` must have A.shape[-1] = {N} values; got {int(math.prod(cs_shape))}")
+    if bias_shape is not None and int(math.prod(bias_shape)) != N:
+        raise ValueError(f"{fn}: `bias` must have A.shape[-1] = {N} values; got {int(math.prod(bias_shape))}")
+    return rows, N
+
+
+def mm_dequant(A, row_stats, col_stats, bias, dtype, fn):
+    """``functional._mm_dequant`` without outlier columns: [rows, N] in ``dtype``."""
+    _check_dtype(A.dtype, (ms.int32,), fn, "A")
+    _check_dtype(row_stats.dtype, (ms.float32,), fn, "row_stats")
+    _check_dtype(col_stats.dtype, (ms.float32,), fn, "col_stats")
+    _check_rank(A.shape, fn, "A")
+    _check_dtype(dtype, _FLOAT, fn, "dtype")
+    if bias is None:
+        rows, N = _check_mm_dequant(A.shape, row_stats.shape, col_stats.shape, None, fn)
+    else:
+        _check_dtype(bias.dtype, _FLOAT, fn, "bias")
+        rows, N = _check_mm_dequant(A.shape, row_stats.shape, col_stats.shape, bias.shape, fn)
+        bias = _reshape(bias, (N,))
+    return _prim(_entry("cdequant_mm_int32", dtype), ())(
+        A.reshape(rows, N), row_stats.reshape(rows), col_stats.reshape(N), bias)
+
+
+def int8_mm_dequant(A, row_stats, col_stats, out=None, bias=None):
+    fn = "int8_mm_dequant"
+    _no_output_arg(fn, "out", out is not None)
+    return mm_dequant(A, row_stats, col_stats, bias, ms.float16, fn)
+
+
+def int8_scaled_mm(A, B, row_stats, col_stats, bias=None, dtype=None):
+    fn = "int8_scaled_mm"
+    if dtype is None:
+        dtype = ms.float16
+    C = int8_linear_matmul(A, B)
+    return _reshape(mm_dequant(C, row_stats, col_stats, bias, dtype, fn), C.shape)
+
+
+@constexpr
+def _dequant_scale():
+    return float(np.float32(_F.INT8_DEQUANT_SCALE))
+
+
+def int8_vectorwise_dequant(A, stats):
+    fn = "int8_vectorwise_dequant"
+    _check_dtype(A.dtype, (ms.int8,), fn, "A")
+    _check_dtype(stats.dtype, (ms.float32,), fn, "stats")
+    _check_rank(A.shape, fn, "A")
+    rows = _numel(A.shape[:-1])
+    _check_numel(stats.shape, rows, fn, "stats")
+    out = ops.mul(ops.reshape(ops.cast(A, ms.float32), (rows, A.shape[-1])), ops.reshape(stats, (rows, 1)))
+    out = ops.mul(out, _dequant_scale())
+    return ops.reshape(out, A.shape)
+
+
+# ---- the layers' forwards and backwards (autograd.MatMul4Bit, MatMul8bitLt; nn.cells) ----
+@constexpr
+def _linear4_plan(shape, a_shape, a_dtype, bias_shape, bf16_dot, fn):
+    """(N, rows, entry point) of ``functional.linear_4bit`` for these constants (the bf16 dot-product kernel where
+    PyNative would choose it)."""
+    if shape is None or len(shape) != 2:
+        raise ValueError(f"{fn}: quant_state.shape must be 2D [N, K]")
+    N, K = int(shape[0]), int(shape[1])
+    if len(a_shape) == 0 or a_shape[-1] != K:
+        raise ValueError(f"{fn}: `A` must have last dimension {K} (quant_state.shape[1]); got shape {tuple(a_shape)}")
+    if bias_shape is not None and int(math.prod(bias_shape)) != N:
+        raise ValueError(f"{fn}: `bias` must have {N} elements; got shape {tuple(bias_shape)}")
+    rows = int(math.prod(a_shape[:-1]))
+    if rows == 0 or N == 0:
+        raise NotImplementedError(f"{fn}: empty inputs are not supported under mindspore.jit / GRAPH_MODE")
+    dot = a_dtype == ms.bfloat16 and _F._use_bf16_dot(bf16_dot, rows, fn)
+    return N, rows, _F._linear4_entry_name(a_dtype, dot)
+
+
+def linear_4bit(A, B, quant_state, bias=None, bf16_dot=None):
+    fn = "linear_4bit"
+    st = as_graph_state(quant_state)
+    _check_dtype(A.dtype, _FLOAT, fn, "A")
+    if bias is None:
+        N, rows, name = _linear4_plan(st["shape"], A.shape, A.dtype, None, bf16_dot, fn)
+    else:
+        _check_dtype(bias.dtype, _FLOAT, fn, "bias")
+        N, rows, name = _linear4_plan(st["shape"], A.shape, A.dtype, bias.shape, bf16_dot, fn)
+        if bias.dtype != A.dtype:
+            bias = bias.astype(A.dtype)
+    _check_4bit_state(st, B, fn, "`B`")
+    raw = B.reshape(-1)
+    if "nested_absmax" in st:
+        return _prim(name, (N,))(A, raw, st["absmax"], st["quant_map"], st["nested_absmax"], st["nested_quant_map"],
+                                 st["nested_offset"].reshape(()), bias, st["blocksize"], st["nested_blocksize"], N)
+    return _prim(name, (N,))(A, raw, st["absmax"], st["quant_map"], None, None, None, bias, st["blocksize"], 256, N)  # bs2 unused: 256 as functional passes
+
+
+@constexpr
+def _use_linear_4bit(a_shape, a_dtype):
+    return int(math.prod(a_shape[:-1])) <= _F.LINEAR_4BIT_MAX_ROWS and a_dtype in _FLOAT
+
+
+_MATMUL_NT = ops.MatMul(transpose_b=True)
+
+
+def dequant_weight_f32(B, quant_state):
+    """``autograd._dequant_weight_f32``: the [N, K] weight in float32."""
+    st = as_graph_state(quant_state)
+    W = dequantize_4bit(ops.reshape(B, (-1, 1)), st)
+    if W.dtype != ms.float32:
+        W = ops.cast(W, ms.float32)
+    return ops.reshape(W, st["shape"])
+
+
+def forward_4bit(A, B, quant_state, bias):
+    """``autograd._forward_4bit``: one native call up to ``LINEAR_4BIT_MAX_ROWS`` rows, else the fp32 weight and
+    MindSpore's matmul (the same ops, so the same bytes)."""
+    st = as_graph_state(quant_state)
+    if _use_linear_4bit(A.shape, A.dtype):
+        return linear_4bit(A, B, st, bias)
+    N = st["shape"][0]
+    K = A.shape[-1]
+    res = _MATMUL_NT(A.astype(ms.float32).reshape(-1, K), dequant_weight_f32(B, st))
+    if bias is not None:
+        res = res + bias.astype(ms.float32)
+    return res.reshape(A.shape[:-1] + (N,)).astype(A.dtype)
+
+
+def grad_4bit(A, B, quant_state, dout, bias):
+    """``autograd._grad_4bit``: (dA, dbias or None). MindSpore's functional ops only (no Tensor methods), so it also
+    runs in PyNative on tensors without mindtorch's device tag (a Cell's ``bprop``)."""
+    st = as_graph_state(quant_state)
+    N = st["shape"][0]
+    g = ops.reshape(ops.cast(dout, ms.float32), (-1, N))
+    dA = ops.cast(ops.reshape(ops.matmul(g, dequant_weight_f32(B, st)), A.shape), A.dtype)
+    if bias is None:
+        return dA, None
+    return dA, ops.cast(ops.reshape(ops.reduce_sum(g, 0), bias.shape), bias.dtype)
+
+
+def int8_forward(A, CB, SCB, bias, threshold=0.0):
+    """``autograd._int8_forward`` for an already quantized weight (CB int8 [N, K], SCB float32 [N]) without outlier
+    columns: float32 activations quantized after a cast to float16, as upstream."""
+    _check_threshold(threshold, "matmul")
+    N = CB.shape[0]
+    K = A.shape[-1]
+    A2 = _reshape(A, (-1, K))
+    Aq = ops.cast(A2, ms.float16) if A2.dtype == ms.float32 else A2
+    CA, SCA, _ = int8_vectorwise_quant(Aq)
+    out = int8_scaled_mm(CA, CB, SCA, SCB, bias=bias, dtype=A.dtype)
+    return _reshape(out, A.shape[:-1] + (N,))
+
+
+def int8_backward(A, CB, SCB, dout, bias):
+    """``autograd._backward`` for a frozen int8 weight: (dA = dout @ dequant(CB) in A's dtype, dbias or None)."""
+    N = CB.shape[0]
+    d = ops.reshape(ops.cast(dout, ms.float32), (-1, N))
+    W = _dequant_int8_weight(CB, SCB)
+    gA = ops.cast(ops.reshape(ops.matmul(d, W), A.shape), A.dtype)
+    if bias is None:
+        return gA, None
+    return gA, ops.cast(ops.reshape(ops.reduce_sum(d, 0), bias.shape), bias.dtype)
+
+
+@constexpr
+def _inv127():
+    return float(np.float32(1.0 / 127.0))
+
+
+def _dequant_int8_weight(CB, SCB):
+    """``autograd._dequant_weight``: CB * (SCB / 127) in float32 ([N, K])."""
+    return ops.mul(ops.cast(CB, ms.float32), ops.mul(ops.reshape(SCB, (-1, 1)), _inv127()))
+
+
+def fp_forward(A, CB, SCB, bias):
+    """``autograd._fp_forward`` (MatMul8bitFp, upstream's CPU training path): A @ dequant(CB).T (+ bias) in float32,
+    returned in A's dtype."""
+    N = CB.shape[0]
+    K = A.shape[-1]
+    a = ops.reshape(ops.cast(A, ms.float32), (-1, K))
+    out = ops.matmul(a, ops.transpose(_dequant_int8_weight(CB, SCB), (1, 0)))
+    if bias is not None:
+        out = ops.add(out, ops.reshape(ops.cast(bias, ms.float32), (1, -1)))
+    return ops.cast(ops.reshape(out, A.shape[:-1] + (N,)), A.dtype)
+
+
+def matmul(A, B, state=None, threshold=0.0, bias=None):
+    """``bnb.matmul``'s forward: as upstream, ``state.is_training`` (True for a fresh MatmulLtState) selects
+    MatMul8bitFp (:func:`fp_forward`), otherwise MatMul8bitLt (:func:`int8_forward`, no outlier columns). B int8
+    with ``state.CB``/``state.SCB``, or float (quantized row-wise here, after a cast to float16 for float32, as
+    ``autograd._quantize_weight``; the state is not written)."""
+    _check_dtype(A.dtype, _FLOAT, "matmul", "A")
+    if state is not None and state.CB is not None and state.SCB is not None:
+        CB, SCB = state.CB, state.SCB
+    else:
+        Bq = ops.cast(B, ms.float16) if B.dtype == ms.float32 else B
+        CB, SCB, _ = int8_vectorwise_quant(Bq)
+    if state is None or state.is_training:
+        return fp_forward(A, CB, SCB, bias)
+    return int8_forward(A, CB, SCB, bias, threshold)
+
+
+# ---- weight-only int8/int4 (W8A16 / W4A16) ----
+@constexpr
+def _check_weight_only(bits, q_dtype, q_shape, scale_shape, K, fn):
+    if isinstance(bits, bool) or bits not in (8, 4):
+        raise ValueError(f"{fn}: `bits` must be 8 or 4; got {bits!r}")
+    want = ms.int8 if bits == 8 else ms.uint8
+    if q_dtype != want:
+        raise ValueError(f"{fn}: `q` must have dtype {dtype_name(want)}; got {dtype_name(q_dtype)}")
+    N = int(math.prod(scale_shape))
+    width = K if bits == 8 else (K + 1) // 2
+    if len(q_shape) != 2 or tuple(q_shape) != (N, width):
+        raise ValueError(f"{fn}: `q` must have shape [{N}, {width}] for {N} output channels, K={K}, bits={bits}; "
+                         f"got {tuple(q_shape)}")
+    if N * K == 0:
+        raise NotImplementedError(f"{fn}: empty weights are not supported under mindspore.jit / GRAPH_MODE")
+    return N
+
+
+@constexpr
+def _wo_bits(bits, fn):
+    if isinstance(bits, bool) or bits not in (8, 4):
+        raise ValueError(f"{fn}: `bits` must be 8 or 4; got {bits!r}")
+    return bits
+
+
+def quantize_weight_only(W, bits=8):
+    fn = "quantize_weight_only"
+    _check_dtype(W.dtype, _FLOAT, fn, "W")
+    _check_2d(W.shape, fn)
+    return _prim(_entry(f"cquantize_weight_only_int{_wo_bits(bits, fn)}", W.dtype), ())(W)
+
+
+@constexpr
+def _check_2d(shape, fn):
+    if len(shape) != 2:
+        raise ValueError(f"{fn}: `W` must be 2-D [out_features, in_features]; got shape {tuple(shape)}")
+    if int(math.prod(shape)) == 0:
+        raise NotImplementedError(f"{fn}: empty weights are not supported under mindspore.jit / GRAPH_MODE")
+
+
+@constexpr
+def _wo_k(in_features, q_shape, bits):
+    return int(in_features) if in_features is not None else int(q_shape[-1]) * (1 if bits == 8 else 2)
+
+
+def _scale_f32(scale):
+    s = ops.reshape(scale, (-1,)) if scale.dtype == ms.float32 else ops.cast(_reshape(scale, (-1,)), ms.float32)
+    return s
+
+
+def dequantize_weight_only(q, scale, in_features=None, bits=8, dtype=ms.float32, out=None):
+    fn = "dequantize_weight_only"
+    _no_output_arg(fn, "out", out is not None)
+    _check_dtype(dtype, _FLOAT, fn, "dtype")
+    K = _wo_k(in_features, q.shape, bits)
+    _check_weight_only(bits, q.dtype, q.shape, scale.shape, K, fn)
+    return _prim(_entry(f"cdequantize_weight_only_int{bits}", dtype), (K,))(q, _scale_f32(scale), K)
+
+
+@constexpr
+def _wo_gemm_plan(a_shape, in_features, bias_shape, N, fn):
+    if len(a_shape) == 0:
+        raise ValueError(f"{fn}: `A` must have at least one dimension")
+    K = int(a_shape[-1])
+    if in_features is not None and K != int(in_features):
+        raise ValueError(f"{fn}: `A` must have last dimension in_features = {int(in_features)}; got shape "
+                         f"{tuple(a_shape)}")
+    if bias_shape is not None and int(math.prod(bias_shape)) != N:
+        raise ValueError(f"{fn}: `bias` must have {N} elements; got {int(math.prod(bias_shape))}")
+    rows = int(math.prod(a_shape[:-1]))
+    if rows == 0:
+        raise NotImplementedError(f"{fn}: empty inputs are not supported under mindspore.jit / GRAPH_MODE")
+    return rows <= _F.WEIGHT_ONLY_NATIVE_MAX_ROWS, rows
+
+
+def gemm_weight_only(A, q, scale, bits=8, bias=None, out=None, in_features=None):
+    """``functional.gemm_weight_only``: the native kernel up to ``WEIGHT_ONLY_NATIVE_MAX_ROWS`` rows, else the fp32
+    weight and MindSpore's matmul (the same ops as PyNative)."""
+    fn = "gemm_weight_only"
+    _no_output_arg(fn, "out", out is not None)
+    _check_dtype(A.dtype, _FLOAT, fn, "A")
+    K = A.shape[-1]
+    N = _check_weight_only(_wo_bits(bits, fn), q.dtype, q.shape, scale.shape, K, fn)
+    s = _scale_f32(scale)
+    if bias is None:
+        native, rows = _wo_gemm_plan(A.shape, in_features, None, N, fn)
+    else:
+        native, rows = _wo_gemm_plan(A.shape, in_features, bias.shape, N, fn)
+    if native:
+        res = _prim(_entry(f"cgemm_weight_only_int{bits}", A.dtype), ())(A, q, s)
+        if bias is not None:
+            res = ops.cast(ops.add(ops.cast(res, ms.float32), ops.cast(_reshape(bias, (-1,)), ms.float32)), A.dtype)
+        return res
+    W = _prim(f"cdequantize_weight_only_int{bits}_fp32", (K,))(q, s, K)
+    res = ops.matmul(ops.cast(_reshape(A, (rows, K)), ms.float32), ops.transpose(W, (1, 0)))
+    if bias is not None:
+        res = ops.add(res, ops.cast(_reshape(bias, (-1,)), ms.float32))
+    return ops.cast(ops.reshape(res, A.shape[:-1] + (N,)), A.dtype)
