@@ -751,3 +751,41 @@ def gemm_weight_only(A, q, scale, bits=8, bias=None, out=None, in_features=None)
     if bias is not None:
         res = ops.add(res, ops.cast(_reshape(bias, (-1,)), ms.float32))
     return ops.cast(ops.reshape(res, A.shape[:-1] + (N,)), A.dtype)
+
+
+# ---- full-precision linear (lm_head) ----
+@constexpr
+def _gemm_fp_plan(a_shape, a_dtype, w_shape, w_dtype, bias_shape, fn):
+    if w_dtype != a_dtype:
+        raise ValueError(f"{fn}: `W` must have A's dtype {dtype_name(a_dtype)}; got {dtype_name(w_dtype)}")
+    if len(a_shape) == 0:
+        raise ValueError(f"{fn}: `A` must have at least one dimension")
+    if len(w_shape) != 2 or int(w_shape[1]) != int(a_shape[-1]):
+        raise ValueError(f"{fn}: `W` must have shape [N, {int(a_shape[-1])}] (A.shape[-1] = K); got {tuple(w_shape)}")
+    N = int(w_shape[0])
+    if bias_shape is not None and int(math.prod(bias_shape)) != N:
+        raise ValueError(f"{fn}: `bias` must have W.shape[0] = {N} elements; got {int(math.prod(bias_shape))}")
+    rows = int(math.prod(a_shape[:-1]))
+    if rows * N == 0:
+        raise NotImplementedError(f"{fn}: empty inputs are not supported under mindspore.jit / GRAPH_MODE")
+    return _F.gemm_fp_uses_native(rows, a_dtype) or int(a_shape[-1]) == 0, rows, N
+
+
+def gemm_fp(A, W, bias=None, out=None):
+    """``functional.gemm_fp``: the native kernel, or MindSpore's ``MatMul(transpose_b=True)`` for more fp32 rows."""
+    fn = "gemm_fp"
+    _no_output_arg(fn, "out", out is not None)
+    _check_dtype(A.dtype, _FLOAT, fn, "A")
+    if bias is None:
+        native, rows, N = _gemm_fp_plan(A.shape, A.dtype, W.shape, W.dtype, None, fn)
+        b = None
+    else:
+        _check_dtype(bias.dtype, _FLOAT, fn, "bias")
+        native, rows, N = _gemm_fp_plan(A.shape, A.dtype, W.shape, W.dtype, bias.shape, fn)
+        b = _reshape(bias, (N,))
+    if native:
+        return _prim(_entry("cgemm_fp", A.dtype), ())(A, W, b)
+    res = _MATMUL_NT(ops.reshape(A, (rows, A.shape[-1])), W)
+    if b is not None:
+        res = ops.add(res, ops.cast(b, res.dtype))
+    return ops.reshape(res, A.shape[:-1] + (N,))

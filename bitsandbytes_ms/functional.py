@@ -2075,6 +2075,8 @@ def gemm_fp(A: Tensor, W: Tensor, bias: Optional[Tensor] = None, out: Optional[T
     Raises:
         ValueError / TypeError: wrong dtypes or shapes (the message names the argument).
     """
+    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
+        return _graph.gemm_fp(A, W, bias, out)
     fn = "gemm_fp"
     _check_gemm_fp(A, W, bias, fn)
     K, N = int(A.shape[-1]), int(W.shape[0])

@@ -107,7 +107,7 @@ def test_fourbit_jit_equals_pynative(dtype, quant_type):
 
     def mm(a, W):
         q, s = F.quantize_4bit(W, quant_type=quant_type)
-        return bnb.matmul_4bit(a, q, s)
+        return bnb.matmul_4bit(a, q, s), bnb.autograd._functions.MatMul4Bit.apply(a, q, quant_state=s)
 
     _check_jit(quant, W)
     _check_jit(roundtrip, W)
@@ -148,7 +148,11 @@ def test_int8_jit_equals_pynative(dtype):
     def mm_lt(A, bias):  # MatMul8bitLt (int8 GEMM) on the captured state
         return bnb.matmul(A, state.CB, state=state, bias=bias)
 
+    def fp(A, A1, W, bias):
+        return F.gemm_fp(A, W, bias), F.gemm_fp(A1, W)
+
     _check_jit(ops8, A, W, bias)
+    _check_jit(fp, A, _x((64,), dtype), W, bias)
     _check_jit(double, A)
     _check_jit(mm, A, W, bias)
     _check_jit(mm_lt, A, bias)

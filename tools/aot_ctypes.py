@@ -1,5 +1,5 @@
 """Calling the native libraries' entry points through ctypes with MindSpore's AOT convention, without
-MindSpore or torch (numpy only; torch tensors are accepted too, duck-typed, so tools/gpu_check.py uses
+MindSpore or torch (numpy only; torch tensors are accepted too, duck-typed, so the CUDA checks in tools/gpu/ use
 this class as well).
 
 Every entry point is ``int f(int nparam, void **params, int *ndims, int64_t **shapes, const char

@@ -99,6 +99,8 @@ class MatMul4Bit(_msnn.Cell):
 
     @staticmethod
     def apply(A, B, out=None, bias=None, quant_state=None):
+        if _graph.compiling(A):  # in a graph: the forward (a Cell cannot be made there; nn.Linear4bitCell trains)
+            return _graph.forward_4bit(A, B, quant_state, bias)
         cell = MatMul4Bit(B, quant_state, bias is not None)
         res = cell(A, bias if bias is not None else _Tensor(0.0, _ms.float32))
         return _F._write(out, res)

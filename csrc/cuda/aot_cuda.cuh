@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 
 #include "aot.h"
 
@@ -102,6 +103,33 @@ inline int sm_count() {
   if (cudaGetDevice(&dev) != cudaSuccess) return 1;
   if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) return 1;
   return n;
+}
+
+// Per kernel and device, once: raises the kernel's dynamic shared-memory limit to `smem` (above the default
+// 48 KiB where needed) and returns how many `threads`-thread blocks fit on a multiprocessor.
+template <class K>
+int blocks_per_sm_with_smem(K kernel, int threads, size_t smem, int *blocks_per_sm) {
+  struct Entry { const void *fn; int dev; int occ; };
+  static std::mutex mu;
+  static Entry cache[256];
+  static int used = 0;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return E_DEVICE;
+  std::lock_guard<std::mutex> lock(mu);
+  for (int i = 0; i < used; ++i)
+    if (cache[i].fn == (const void *)kernel && cache[i].dev == dev) {
+      *blocks_per_sm = cache[i].occ;
+      return OK;
+    }
+  int o = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kernel, threads, smem) != cudaSuccess || o <= 0) {
+    (void)cudaGetLastError();
+    return E_DEVICE;
+  }
+  if (used < 256) cache[used++] = {(const void *)kernel, dev, o};
+  *blocks_per_sm = o;
+  return OK;
 }
 
 inline bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }

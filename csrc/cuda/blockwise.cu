@@ -12,7 +12,8 @@
 //   * a team of lanes (4..32 lanes of a warp, or the whole 512-thread block for blocksizes of
 //     2048+ elements) owns one quantization block: 16-byte vector loads kept in registers, absmax by
 //     warp shuffles (+ shared memory across warps), then indices from the table, written as 4/8
-//     byte vectors.  The grid is persistent (blocks = SMs x occupancy), so the table is built a few
+//     byte vectors.  Small blocks are served G at a time per team, all G loads issued before the first
+//     use (enough bytes in flight per warp to cover the memory latency).  The grid is persistent (blocks = SMs x occupancy), so the table is built a few
 //     hundred times per call, not once per quantization block.
 //   * other blocksizes (not a power of two, or misaligned pointers) take a scalar path with one warp
 //     per quantization block (correct for any blocksize > 0, not tuned).
@@ -28,108 +29,19 @@
 
 #include "checks/blockwise.h"
 #include "cuda/aot_cuda.cuh"
+#include "cuda/code_lut.cuh"
+#include "cuda/vec_io.cuh"
 
 namespace bnb_ms {
 namespace cuda {
 namespace {
 
-constexpr int kCode = 256;
-constexpr int kLut = 65536;
 constexpr int kThreads = 512;  // quantize block size (the table is built with all of them)
 constexpr int kWarps = kThreads / 32;
 
-// ---- the table ----------------------------------------------------------------------------------
-__device__ __forceinline__ float grid_value(int i) {  // -1 + (2i)/65535, as the CPU computes it
-  return __fadd_rn(-1.0f, __fdiv_rn(2.0f * (float)i, (float)(kLut - 1)));
-}
+// ---- the table: cuda/code_lut.cuh (grid_index, build_lut) ---------------------------------------
 
-__device__ __forceinline__ uint32_t grid_index(float v) {
-  v = fminf(1.0f, fmaxf(-1.0f, v));  // NaN -> -1, as std::min(1, std::max(-1, v))
-  const float t = __fmul_rn(__fadd_rn(v, 1.0f), 0.5f);
-  return __float2uint_rz(__fmaf_rn(t, (float)(kLut - 1), 0.5f));
-}
-
-// Builds lut[65536] in shared memory.  Needs blockDim.x >= 256 and a __syncthreads() after.
-__device__ void build_lut(const float *__restrict__ code, uint8_t *lut) {
-  __shared__ float pm[kCode];
-  __shared__ int thr[kCode];
-  const int t = threadIdx.x;
-  if (t < kCode - 1) {
-    float m = __fmul_rn(0.5f, __fadd_rn(code[t], code[t + 1]));
-    pm[t] = (m != m) ? __int_as_float(0x7f800000) : m;
-  } else if (t == kCode - 1) {
-    pm[t] = __int_as_float(0x7f800000);  // sentinel
-  }
-  __syncthreads();
-  for (int off = 1; off < kCode; off <<= 1) {  // inclusive running max (Hillis-Steele)
-    float v = 0.0f;
-    if (t < kCode) v = (t >= off) ? fmaxf(pm[t], pm[t - off]) : pm[t];
-    __syncthreads();
-    if (t < kCode) pm[t] = v;
-    __syncthreads();
-  }
-  if (t < kCode - 1) {  // T[c] = first i with v(i) > pm[c]
-    const float p = pm[t];
-    int lo = 0, hi = kLut;
-    while (lo < hi) {
-      const int mid = (lo + hi) >> 1;
-      if (grid_value(mid) > p) hi = mid; else lo = mid + 1;
-    }
-    thr[t] = lo;
-  } else if (t == kCode - 1) {
-    thr[t] = kLut + 1;  // never counted
-  }
-  __syncthreads();
-  uint32_t *lut32 = reinterpret_cast<uint32_t *>(lut);
-  for (int w = t; w < kLut / 4; w += blockDim.x) {
-    const int i0 = 4 * w;
-    int lo = 0, hi = kCode - 1;  // count of T[c] <= i0, c in [0, 255)
-    while (lo < hi) {
-      const int mid = (lo + hi) >> 1;
-      if (thr[mid] <= i0) lo = mid + 1; else hi = mid;
-    }
-    int c = lo;
-    uint32_t word = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      while (c < kCode - 1 && thr[c] <= i0 + k) ++c;
-      word |= (uint32_t)c << (8 * k);
-    }
-    lut32[w] = word;
-  }
-}
-
-// ---- vector I/O ---------------------------------------------------------------------------------
-template <class T> struct Vec;  // 16 bytes of T
-template <> struct Vec<float> {
-  static constexpr int N = 4;
-  using Out = uint32_t;  // 4 codes
-};
-template <> struct Vec<__half> {
-  static constexpr int N = 8;
-  using Out = uint2;  // 8 codes
-};
-template <> struct Vec<__nv_bfloat16> {
-  static constexpr int N = 8;
-  using Out = uint2;
-};
-
-// Elements stay in registers as raw 16-byte vectors (half the registers of floats for fp16/bf16)
-// and are widened when used.
-template <class T>
-__device__ __forceinline__ float elem(const uint4 &raw, int e) {
-  if constexpr (Vec<T>::N == 4) {
-    return __uint_as_float(e == 0 ? raw.x : e == 1 ? raw.y : e == 2 ? raw.z : raw.w);
-  } else {
-    const uint32_t word = (e >> 1) == 0 ? raw.x : (e >> 1) == 1 ? raw.y : (e >> 1) == 2 ? raw.z : raw.w;
-    const unsigned short bits = (unsigned short)((e & 1) ? (word >> 16) : (word & 0xffffu));
-    if constexpr (sizeof(T) == 2 && Vec<T>::N == 8 && std::is_same<T, __half>::value)
-      return __half2float(__ushort_as_half(bits));
-    else
-      return __uint_as_float((uint32_t)bits << 16);
-  }
-}
-
+// ---- vector I/O: cuda/vec_io.cuh (Vec, elem, load_vec) -----------------------------------------
 template <class T>
 __device__ __forceinline__ void store_codes(uint8_t *p, const uint8_t (&c)[Vec<T>::N]) {
   if constexpr (Vec<T>::N == 4) {
@@ -150,78 +62,96 @@ __device__ __forceinline__ uint8_t quant_one(const uint8_t *lut, float x, QuantS
 // ---- quantize: fast path ------------------------------------------------------------------------
 // TEAM lanes (power of two <= 32) or TEAM == 0 (the whole block) own one quantization block of
 // bs = TEAM_SIZE * ITEMS * VEC elements.
-template <class T, int TEAM, int ITEMS>
-__global__ void __launch_bounds__(kThreads)
+template <class T, int TEAM, int ITEMS, int G>
+__global__ void __launch_bounds__(kThreads, TEAM == 0 && G > 1 ? 2 : 1)  // 2 blocks/SM (measured: no faster than 1)
 quantize_fast(const float *__restrict__ code, const T *__restrict__ A, float *__restrict__ absmax,
               uint8_t *__restrict__ out, int64_t bs, int64_t n, int64_t nblocks) {
   extern __shared__ __align__(16) uint8_t lut[];
-  __shared__ float red[kWarps];
+  __shared__ float red[G][kWarps];
   constexpr int V = Vec<T>::N;
   constexpr int TS = TEAM == 0 ? kThreads : TEAM;
   build_lut(code, lut);
   __syncthreads();
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int PER_WARP = TEAM == 0 ? 1 : 32 / (TEAM == 0 ? 1 : TEAM);
   int64_t first, stride;
-  if constexpr (TEAM == 0) {
-    first = blockIdx.x;
-    stride = gridDim.x;
+  if constexpr (TEAM == 0) {  // G consecutive quantization blocks per step
+    first = (int64_t)blockIdx.x * G;
+    stride = (int64_t)gridDim.x * G;
   } else {
-    constexpr int per_warp = 32 / TEAM;
-    first = ((int64_t)blockIdx.x * kWarps + warp) * per_warp;
-    stride = (int64_t)gridDim.x * kWarps * per_warp;
+    first = ((int64_t)blockIdx.x * kWarps + warp) * PER_WARP * G;
+    stride = (int64_t)gridDim.x * kWarps * PER_WARP * G;
   }
   const int t = TEAM == 0 ? threadIdx.x : (lane & (TS - 1));
   const int sub = TEAM == 0 ? 0 : lane / TS;
 
   for (int64_t b0 = first; b0 < nblocks; b0 += stride) {  // uniform per warp (per block if TEAM==0)
-    const int64_t b = b0 + sub;
-    const bool valid = b < nblocks;
-    const int64_t base = b * bs;
-    uint4 x[ITEMS];
-    float amax = 0.0f;
+    // all G x ITEMS loads of the step in flight before the first use
+    uint4 x[G][ITEMS];
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t off = base + (int64_t)(t + k * TS) * V;
-      if (valid && off + V <= n) {
-        x[k] = __ldg(reinterpret_cast<const uint4 *>(A + off));
-      } else {  // the last, partial vector: missing elements read as 0 (no effect on absmax)
-        T h[V];
+    for (int g = 0; g < G; ++g) {
+      const int64_t b = b0 + g * PER_WARP + sub;
 #pragma unroll
-        for (int e = 0; e < V; ++e) h[e] = (valid && off + e < n) ? A[off + e] : from_float<T>(0.0f);
-        memcpy(&x[k], h, sizeof(x[k]));
-      }
+      for (int k = 0; k < ITEMS; ++k) x[g][k] = load_vec<T>(A, b * bs + (int64_t)(t + k * TS) * V, n, b < nblocks);
+    }
+    // absmax of each of the G blocks (a whole-block team: one barrier pair for all G)
+    float amx[G];
 #pragma unroll
-      for (int e = 0; e < V; ++e) amax = fmaxf(amax, fabsf(elem<T>(x[k], e)));  // NaN ignored, as on the CPU
+    for (int g = 0; g < G; ++g) {
+      float amax = 0.0f;
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+        for (int e = 0; e < V; ++e) amax = fmaxf(amax, fabsf(elem<T>(x[g][k], e)));  // NaN ignored, as on the CPU
+#pragma unroll
+      for (int o = (TEAM == 0 ? 16 : TS / 2); o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      amx[g] = amax;
     }
     if constexpr (TEAM == 0) {
+      if (lane == 0) {
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      if (lane == 0) red[warp] = amax;
+        for (int g = 0; g < G; ++g) red[g][warp] = amx[g];
+      }
       __syncthreads();
-      amax = red[0];
 #pragma unroll
-      for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, red[w]);
-      __syncthreads();  // red is reused by the next iteration
-    } else {
+      for (int g = 0; g < G; ++g) {
+        float a = red[g][0];
 #pragma unroll
-      for (int o = TS / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        for (int w = 1; w < kWarps; ++w) a = fmaxf(a, red[g][w]);
+        amx[g] = a;
+      }
+      __syncthreads();  // red is reused by the next step
     }
-    if (!valid) continue;
-    if (t == 0) absmax[b] = amax;
-    const QuantScale inv = amax == 0.0f ? QuantScale{1.0f, 0.0f} : quant_block_scale(amax);
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t off = base + (int64_t)(t + k * TS) * V;
-      uint8_t c[V];
+    for (int g = 0; g < G; ++g) {
+      const int64_t b = b0 + g * PER_WARP + sub;
+      const bool valid = b < nblocks;
+      const int64_t base = b * bs;
+      const float amax = amx[g];
+      if (!valid) continue;
+      if (t == 0) absmax[b] = amax;
+      const QuantScale inv = amax == 0.0f ? QuantScale{1.0f, 0.0f} : quant_block_scale(amax);
+      // uniform per team: an all-zero block codes 0; the 2^64 pre-scale only where 1/absmax overflows
+      const int how = amax == 0.0f ? 0 : (inv.pre == 1.0f ? 1 : 2);
 #pragma unroll
-      for (int e = 0; e < V; ++e) c[e] = amax == 0.0f ? (uint8_t)0 : quant_one(lut, elem<T>(x[k], e), inv);
-      if (off + V <= n) {
-        store_codes<T>(out + off, c);
-      } else {
+      for (int k = 0; k < ITEMS; ++k) {
+        const int64_t off = base + (int64_t)(t + k * TS) * V;
+        uint8_t c[V];
+        if (how == 1) {
 #pragma unroll
-        for (int e = 0; e < V; ++e)
-          if (off + e < n) out[off + e] = c[e];
+          for (int e = 0; e < V; ++e) c[e] = lut[grid_index(__fmul_rn(elem<T>(x[g][k], e), inv.inv))];
+        } else {
+#pragma unroll
+          for (int e = 0; e < V; ++e) c[e] = how == 0 ? (uint8_t)0 : quant_one(lut, elem<T>(x[g][k], e), inv);
+        }
+        if (off + V <= n) {
+          store_codes<T>(out + off, c);
+        } else {
+#pragma unroll
+          for (int e = 0; e < V; ++e)
+            if (off + e < n) out[off + e] = c[e];
+        }
       }
     }
   }
@@ -323,37 +253,11 @@ dequantize_generic(const float *__restrict__ code, const uint8_t *__restrict__ A
 // ---- launch -------------------------------------------------------------------------------------
 constexpr size_t kLutSmem = kLut;
 
-// Per kernel and device: raise the dynamic shared memory limit once, and remember the occupancy.
-template <class K>
-int prepare(K kernel, int *blocks_per_sm) {
-  struct Entry { const void *fn; int dev; int occ; };
-  static std::mutex mu;
-  static Entry cache[256];
-  static int used = 0;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return E_DEVICE;
-  std::lock_guard<std::mutex> lock(mu);
-  for (int i = 0; i < used; ++i)
-    if (cache[i].fn == (const void *)kernel && cache[i].dev == dev) {
-      *blocks_per_sm = cache[i].occ;
-      return OK;
-    }
-  int o = 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kLutSmem) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kernel, kThreads, kLutSmem) != cudaSuccess || o <= 0) {
-    (void)cudaGetLastError();
-    return E_DEVICE;
-  }
-  if (used < 256) cache[used++] = {(const void *)kernel, dev, o};
-  *blocks_per_sm = o;
-  return OK;
-}
-
 template <class T, class K>
 int launch_quantize(K kernel, int64_t units, int64_t units_per_block, cudaStream_t st, const float *code,
                     const T *A, float *absmax, uint8_t *out, int64_t bs, int64_t n, int64_t nblocks) {
   int per_sm = 0;
-  if (int s = prepare(kernel, &per_sm)) return s;
+  if (int s = blocks_per_sm_with_smem(kernel, kThreads, kLutSmem, &per_sm)) return s;
   const int64_t want = (units + units_per_block - 1) / units_per_block;
   const int64_t cap = (int64_t)sm_count() * per_sm;
   const int grid = (int)(want < cap ? want : cap);
@@ -370,20 +274,20 @@ int quantize_blockwise(cudaStream_t st, const float *code, const T *A, float *ab
   const int64_t nvec = bs / V;
   if (pow2 && bs >= V && nvec <= kThreads * 8 && aligned16(A) && (reinterpret_cast<uintptr_t>(out) % V) == 0) {
     // team size x items per lane = nvec
-#define BNB_Q(TEAM, ITEMS, PER_BLOCK) \
-  return launch_quantize<T>(quantize_fast<T, TEAM, ITEMS>, nblocks, PER_BLOCK, st, code, A, absmax, out, bs, n, nblocks)
+#define BNB_Q(TEAM, ITEMS, G, PER_BLOCK) \
+  return launch_quantize<T>(quantize_fast<T, TEAM, ITEMS, G>, nblocks, PER_BLOCK, st, code, A, absmax, out, bs, n, nblocks)
     switch (nvec) {
-      case 4: BNB_Q(4, 1, kWarps * 8);
-      case 8: BNB_Q(8, 1, kWarps * 4);
-      case 16: BNB_Q(16, 1, kWarps * 2);
-      case 32: BNB_Q(32, 1, kWarps);
-      case 64: BNB_Q(32, 2, kWarps);
-      case 128: BNB_Q(32, 4, kWarps);
-      case 256: BNB_Q(32, 8, kWarps);
-      case 512: BNB_Q(0, 1, 1);
-      case 1024: BNB_Q(0, 2, 1);
-      case 2048: BNB_Q(0, 4, 1);
-      case 4096: BNB_Q(0, 8, 1);
+      case 4: BNB_Q(4, 1, 4, kWarps * 8 * 4);
+      case 8: BNB_Q(8, 1, 4, kWarps * 4 * 4);
+      case 16: BNB_Q(16, 1, 4, kWarps * 2 * 4);
+      case 32: BNB_Q(32, 1, 4, kWarps * 4);
+      case 64: BNB_Q(32, 2, 2, kWarps * 2);
+      case 128: BNB_Q(32, 4, 1, kWarps);
+      case 256: BNB_Q(32, 8, 1, kWarps);
+      case 512: BNB_Q(0, 1, 4, 4);
+      case 1024: BNB_Q(0, 2, 2, 2);
+      case 2048: BNB_Q(0, 4, 1, 1);
+      case 4096: BNB_Q(0, 8, 1, 1);
       default: break;
     }
 #undef BNB_Q

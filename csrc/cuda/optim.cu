@@ -20,9 +20,13 @@
 // buffers; the declared output is an int32[1] status, set to 0 on the stream.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "checks/optim.h"
 #include "cuda/aot_cuda.cuh"
+#include "cuda/code_lut.cuh"
+#include "cuda/vec_io.cuh"
 #include "optim_rule.h"
 
 namespace bnb_ms {
@@ -31,7 +35,7 @@ namespace {
 
 constexpr int64_t kBlock = checks::kOptBlock;
 constexpr int kCodeN = (int)checks::kCodeSize;
-constexpr int kLutN = 65536;
+constexpr int kLutN = kLut;
 
 __device__ __forceinline__ void warp_add_double(double v, double *dst) {
 #pragma unroll
@@ -139,17 +143,7 @@ int update32(cudaStream_t st, const Hyper &h, const T *g, T *p, float *s1, float
   return launch_status();
 }
 
-// ---- 8-bit blockwise state ----------------------------------------------------------------------
-__device__ __forceinline__ float grid_value(int i) {  // -1 + (2i)/65535, as the CPU computes it
-  return __fadd_rn(-1.0f, __fdiv_rn(2.0f * (float)i, (float)(kLutN - 1)));
-}
-
-__device__ __forceinline__ uint32_t grid_index(float v) {
-  v = fminf(1.0f, fmaxf(-1.0f, v));  // NaN -> -1, as std::min(1, std::max(-1, v))
-  const float t = __fmul_rn(__fadd_rn(v, 1.0f), 0.5f);
-  return __float2uint_rz(__fmaf_rn(t, (float)(kLutN - 1), 0.5f));
-}
-
+// ---- 8-bit blockwise state: generic kernel (any alignment) -----------------------------------------
 // thr[c] (c < 255) = first grid bin i with v(i) > max(mid[0..c]) (NaN mid = +inf); the CPU table's
 // entry for bin i is #{c : thr[c] <= i}.  blockDim.x == 256; ends with __syncthreads().
 __device__ void build_thresholds(const float *__restrict__ code, float *pm, int *thr) {
@@ -254,11 +248,200 @@ opt8(OptConsts k, const T *__restrict__ g, T *__restrict__ p, uint8_t *__restric
   }
 }
 
+// ---- 8-bit blockwise state: fast kernel -----------------------------------------------------------
+// One warp per 256-element quantization block, 8 consecutive elements per lane (16-byte loads and stores
+// of g and p, 8-byte ones of the state codes), the absmax by warp shuffles (no block barrier), and the
+// requantization through the 64 KiB grid->code table of each state's code (cuda/code_lut.cuh, built once
+// per thread block of the persistent grid): one shared-memory lookup per value instead of an 8-step binary
+// search over the thresholds.  Same operations per element as opt8, so the same bytes.
+constexpr int kOpt8Threads = 512;
+constexpr int kOpt8Warps = kOpt8Threads / 32;
+
+template <class T>
+__device__ __forceinline__ void load8(const T *__restrict__ src, int64_t i0, int64_t n, uint32_t (&raw)[8]) {
+  // raw bits of src[i0 .. i0 + 8) (0 past n)
+  if (i0 + 8 <= n) {
+    if constexpr (sizeof(T) == 4) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4 *>(src + i0)), b = __ldg(reinterpret_cast<const uint4 *>(src + i0) + 1);
+      raw[0] = a.x; raw[1] = a.y; raw[2] = a.z; raw[3] = a.w; raw[4] = b.x; raw[5] = b.y; raw[6] = b.z; raw[7] = b.w;
+    } else {
+      const uint4 a = __ldg(reinterpret_cast<const uint4 *>(src + i0));
+      const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) raw[e] = (w[e >> 1] >> (16 * (e & 1))) & 0xffffu;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      raw[e] = 0;
+      if (i0 + e < n) {
+        if constexpr (sizeof(T) == 4) raw[e] = __float_as_uint(__ldg(reinterpret_cast<const float *>(src) + i0 + e));
+        else raw[e] = __ldg(reinterpret_cast<const unsigned short *>(src) + i0 + e);
+      }
+    }
+  }
+}
+
+template <class T>
+__device__ __forceinline__ float raw_to_float(uint32_t r) {
+  if constexpr (sizeof(T) == 4) return __uint_as_float(r);
+  else if constexpr (std::is_same<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)r));
+  else return __uint_as_float(r << 16);
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t float_to_raw(float v) {
+  if constexpr (sizeof(T) == 4) {
+    return __float_as_uint(v);
+  } else {
+    const T h = from_float<T>(v);
+    unsigned short u;
+    memcpy(&u, &h, 2);
+    return u;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void store8(T *__restrict__ dst, int64_t i0, int64_t n, const uint32_t (&raw)[8]) {
+  if (i0 + 8 <= n) {
+    if constexpr (sizeof(T) == 4) {
+      reinterpret_cast<uint4 *>(dst + i0)[0] = make_uint4(raw[0], raw[1], raw[2], raw[3]);
+      reinterpret_cast<uint4 *>(dst + i0)[1] = make_uint4(raw[4], raw[5], raw[6], raw[7]);
+    } else {
+      *reinterpret_cast<uint4 *>(dst + i0) = make_uint4(raw[0] | (raw[1] << 16), raw[2] | (raw[3] << 16),
+                                                        raw[4] | (raw[5] << 16), raw[6] | (raw[7] << 16));
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      if (i0 + e < n) {
+        if constexpr (sizeof(T) == 4) reinterpret_cast<uint32_t *>(dst)[i0 + e] = raw[e];
+        else reinterpret_cast<unsigned short *>(dst)[i0 + e] = (unsigned short)raw[e];
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ uint2 load_codes8(const uint8_t *__restrict__ s, int64_t i0, int64_t n) {
+  if (i0 + 8 <= n) return __ldg(reinterpret_cast<const uint2 *>(s + i0));
+  uint32_t w[2] = {0u, 0u};
+  for (int e = 0; e < 8; ++e)
+    if (i0 + e < n) w[e >> 2] |= (uint32_t)s[i0 + e] << (8 * (e & 3));
+  return make_uint2(w[0], w[1]);
+}
+
+__device__ __forceinline__ void store_codes8(uint8_t *__restrict__ s, int64_t i0, int64_t n, const uint32_t (&c)[8]) {
+  const uint2 w = make_uint2(c[0] | (c[1] << 8) | (c[2] << 16) | (c[3] << 24), c[4] | (c[5] << 8) | (c[6] << 16) | (c[7] << 24));
+  if (i0 + 8 <= n) {
+    *reinterpret_cast<uint2 *>(s + i0) = w;
+  } else {
+    for (int e = 0; e < 8; ++e)
+      if (i0 + e < n) s[i0 + e] = (uint8_t)((e < 4 ? w.x : w.y) >> (8 * (e & 3)));
+  }
+}
+
+__device__ __forceinline__ float warp_absmax8(const float (&v)[8]) {  // NaN ignored, as the CPU's std::max
+  float a = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(v[e]));
+#pragma unroll
+  for (int o = 16; o; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  return a;
+}
+
+__device__ __forceinline__ void requant8(const uint8_t *lut, const float (&v)[8], float am, uint32_t (&c)[8]) {
+  const QuantScale k = quant_block_scale(am);
+  if (am != 0.0f && k.pre == 1.0f) {  // uniform per warp; x * 1 == x, so the usual block skips that multiply
+#pragma unroll
+    for (int e = 0; e < 8; ++e) c[e] = lut[grid_index(__fmul_rn(v[e], k.inv))];
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) c[e] = am == 0.0f ? 0u : lut[grid_index(quant_block_scaled(v[e], k))];
+  }
+}
+
+template <class T, Opt O>
+__global__ void __launch_bounds__(kOpt8Threads)
+opt8_warp(OptConsts k, const T *__restrict__ g, T *__restrict__ p, uint8_t *__restrict__ s1, uint8_t *__restrict__ s2,
+          float *__restrict__ a1, float *__restrict__ a2, const float *__restrict__ q1, const float *__restrict__ q2,
+          int64_t n, int64_t nb) {
+  extern __shared__ __align__(16) uint8_t luts[];  // state1's table, then state2's (two-state optimizers)
+  __shared__ float c1[kCodeN], c2[kCodeN];
+  build_lut(q1, luts);
+  __syncthreads();
+  if (two_state(O)) {
+    build_lut(q2, luts + kLut);
+    __syncthreads();
+  }
+  for (int i = threadIdx.x; i < kCodeN; i += blockDim.x) {
+    c1[i] = q1[i];
+    if (two_state(O)) c2[i] = q2[i];
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  for (int64_t b = (int64_t)blockIdx.x * kOpt8Warps + (threadIdx.x >> 5); b < nb; b += (int64_t)gridDim.x * kOpt8Warps) {
+    const int64_t i0 = b * kBlock + 8 * lane;
+    uint32_t graw[8], praw[8];
+    load8<T>(g, i0, n, graw);
+    load8<T>(p, i0, n, praw);
+    const uint2 q1w = load_codes8(s1, i0, n);
+    uint2 qbw = make_uint2(0u, 0u), q2w = make_uint2(0u, 0u);
+    if (O == ADEMAMIX) qbw = load_codes8(s1 + n, i0, n);
+    if (two_state(O)) q2w = load_codes8(s2, i0, n);
+    const float sc1 = a1[b];
+    float scb = 0.0f, sc2 = 0.0f;
+    if (O == ADEMAMIX) scb = a1[nb + b];
+    if (two_state(O)) sc2 = a2[b];
+    float m[8], mb[8], v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      m[e] = mb[e] = v[e] = 0.0f;
+      if (i0 + e < n) {
+        const int sh = 8 * (e & 3);
+        m[e] = __fmul_rn(c1[((e < 4 ? q1w.x : q1w.y) >> sh) & 0xffu], sc1);
+        if (O == ADEMAMIX) mb[e] = __fmul_rn(c1[((e < 4 ? qbw.x : qbw.y) >> sh) & 0xffu], scb);
+        if (two_state(O)) v[e] = __fmul_rn(c2[((e < 4 ? q2w.x : q2w.y) >> sh) & 0xffu], sc2);
+        float pv = raw_to_float<T>(praw[e]);
+        if (update_elem8<O>(k, raw_to_float<T>(graw[e]), pv, m[e], mb[e], v[e])) praw[e] = float_to_raw<T>(pv);
+      }
+    }
+    store8<T>(p, i0, n, praw);
+    uint32_t c[8];
+    const float am1 = warp_absmax8(m);
+    requant8(luts, m, am1, c);
+    store_codes8(s1, i0, n, c);
+    if (lane == 0) a1[b] = am1;
+    if (O == ADEMAMIX) {
+      const float amb = warp_absmax8(mb);
+      requant8(luts, mb, amb, c);
+      store_codes8(s1 + n, i0, n, c);
+      if (lane == 0) a1[nb + b] = amb;
+    }
+    if (two_state(O)) {
+      const float am2 = warp_absmax8(v);
+      requant8(luts + kLut, v, am2, c);
+      store_codes8(s2, i0, n, c);
+      if (lane == 0) a2[b] = am2;
+    }
+  }
+}
+
 template <class T, Opt O>
 int update8(cudaStream_t st, const Hyper &h, const T *g, T *p, uint8_t *s1, uint8_t *s2, float *a1, float *a2,
             const float *q1, const float *q2, int64_t n) {
   const OptConsts k = opt_consts(h);
   const int64_t nb = (n + kBlock - 1) / kBlock;
+  const bool fast = aligned16(g) && aligned16(p) && (reinterpret_cast<uintptr_t>(s1) & 7u) == 0 &&
+                    (!two_state(O) || (reinterpret_cast<uintptr_t>(s2) & 7u) == 0) && (O != ADEMAMIX || n % 8 == 0);
+  if (fast) {
+    const size_t smem = (two_state(O) ? 2 : 1) * (size_t)kLut;
+    int per_sm = 0;
+    if (int s = blocks_per_sm_with_smem(opt8_warp<T, O>, kOpt8Threads, smem, &per_sm)) return s;
+    const int64_t want = (nb + kOpt8Warps - 1) / kOpt8Warps, cap = (int64_t)sm_count() * per_sm;
+    const int grid = (int)(want < cap ? want : cap);
+    opt8_warp<T, O><<<grid, kOpt8Threads, smem, st>>>(k, g, p, s1, s2, a1, a2, q1, q2, n, nb);
+    return launch_status();
+  }
   const int64_t cap = (int64_t)sm_count() * 8;
   const int grid = (int)(nb < cap ? nb : cap);
   opt8<T, O><<<grid, 256, 0, st>>>(k, g, p, s1, s2, a1, a2, q1, q2, n, nb);
