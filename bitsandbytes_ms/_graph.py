@@ -524,7 +524,9 @@ def _linear4_plan(shape, a_shape, a_dtype, bias_shape, bf16_dot, fn):
     if rows == 0 or N == 0:
         raise NotImplementedError(f"{fn}: empty inputs are not supported under mindspore.jit / GRAPH_MODE")
     dot = a_dtype == ms.bfloat16 and _F._use_bf16_dot(bf16_dot, rows, fn)
-    return N, rows, _F._linear4_entry_name(a_dtype, dot)
+    from .backends.native import linear_4bit_name  # the op layer's native backend spells the C names
+
+    return N, rows, linear_4bit_name(a_dtype, dot)
 
 
 def linear_4bit(A, B, quant_state, bias=None, bf16_dot=None):

@@ -21,7 +21,7 @@ It is used only where it gives the same result as the ``ops.Custom`` path and no
     call = Entry("cgemm_4bit_inference_naive_fp32").bind(x, B, absmax, code, 64, N, out)
     call.set(0, x2); call.set(6, out2); call()      # re-point one argument, run again
 
-Arguments are given in the op table's order (inputs, then outputs; :mod:`bitsandbytes_ms._ops`):
+Arguments are given in the op table's order (inputs, then outputs; :mod:`bitsandbytes_ms._native_table`):
 numpy arrays, ``None`` (a null pointer with dtype "none") or Python scalars (0-d arrays: int ->
 int64, float -> float32, bool -> bool, as MindSpore passes them). A nonzero status raises
 ``RuntimeError`` naming the entry point (Python validates arguments before, as for ops.Custom).
@@ -42,7 +42,7 @@ from mindspore import Tensor
 from mindspore import context as _ms_context
 from mindspore.common.api import _pynative_executor
 
-from . import _ms_threads, _ops, cextension
+from . import _ms_threads, _native_table, cextension
 
 _ARGTYPES = [ct.c_int, ct.POINTER(ct.c_void_p), ct.POINTER(ct.c_int), ct.POINTER(ct.POINTER(ct.c_int64)),
              ct.POINTER(ct.c_char_p), ct.c_void_p, ct.c_void_p]
@@ -112,6 +112,28 @@ class DeviceView:
             self.array = np.frombuffer(buf, dtype=dtype, count=n).reshape(shape)
             self.ref, self.ptr = weakref.ref(t), ptr
         return self.array
+
+
+def own_memory(t: Tensor, fn: str, arg: str) -> Optional[np.ndarray]:
+    """A numpy array over ``t``'s own CPU memory (its storage offset and strides), or None where the
+    address is not available. Writing it changes ``t`` and every tensor sharing that memory (the base
+    of a view), which an ops.Custom call cannot do: MindSpore hands an AOT kernel a contiguous copy of
+    a view (non-contiguous or not), and mindtorch's ``contiguous()`` returns a non-contiguous tensor
+    itself, so an in-place update of a view used to be lost."""
+    ptr = _ms_threads.quiet_ptr(t.data_ptr)  # mindtorch: the storage's start (the offset is separate)
+    if not ptr:
+        return None
+    dtype = np_dtype(t.dtype)
+    shape = tuple(int(d) for d in t.shape)
+    strides = tuple(int(d) for d in t.stride())
+    if any(st == 0 and d > 1 for st, d in zip(strides, shape)) or any(st < 0 for st in strides):
+        raise ValueError(f"{fn}: `{arg}` is updated in place and must not repeat memory (stride 0, as an "
+                         f"expanded tensor); got shape {shape}, stride {strides}")
+    extent = 1 + sum((d - 1) * st for d, st in zip(shape, strides)) if all(shape) else 0
+    base = ptr + int(t.storage_offset()) * dtype.itemsize
+    buf = (ct.c_char * max(extent * dtype.itemsize, 1)).from_address(base)
+    flat = np.frombuffer(buf, dtype=dtype, count=extent)
+    return np.lib.stride_tricks.as_strided(flat, shape=shape, strides=tuple(st * dtype.itemsize for st in strides))
 
 
 def host_ptr(t) -> tuple:
@@ -254,10 +276,10 @@ class Bound:
 
 
 class Entry:
-    """A native entry point of the op table, called on host memory."""
+    """A native entry point of the C ABI table (:mod:`bitsandbytes_ms._native_table`), called on host memory."""
 
     def __init__(self, name: str):
-        op = _ops.OPS[name]
+        op = _native_table.OPS[name]
         self.name = name
         self.nargs = len(op.inputs) + len(op.outputs)
         fn = getattr(cextension._dll, name)
@@ -313,4 +335,4 @@ def empty(shape, dtype) -> np.ndarray:
     return np.empty(shape, dtype=_NP_DTYPES[dtype])
 
 
-__all__ = ["active", "set_enabled", "host", "host_view", "host_ptr", "act_ptr", "act_array", "DeviceView", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype"]
+__all__ = ["active", "set_enabled", "host", "own_memory", "host_view", "host_ptr", "act_ptr", "act_array", "DeviceView", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype"]

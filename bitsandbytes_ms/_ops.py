@@ -1,397 +1,208 @@
-"""The op table: every native entry point, declared once.
+"""The op layer: every operation declared once by meaning, with one implementation per backend.
 
-Each :class:`NativeOp` row names one C entry point of the native libraries (bitsandbytes' C names,
-e.g. ``cquantize_blockwise_fp32``), lists its inputs and outputs in the order of the AOT ``params``
-array, and gives the rule that derives the outputs' shapes and dtypes from the inputs. From this
-table :mod:`bitsandbytes_ms.cextension` builds ``lib.<name>`` callables that run
-``mindspore.ops.Custom("<lib>.so:<name>", ..., func_type="aot")``; nothing else declares an op.
+This is upstream bitsandbytes' design (>= 0.46, ``bitsandbytes/_ops.py`` + ``backends/*/ops.py``): an op has a
+name, its arguments and what it returns (upstream's schema where upstream has the op); each backend registers a
+kernel for it; :mod:`bitsandbytes_ms.functional` validates arguments and calls the op, never a C symbol.
 
-Inputs that are Python scalars reach the kernel as 0-d tensors. A scalar listed in ``static`` also
-decides output shapes (e.g. ``blocksize`` decides how many absmax values there are), so its value is
-part of the cache key of the ``ops.Custom`` object (one object per distinct value, created once).
+Backends (``bitsandbytes_ms/backends/``):
 
-``bnb_args`` is upstream's positional argument order for the same symbol, so code written against
-bitsandbytes (``lib.cquantize_blockwise_fp32(get_ptr(code), get_ptr(A), get_ptr(absmax),
-get_ptr(out), ct.c_int32(blocksize), ct.c_int(n))``) runs unchanged: names that are not inputs or
-outputs of ours (such as ``n``) are accepted and ignored.
+* ``"cpu"`` / ``"cuda"`` -- the native library (:mod:`bitsandbytes_ms.backends.native`): its C entry points are
+  the rows of :mod:`bitsandbytes_ms._native_table` (the C ABI table, one name per dtype), run through
+  ``ops.Custom`` or, on the CPU inference path, as host calls (:mod:`bitsandbytes_ms._hostcall`). The CPU and
+  the CUDA library share entry-point names and argument order, so one set of kernels serves both.
+* ``"reference"`` -- numpy (:mod:`bitsandbytes_ms.backends.reference` over :mod:`bitsandbytes_ms._reference`,
+  the executable spec): the same bytes as the native kernels, slowly. It runs every op when the native library
+  did not load (``cextension.LIBRARY_ERROR``; one warning at import), as upstream's pure-torch ``default``
+  backend does.
+
+``op(*args)`` runs the active backend's kernel (:func:`backend`) and gives every tensor it returns mindtorch's
+device tag: this call's return is the one place where results are tagged (:func:`tag`). ``op.kernel(name)`` is
+one backend's kernel itself (tests compare backends with it). MindSpore has no torch op registry;
+:mod:`bitsandbytes_ms.torch_ops` installs these ops as ``torch.ops.bitsandbytes.<op>`` under
+:func:`bitsandbytes_ms.register`.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, Optional, Sequence, Tuple
+import sys
+from typing import Callable, Dict, Optional, Sequence
 
-import mindspore as ms
+from mindspore import Tensor
 
-from .utils import DTYPE_OF_SUFFIX, SUFFIX_OF_DTYPE  # noqa: F401  (views of the package's one dtype map)
+from . import cextension
 
-Shape = Tuple[int, ...]
+#: The optimizers of optimizer_update_32bit / optimizer_update_8bit_blockwise (LAMB and LARS are the adam and
+#: momentum rules with a trust ratio: their callers pass max_unorm).
+OPTIMIZERS = ("adam", "ademamix", "lion", "momentum", "rmsprop", "adagrad")
 
-
-
-@dataclass(frozen=True)
-class NativeOp:
-    """One native entry point.
-
-    Attributes:
-        name: the exported C symbol (same in the CPU and the CUDA library).
-        inputs: input names, in ``params`` order.
-        outputs: output names, in ``params`` order after the inputs.
-        infer: ``infer(shapes: dict[name, Shape], dtypes: dict[name, ms.dtype], static: dict) ->
-            tuple[(shape, dtype), ...]`` for the outputs. MindSpore asks for output shapes and
-            output dtypes separately, so the bridge calls the rule twice: once with real shapes
-            (dtypes empty) and once with real dtypes (shapes all ``(1,)``); the shape part of a
-            rule may only read shapes, and the dtype part only dtypes.
-        static: scalar inputs whose values ``infer`` needs (part of the op cache key).
-        bnb_args: upstream bitsandbytes' positional argument order for this symbol.
-        has_error: the last output is an int32[1] status written by the kernel (see cextension).
-        doc: one line on what the op computes and its source.
-        cpu_only: only the CPU library exports it (a CPU inference path with no CUDA twin yet, e.g. the
-            fused decoder layers); the CUDA library is not required to have it.
-    """
-
-    name: str
-    inputs: Tuple[str, ...]
-    outputs: Tuple[str, ...]
-    infer: Callable[[Dict[str, Shape], Dict[str, object], Dict[str, object]], Sequence[Tuple[Shape, object]]]
-    static: Tuple[str, ...] = ()
-    bnb_args: Optional[Tuple[str, ...]] = None
-    has_error: bool = False
-    doc: str = ""
-    cpu_only: bool = False
+#: The backends kernels can be registered for.
+BACKENDS = ("cpu", "cuda", "reference")
 
 
-OPS: Dict[str, NativeOp] = {}
+def backend() -> str:
+    """The backend ops run on: the native library's (``"cpu"`` or ``"cuda"``) when it loaded, else ``"reference"``."""
+    return _active
 
 
-def define(op: NativeOp) -> NativeOp:
-    if op.name in OPS:
-        raise ValueError(f"native op {op.name!r} is declared twice")
-    OPS[op.name] = op
+_active = "reference" if cextension.LIBRARY_ERROR is not None else cextension.BNB_BACKEND.lower()
+
+
+def tag(res, like: Sequence = ()):
+    """Gives the tensors of an op's result (a tensor, or a tuple/list of tensors and None) the ``_device`` attribute
+    mindtorch keeps on every tensor (mindtorch's Tensor methods raise without it), taken from the first tensor of
+    ``like`` that has one, else mindtorch's CPU device once mindtorch is imported. Plain MindSpore tensors are
+    left alone when mindtorch is not in use. Returns ``res``."""
+    if res is None:
+        return res
+    outs = res if isinstance(res, (tuple, list)) else (res,)
+    device = None
+    for t in outs:
+        if isinstance(t, Tensor) and not hasattr(t, "_device"):
+            if not hasattr(t, "asnumpy"):  # MindSpore's graph compiler is parsing the caller: nothing to tag
+                return res
+            if device is None:
+                device = next((a._device for a in like if isinstance(a, Tensor) and hasattr(a, "_device")), None)
+                if device is None:
+                    mt = sys.modules.get("mindtorch")
+                    if mt is None:
+                        return res
+                    device = mt.device("cpu")
+            t._device = device
+    return res
+
+
+class Op:
+    """One operation: ``name``, ``signature`` (upstream's schema where upstream has the op, else ours, same
+    notation), ``returns`` (the result's shapes and dtypes in words) and its kernels per backend."""
+
+    def __init__(self, name: str, signature: str, returns: str, upstream: bool = True, doc: str = ""):
+        self.name, self.signature, self.returns, self.upstream = name, signature, returns, upstream
+        self.kernels: Dict[str, Callable] = {}
+        self._fn: Optional[Callable] = None
+        self.__doc__ = f"{name}{signature}: {returns}" + (f". {doc}" if doc else "")
+
+    def register(self, *backends: str):
+        """Decorator: registers the decorated function as this op's kernel for ``backends``."""
+        for b in backends:
+            if b not in BACKENDS:
+                raise ValueError(f"op {self.name}: unknown backend {b!r}; one of {BACKENDS}")
+
+        def deco(fn):
+            for b in backends:
+                if b in self.kernels:
+                    raise ValueError(f"op {self.name}: a {b} kernel is registered twice")
+                self.kernels[b] = fn
+            self._fn = None
+            return fn
+        return deco
+
+    def kernel(self, name: Optional[str] = None) -> Callable:
+        """The kernel of backend ``name`` (default: the active backend)."""
+        name = name or _active
+        fn = self.kernels.get(name)
+        if fn is None:
+            raise NotImplementedError(f"op {self.name} has no {name} kernel (registered: {sorted(self.kernels)})"
+                                      + (f"; the native library did not load: {cextension.LIBRARY_ERROR}"
+                                         if name == "reference" and cextension.LIBRARY_ERROR else ""))
+        return fn
+
+    def __call__(self, *args, **kwargs):
+        fn = self._fn
+        if fn is None:
+            fn = self._fn = self.kernel()
+        return tag(fn(*args, **kwargs), args)
+
+    def __repr__(self):
+        return f"<op bitsandbytes_ms._ops.{self.name}{self.signature}>"
+
+
+#: Every op, by name.
+OPS: Dict[str, Op] = {}
+
+
+def define(name: str, signature: str, returns: str, upstream: bool = True, doc: str = "") -> Op:
+    if name in OPS:
+        raise ValueError(f"op {name!r} is declared twice")
+    op = OPS[name] = Op(name, signature, returns, upstream, doc)
     return op
 
 
-def _numel(shape: Shape) -> int:
-    return int(math.prod(shape))
+# ---- blockwise 8-bit ----
+quantize_blockwise = define(
+    "quantize_blockwise", "(Tensor A, Tensor code, int blocksize) -> (Tensor, Tensor)",
+    "(uint8 codes shaped like A, float32 absmax [ceil(numel/blocksize)])")
+dequantize_blockwise = define(
+    "dequantize_blockwise", "(Tensor A, Tensor absmax, Tensor code, int blocksize, ScalarType dtype) -> Tensor",
+    "code[A] * absmax[block] in dtype, shaped like A")
 
-
-# ---------------------------------------------------------------------------------------------
-# Blockwise 8-bit quantization (functional.quantize_blockwise / dequantize_blockwise)
-# ---------------------------------------------------------------------------------------------
-for _sfx, _dt in DTYPE_OF_SUFFIX.items():
-    define(NativeOp(
-        name=f"cquantize_blockwise_{_sfx}",
-        inputs=("code", "A", "blocksize"),
-        outputs=("out", "absmax"),
-        static=("blocksize",),
-        infer=lambda s, d, st: (
-            (s["A"], ms.uint8),
-            ((-(-_numel(s["A"]) // max(1, int(st["blocksize"]))),), ms.float32),  # bad sizes: the kernel rejects them
-        ),
-        bnb_args=("code", "A", "absmax", "out", "blocksize", "n"),
-        doc="blockwise absmax quantization of A onto a 256-entry code (uint8 indices + fp32 absmax per block)",
-    ))
-    define(NativeOp(
-        name=f"cdequantize_blockwise_{_sfx}",
-        inputs=("code", "A", "absmax", "blocksize"),
-        outputs=("out",),
-        infer=(lambda dt: lambda s, d, st: ((s["A"], dt),))(_dt),
-        bnb_args=("code", "A", "absmax", "out", "blocksize", "n"),
-        doc="out = code[A] * absmax[block], in the suffix's dtype",
-    ))
-
-
-# ---- optim ----
-# Fused optimizer updates (functional.optimizer_update_32bit / optimizer_update_8bit_blockwise).
-# The kernels update p, state1, state2, absmax1, absmax2 (and unorm_vec) IN PLACE in the input
-# buffers, as bitsandbytes' C functions do; the only declared output is an int32[1] status, their has_error
-# (0, or the status of a failure on valid input: scratch allocation, a CUDA launch).
-# Scalars are read as double (functional passes float64 0-d tensors, so hyper-parameter
-# expressions are evaluated like upstream's Python code does).
-OPTIM_32BIT_NAMES = {
-    # optimizer -> (fp32, fp16, bf16) entry points; upstream's names (its momentum/rmsprop/adagrad
-    # kernels use the _32/_16 suffixes; the bf16 variants of those three are ours)
-    "adam": ("cadam32bit_grad_fp32", "cadam32bit_grad_fp16", "cadam32bit_grad_bf16"),
-    "ademamix": ("cademamix32bit_grad_fp32", "cademamix32bit_grad_fp16", "cademamix32bit_grad_bf16"),
-    "lion": ("clion32bit_grad_fp32", "clion32bit_grad_fp16", "clion32bit_grad_bf16"),
-    "momentum": ("cmomentum32bit_grad_32", "cmomentum32bit_grad_16", "cmomentum32bit_grad_bf16"),
-    "rmsprop": ("crmsprop32bit_grad_32", "crmsprop32bit_grad_16", "crmsprop32bit_grad_bf16"),
-    "adagrad": ("cadagrad32bit_grad_32", "cadagrad32bit_grad_16", "cadagrad32bit_grad_bf16"),
-}
-OPTIM_8BIT_BLOCKWISE_NAMES = {
-    opt: tuple(f"c{opt}_8bit_blockwise_grad_{s}" for s in ("fp32", "fp16", "bf16"))
-    for opt in ("adam", "ademamix", "momentum", "rmsprop", "lion", "adagrad")
-}
-_STATUS = lambda s, d, st: (((1,), ms.int32),)  # noqa: E731
-
-for _opt, _names in OPTIM_32BIT_NAMES.items():
-    for _nm in _names:
-        define(NativeOp(
-            name=_nm,
-            inputs=("g", "p", "state1", "state2", "unorm_vec", "max_unorm", "param_norm", "beta1", "beta2",
-                    "beta3", "alpha", "eps", "weight_decay", "step", "lr", "gnorm_scale", "skip_zeros"),
-            outputs=("status",),
-            infer=_STATUS,
-            has_error=True,
-            bnb_args=("g", "p", "state1", "state2", "unorm_vec", "max_unorm", "param_norm", "beta1", "beta2",
-                      "beta3", "alpha", "eps", "weight_decay", "step", "lr", "gnorm_scale", "skip_zeros", "n"),
-            doc=f"in-place {_opt} update with fp32 state (upstream 0.50 CPU rule)",
-        ))
-for _opt, _names in OPTIM_8BIT_BLOCKWISE_NAMES.items():
-    for _nm in _names:
-        define(NativeOp(
-            name=_nm,
-            inputs=("g", "p", "state1", "state2", "qmap1", "qmap2", "absmax1", "absmax2", "beta1", "beta2",
-                    "beta3", "alpha", "eps", "step", "lr", "weight_decay", "gnorm_scale", "skip_zeros"),
-            outputs=("status",),
-            infer=_STATUS,
-            has_error=True,
-            bnb_args=("p", "g", "state1", "state2", "beta1", "beta2", "beta3", "alpha", "eps", "step", "lr",
-                      "qmap1", "qmap2", "absmax1", "absmax2", "weight_decay", "gnorm_scale", "skip_zeros", "n"),
-            doc=f"in-place {_opt} update with blockwise (256) 8-bit state: dequantize, update, requantize",
-        ))
-
-# ---- 4-bit (NF4/FP4) quantization and inference ----
-for _sfx, _dt in DTYPE_OF_SUFFIX.items():
-    for _qt in ("fp4", "nf4"):
-        define(NativeOp(
-            name=f"cquantize_blockwise_{_sfx}_{_qt}",
-            inputs=("code", "A", "blocksize"),
-            outputs=("out", "absmax"),
-            static=("blocksize",),
-            infer=lambda s, d, st: (
-                (((_numel(s["A"]) + 1) // 2, 1), ms.uint8),
-                ((-(-_numel(s["A"]) // max(1, int(st["blocksize"]))),), ms.float32),
-            ),
-            bnb_args=("code", "A", "absmax", "out", "blocksize", "n"),
-            doc="4-bit blockwise quantization: absmax per block, bucket among the sorted code's midpoints, "
-                "two codes per byte (element 2j in the high nibble); upstream's default quantize_4bit",
-        ))
-        define(NativeOp(
-            name=f"cdequantize_blockwise_{_sfx}_{_qt}",
-            inputs=("code", "A", "absmax", "blocksize", "n"),
-            outputs=("out",),
-            static=("n",),
-            infer=(lambda dt: lambda s, d, st: (((int(st["n"]),), dt),))(_dt),
-            bnb_args=("code", "A", "absmax", "out", "blocksize", "n"),
-            doc="out[i] = code[nibble i] * absmax[i // blocksize] (fp32), rounded to the suffix's dtype; n elements",
-        ))
-    define(NativeOp(
-        name=f"cgemm_4bit_inference_naive_{_sfx}",
-        inputs=("A", "B", "absmax", "code", "blocksize", "n_out"),
-        outputs=("out",),
-        static=("n_out",),
-        infer=(lambda dt: lambda s, d, st: ((tuple(s["A"][:-1]) + (int(st["n_out"]),), dt),))(_dt),
-        bnb_args=("m", "n_out", "k", "A", "B", "absmax", "code", "out", "lda", "ldb", "ldc", "blocksize"),
-        doc="out[..., n] = sum_k A[..., k] * code[B(n, k)] * absmax[block(n*K + k)]: 4-bit GEMV that decodes the "
-            "packed weight [N, K] in registers (fp32 accumulation in 32 fixed slots, absmax applied once per block)",
-    ))
-
-for _sfx, _dt in DTYPE_OF_SUFFIX.items():
-    define(NativeOp(
-        name=f"clinear_4bit_{_sfx}",
-        inputs=("A", "B", "absmax", "code", "absmax2", "code2", "offset", "bias", "blocksize", "blocksize2", "n_out"),
-        outputs=("out",),
-        static=("n_out",),
-        infer=(lambda dt: lambda s, d, st: ((tuple(s["A"][:-1]) + (int(st["n_out"]),), dt),))(_dt),
-        doc="the inference forward of a 4-bit linear layer in one call: for one row of A cgemm_4bit_inference_naive's "
-            "sum, for more rows a fused dequantize-GEMM (code*absmax decoded per weight row, 16 fma lanes); absmax fp32, or uint8 double-quant codes decoded in the kernel as "
-            "code2[q] * absmax2[b // blocksize2] + offset (absmax2/code2/offset None otherwise), and bias (or None) "
-            "added to the result rounded to A's dtype, in fp32",
-    ))
-
-define(NativeOp(
-    name="clinear_4bit_bf16dot_bf16",
-    cpu_only=True,
-    inputs=("A", "B", "absmax", "code", "absmax2", "code2", "offset", "bias", "blocksize", "blocksize2", "n_out"),
-    outputs=("out",),
-    static=("n_out",),
-    infer=lambda s, d, st: ((tuple(s["A"][:-1]) + (int(st["n_out"]),), ms.bfloat16),),
-    doc="clinear_4bit_bf16's forward computed as a bf16 dot product (upstream's bf16 compute on AVX512-BF16 CPUs): "
-        "x and bf16(code*absmax) per block (RNE, bf16 denormals flushed), pairs accumulated in 16 fp32 lanes as "
-        "vdpbf16ps does (odd element first, FTZ); vdpbf16ps where the CPU has AVX512-BF16, a portable kernel "
-        "with the same bits elsewhere; csrc/cpu/fourbit.cpp documents the order and the bound vs clinear_4bit_bf16",
-))
+# ---- 4-bit ----
+quantize_4bit = define(
+    "quantize_4bit", "(Tensor A, int blocksize, str quant_type, ScalarType quant_storage) -> (Tensor, Tensor)",
+    "(packed codes as quant_storage [(numel+1)//2 / itemsize, 1], float32 absmax [ceil(numel/blocksize)])")
+dequantize_4bit = define(
+    "dequantize_4bit", "(Tensor A, Tensor absmax, int blocksize, str quant_type, int[] shape, ScalarType dtype) "
+    "-> Tensor", "code[nibble] * absmax[block] (fp32, rounded to dtype), shaped `shape`",
+    doc="absmax float32 (a double-quantized absmax is decoded by the caller)")
+gemv_4bit = define(
+    "gemv_4bit", "(Tensor A, Tensor B, int[] shapeB, Tensor absmax, Tensor code, int blocksize) -> Tensor",
+    "A[..., K] @ W[N, K].T in A's dtype, [..., N] (W packed in B, decoded in registers)")
+linear_4bit = define(
+    "linear_4bit", "(Tensor A, Tensor B, int[] shapeB, Tensor absmax, Tensor code, int blocksize, Tensor? bias, "
+    "Tensor? absmax2, Tensor? code2, Tensor? offset, int blocksize2=256, bool bf16_dot=False) -> Tensor",
+    "A[..., K] @ W[N, K].T (+ bias) in A's dtype, [..., N]", upstream=False,
+    doc="the 4-bit linear forward in one call (upstream's gemm_4bit): absmax float32, or uint8 double-quant "
+        "codes decoded as code2[q] * absmax2[b // blocksize2] + offset; bf16_dot: bf16 A as a bf16 dot product")
 
 # ---- int8 (LLM.int8()) ----
-# Names are bitsandbytes' C names for the same operations (csrc/pythonInterface.cpp, CUDA build):
-# `cint8_vector_quant` (upstream: fp16 only; ours dispatches on A's dtype inside the one entry point,
-# fp32/fp16/bf16, and also reports outlier columns), `cigemmlt_32` (upstream: cuBLASLt int8 GEMM with
-# int32 output; the `_32` is the output width), `cdequant_mm_int32_fp16` (upstream: fp16 only; we add
-# the `_fp32`/`_bf16` siblings in upstream's suffix style).
-def _rows_of(shape: Shape) -> int:
-    return _numel(shape[:-1]) if len(shape) else 1
+int8_vectorwise_quant = define(
+    "int8_vectorwise_quant", "(Tensor A, float threshold=0.0) -> (Tensor, Tensor, Tensor)",
+    "(int8 codes shaped like A, float32 row_stats [rows], uint8 outlier-column flags [K])",
+    doc="upstream returns the outlier column indices; the flags are what the kernel writes (functional turns "
+        "them into indices)")
+int8_linear_matmul = define(
+    "int8_linear_matmul", "(Tensor A, Tensor B) -> Tensor", "A[..., K] @ B[N, K].T, int32 [..., N] (exact)")
+int8_mm_dequant = define(
+    "int8_mm_dequant", "(Tensor A, Tensor row_stats, Tensor col_stats, ScalarType? dtype=None, Tensor? bias=None) "
+    "-> Tensor", "float(A) * row_stats[r] * col_stats[c] / 127^2 (+ bias) rounded once to dtype (float16), "
+                 "shaped like A [rows, N]")
+int8_mixed_mm_dequant = define(
+    "int8_mixed_mm_dequant", "(Tensor C, Tensor row_stats, Tensor col_stats, Tensor? bias, Tensor A, Tensor CB, "
+    "Tensor col_flags, ScalarType dtype) -> Tensor",
+    "int8_mm_dequant(C) (+ bias) + A[:, J] @ (CB[:, J] * col_stats / 127).T over the flagged columns J, in fp32, "
+    "rounded once to dtype, [rows, N]", upstream=False)
+int8_linear = define(
+    "int8_linear", "(Tensor A, Tensor CB, Tensor SCB, Tensor? bias, float threshold) -> (Tensor, Tensor)",
+    "(A @ dequant(CB, SCB).T (+ bias) in A's dtype [..., N], uint8 outlier-column flags [K])", upstream=False,
+    doc="the LLM.int8() linear forward in one call")
+
+# ---- optimizers (in place) ----
+optimizer_update_32bit = define(
+    "optimizer_update_32bit", "(str optimizer_name, Tensor(a0!) g, Tensor(a1!) p, Tensor(a2!) state1, "
+    "Tensor(a3!)? state2, Tensor(a4!)? unorm_vec, float max_unorm, float param_norm, float beta1, float beta2, "
+    "float beta3, float alpha, float eps, float weight_decay, int step, float lr, float gnorm_scale, "
+    "bool skip_zeros=False) -> ()", "None: p, state1, state2 and unorm_vec updated in place",
+    doc="optimizer_name one of adam, ademamix, lion, momentum, rmsprop, adagrad (lamb/lars resolved by the caller)")
+optimizer_update_8bit_blockwise = define(
+    "optimizer_update_8bit_blockwise", "(str optimizer_name, Tensor(a0!) g, Tensor(a1!) p, Tensor(a2!) state1, "
+    "Tensor(a3!)? state2, float beta1, float beta2, float beta3, float alpha, float eps, int step, float lr, "
+    "Tensor(a4!) qmap1, Tensor(a5!)? qmap2, Tensor(a6!) absmax1, Tensor(a7!)? absmax2, float weight_decay, "
+    "float gnorm_scale, bool skip_zeros=False) -> ()",
+    "None: p, state1, state2, absmax1 and absmax2 updated in place (blocks of 256)")
+
+# ---- weight-only int8/int4, full-precision linear (ours) ----
+quantize_weight_only = define(
+    "quantize_weight_only", "(Tensor W, int bits) -> (Tensor, Tensor)",
+    "(int8 [N, K] or packed uint8 [N, (K+1)//2], float32 scale [N])", upstream=False)
+dequantize_weight_only = define(
+    "dequantize_weight_only", "(Tensor q, Tensor scale, int K, int bits, ScalarType dtype) -> Tensor",
+    "q * scale[n] (fp32, rounded to dtype), [N, K]", upstream=False)
+gemm_weight_only = define(
+    "gemm_weight_only", "(Tensor A, Tensor q, Tensor scale, int bits) -> Tensor",
+    "scale[n] * (A[..., K] @ q[N, K].T) in A's dtype, [..., N]", upstream=False)
+gemm_fp = define(
+    "gemm_fp", "(Tensor A, Tensor W, Tensor? bias) -> Tensor",
+    "A[..., K] @ W[N, K].T (+ bias) in A's dtype, [..., N] (fp32 accumulation in a fixed order)", upstream=False)
 
 
-define(NativeOp(
-    name="cint8_vector_quant",
-    inputs=("A", "threshold"),
-    outputs=("out", "row_stats", "col_flags"),
-    infer=lambda s, d, st: (
-        (s["A"], ms.int8),
-        ((_rows_of(s["A"]),), ms.float32),
-        ((s["A"][-1] if len(s["A"]) else 1,), ms.uint8),
-    ),
-    bnb_args=("A", "out", "row_stats", "threshold", "rows", "cols"),
-    doc="row-wise absmax int8 quantization, q = round(x * 127 / absmax(row)); |x| >= threshold are outliers "
-        "(left out of absmax, zeroed, their columns flagged and zeroed when rows > 1)",
-))
-define(NativeOp(
-    name="cigemmlt_32",
-    inputs=("A", "B"),
-    outputs=("out", "has_error"),
-    infer=lambda s, d, st: ((tuple(s["A"][:-1]) + (s["B"][0],), ms.int32), ((1,), ms.int32)),
-    has_error=True,
-    # upstream passes the weight first: (ctx, m, n, k, weight, activations, C, row_scale, lda, ldb, ldc, stream)
-    bnb_args=("context", "m", "n", "k", "B", "A", "out", "row_scale", "lda", "ldb", "ldc", "stream"),
-    doc="out[..., n] = sum_k A[..., k] * B[n, k], int8 x int8 with exact int32 accumulation; has_error: 0, or "
-        "the status of a failure on valid input (cuBLASLt on GPU, scratch allocation), as upstream's igemmlt returns",
-))
-for _sfx, _dt in DTYPE_OF_SUFFIX.items():
-    define(NativeOp(
-        name=f"cdequant_mm_int32_{_sfx}",
-        inputs=("A", "row_stats", "col_stats", "bias"),
-        outputs=("out",),
-        infer=(lambda dt: lambda s, d, st: ((s["A"], dt),))(_dt),
-        bnb_args=("A", "row_stats", "col_stats", "out", "bias", "numRows", "numCols", "stream"),
-        doc="out = float(A) * (row_stats[r] * col_stats[c]) * 6.200124e-05 (+ bias[c]), in the suffix's dtype",
-    ))
-
-# LLM.int8() outlier columns and the fused linear forward (ours; no upstream C name): see csrc/cpu/int8.cpp
-# ("mixed mm dequant") for the numerics. cint8_linear_<sfx> is MatMul8bitLt's inference forward in one call.
-for _sfx, _dt in DTYPE_OF_SUFFIX.items():
-    define(NativeOp(
-        name=f"cint8_mixed_mm_dequant_{_sfx}",
-        inputs=("C", "row_stats", "col_stats", "bias", "A", "CB", "col_flags"),
-        outputs=("out",),
-        infer=(lambda dt: lambda s, d, st: ((s["C"], dt),))(_dt),
-        doc="out = dequant(C) (+ bias) + A[:, J] @ (CB[:, J] * col_stats / 127).T for the flagged columns J, "
-            "in fp32 (J summed in ascending order), rounded once to the suffix's dtype; no flag: cdequant_mm_int32",
-    ))
-    define(NativeOp(
-        name=f"cint8_linear_{_sfx}",
-        inputs=("A", "CB", "SCB", "bias", "threshold"),
-        outputs=("out", "col_flags"),
-        infer=(lambda dt: lambda s, d, st: (
-            (tuple(s["A"][:-1]) + (s["CB"][0],), dt),
-            ((s["A"][-1] if len(s["A"]) else 1,), ms.uint8),
-        ))(_dt),
-        doc="LLM.int8() linear forward in one call: fp32 A rounded to fp16, row-wise int8 quantization with "
-            "outlier columns (threshold > 0), int8 GEMM, mm dequant (+ bias) and the outlier columns' fp32 product",
-    ))
-
-# ---- weight-only int8/int4 (W8A16/W4A16) ----
-# Per-output-channel symmetric absmax weights (ChatGLM's quantized-checkpoint scheme); see
-# csrc/cpu/weightonly.cpp. int4 rows are packed two signed nibbles per byte (k even: high nibble).
-def _wo_row_bytes(bits: int, K: int) -> int:
-    return K if bits == 8 else (K + 1) // 2
-
-
-for _sfx, _dt in DTYPE_OF_SUFFIX.items():
-    for _bits in (8, 4):
-        _qdt = ms.int8 if _bits == 8 else ms.uint8
-        define(NativeOp(
-            name=f"cquantize_weight_only_int{_bits}_{_sfx}",
-            inputs=("W",),
-            outputs=("q", "scale"),
-            infer=(lambda b, qd: lambda s, d, st: (
-                ((s["W"][0], _wo_row_bytes(b, s["W"][-1])), qd),
-                ((s["W"][0],), ms.float32),
-            ))(_bits, _qdt),
-            doc=f"int{_bits} per-row absmax quantization of a [N, K] weight: scale = absmax/{127 if _bits == 8 else 7}, "
-                "q = round(W/scale)",
-        ))
-        define(NativeOp(
-            name=f"cdequantize_weight_only_int{_bits}_{_sfx}",
-            inputs=("q", "scale", "K"),
-            outputs=("out",),
-            static=("K",),
-            infer=(lambda dt: lambda s, d, st: (((s["scale"][0], int(st["K"])), dt),))(_dt),
-            doc="W'[n, k] = q[n, k] * scale[n] (fp32, rounded to the suffix's dtype)",
-        ))
-        define(NativeOp(
-            name=f"cgemm_weight_only_int{_bits}_{_sfx}",
-            inputs=("A", "q", "scale"),
-            outputs=("out",),
-            infer=(lambda dt: lambda s, d, st: ((tuple(s["A"][:-1]) + (s["scale"][0],), dt),))(_dt),
-            doc="out[..., n] = scale[n] * sum_k A[..., k] * q[n, k]: weight-only GEMM/GEMV that widens the "
-                "int weight in registers (fp32 accumulation in 16 fixed lanes)",
-        ))
-
-# ---- fused decoder layers (Llama / Qwen2 / Mistral-style; csrc/cpu/decoder.cpp) ----
-# A "linear spec" is 9 consecutive inputs describing one linear layer's weight (the table per weight kind is in
-# csrc/cpu/decoder.cpp's header): W (fp32/fp16/bf16 [N, K], the packed 4-bit uint8 bytes, or int8 CB [N, K]),
-# absmax (4-bit: fp32 | uint8 double-quant codes; int8: SCB fp32 [N]; dense: None), code (4-bit fp32[16] | None),
-# absmax2, code2 (double quant, else None), offset (double quant; int8: the outlier threshold; else None),
-# bias (fp32/fp16/bf16 [N] | None), blocksize, blocksize2 (4-bit). Activations are fp32; norm weights fp32/fp16/bf16.
-LINEAR_SPEC = ("W", "absmax", "code", "absmax2", "code2", "offset", "bias", "blocksize", "blocksize2")
-
-
-def _spec(prefix: str) -> Tuple[str, ...]:
-    return tuple(f"{prefix}_{n}" for n in LINEAR_SPEC)
-
-
-define(NativeOp(
-    name="cdecoder_attention_fp32",
-    cpu_only=True,
-    inputs=("x", "positions", "key_mask", "k_cache", "v_cache", "norm_w", "inv_freq", "q_norm_w", "k_norm_w")
-           + _spec("q") + _spec("k") + _spec("v") + _spec("o")
-           + ("past", "n_heads", "eps", "scaling", "rope_scale", "window"),
-    outputs=("out",),
-    infer=lambda s, d, st: ((s["x"], ms.float32),),
-    doc="the attention half of a decoder layer, fp32: out = x + O(attn) with RMSNorm(x; norm_w, eps), Q/K/V "
-        "projections (+bias), QK-norm (q_norm_w/k_norm_w [D] or None: RMSNorm per head, Qwen3), RoPE (rotate_half; f = pos * inv_freq, cos/sin * rope_scale), K/V written IN PLACE "
-        "into k_cache/v_cache [B, KVH, S_max, D] at [past, past+T), causal GQA softmax(q.k * scaling) over "
-        "[0, past+T) with key_mask [B, >= past+T] (0 = padding; first past+T columns) and an optional sliding window (0 = none); "
-        "x [B, T, H], positions int64 [B, T]; out may be x",
-))
-define(NativeOp(
-    name="cdecoder_mlp_fp32",
-    cpu_only=True,
-    inputs=("x", "norm_w") + _spec("gate") + _spec("up") + _spec("down") + ("intermediate", "eps"),
-    outputs=("out",),
-    infer=lambda s, d, st: ((s["x"], ms.float32),),
-    doc="the MLP half of a decoder layer, fp32: out = x + Down(silu(Gate(y)) * Up(y)), y = RMSNorm(x; norm_w, eps); "
-        "out may be x",
-))
-define(NativeOp(
-    name="cdecoder_linear_fp32",
-    cpu_only=True,
-    inputs=("x",) + _spec("w") + ("n_out",),
-    outputs=("out",),
-    static=("n_out",),
-    infer=lambda s, d, st: ((tuple(s["x"][:-1]) + (int(st["n_out"]),), ms.float32),),
-    doc="one linear layer given as a linear spec (fp32/fp16/bf16, 4-bit or int8 weight), fp32 x [..., K] -> "
-        "[..., n_out] (e.g. the lm_head of a fused model)",
-))
-# The same three with a 4-bit weight's prefill (more than 8 rows) computed as a bf16 dot product (vdpbf16ps where
-# the CPU has AVX512-BF16; csrc/cpu/gemm_panel.h's bf16 variant documents the order and the bound vs the exact
-# entries); decode rows, and every other weight kind, run exactly as in the exact entries.
-for _n in ("cdecoder_attention_fp32", "cdecoder_mlp_fp32", "cdecoder_linear_fp32"):
-    define(replace(OPS[_n], name=f"{_n}_bf16dot",
-                   doc=OPS[_n].doc + "; a 4-bit weight's prefill (> 8 rows) in bf16 (x and the dequantized weight "
-                       "rounded to bf16, pairs accumulated in fp32 as vdpbf16ps)"))
-define(NativeOp(
-    name="crms_norm_fp32",
-    cpu_only=True,
-    inputs=("x", "w", "eps"),
-    outputs=("out",),
-    infer=lambda s, d, st: ((s["x"], ms.float32),),
-    doc="RMSNorm over the last dimension, fp32 (w fp32/fp16/bf16): w * (x / sqrt(mean(x^2) + eps)); out may be x",
-))
-
-
-# ---- full-precision linear (the layers a quantized model keeps: lm_head) ----
-# csrc/cpu/gemm_fp.cpp: fp32 accumulation in 16 fixed lanes (lane = k mod 16, fused multiply-add in k
-# order), a fixed reduction tree, then + bias in fp32 and one rounding to the suffix's dtype; the same
-# bits at every SIMD level (the order is spelled out in _reference.gemm_fp).
-for _sfx, _dt in DTYPE_OF_SUFFIX.items():
-    define(NativeOp(
-        name=f"cgemm_fp_{_sfx}",
-        inputs=("A", "W", "bias"),
-        outputs=("out",),
-        infer=(lambda dt: lambda s, d, st: ((tuple(s["A"][:-1]) + (s["W"][0],), dt),))(_dt),
-        doc="out[..., n] = sum_k A[..., k] * W[n, k] (+ bias[n]): full-precision GEMV/GEMM on a [N, K] weight "
-            "(fp16/bf16 widened in registers; fp32 accumulation in 16 fixed lanes, fixed reduction tree)",
-    ))
+# the kernels register themselves (imported last: they use the declarations above)
+from .backends import native as _native, reference as _reference_backend  # noqa: E402,F401

@@ -1,7 +1,7 @@
 """Pure-numpy reference implementations of every native op (the executable spec).
 
 Each function here computes, in numpy, exactly what the native entry point of the same name in
-:mod:`bitsandbytes_ms._ops` computes (same bytes where the algorithm is deterministic). Tests compare
+:mod:`bitsandbytes_ms._native_table` computes (same bytes where the algorithm is deterministic). Tests compare
 the two on random inputs; upstream bitsandbytes' vectors (``compat_tests/fixtures``) pin both.
 
 Floating-point inputs are taken as float32 arrays (fp16/bf16 values widen exactly); outputs in a
@@ -620,7 +620,7 @@ def gemm_weight_only(A: np.ndarray, q: np.ndarray, scale: np.ndarray, bits: int,
 
 
 # ---- fused decoder layers (cdecoder_*_fp32, crms_norm_fp32) ----
-# A linear spec is (W, absmax, code, absmax2, code2, offset, bias, blocksize, blocksize2) as in _ops.LINEAR_SPEC:
+# A linear spec is (W, absmax, code, absmax2, code2, offset, bias, blocksize, blocksize2) as in _native_table.LINEAR_SPEC:
 # W fp32 [N, K], or the packed 4-bit bytes with fp32 absmax or double-quant codes.
 def linear_spec_weight(spec, N: int, K: int) -> np.ndarray:
     """The fp32 [N, K] weight a linear spec stands for (fp32, fp16/bf16 widened, or 4-bit dequantized)."""

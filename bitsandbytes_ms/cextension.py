@@ -1,6 +1,6 @@
 """Loading the native library and exposing its entry points (bitsandbytes' ``cextension``).
 
-``lib`` is built from the op table in :mod:`bitsandbytes_ms._ops`: ``lib.<name>`` is a callable that
+``lib`` is built from the op table in :mod:`bitsandbytes_ms._native_table`: ``lib.<name>`` is a callable that
 runs ``mindspore.ops.Custom("<library>.so:<name>", out_shape, out_dtype, func_type="aot")``. The
 ``ops.Custom`` objects are created on first use and cached (one per op and value of its ``static``
 scalars), never per call.
@@ -15,8 +15,9 @@ Two calling styles are accepted:
   of the output arguments, and the call returns 0.
 
 Without the library (missing, unloadable, or older than the package) the module still imports with one
-``RuntimeWarning``: ``LIBRARY_ERROR`` says why, ``lib`` is an :class:`ErrorHandlerMockBNBNativeLibrary` whose
-entry points raise :class:`NativeLibraryError`, and ``python -m bitsandbytes_ms`` reports it (exit code 1).
+``RuntimeWarning``: ``LIBRARY_ERROR`` says why, the ops of :mod:`bitsandbytes_ms._ops` run on the numpy reference
+backend, ``lib`` is an :class:`ErrorHandlerMockBNBNativeLibrary` whose entry points raise
+:class:`NativeLibraryError`, and ``python -m bitsandbytes_ms`` reports it.
 
 Errors: a native entry point returns a nonzero status for a malformed call and MindSpore raises
 ``RuntimeError``; :mod:`bitsandbytes_ms.functional` validates arguments before that can happen.
@@ -34,7 +35,6 @@ from __future__ import annotations
 import ctypes as ct
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -42,7 +42,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
-from . import _ops
+from . import _native_table
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CPU_LIBRARY_NAME = "libbitsandbytes_ms_cpu.so"
@@ -87,7 +87,7 @@ def _load() -> Tuple[Path, str, ct.CDLL]:
             f"bitsandbytes_ms: the native library {path} failed to load ({e}). Rebuild it from the "
             f"repository root with: {BUILD_COMMAND}"
         ) from e
-    missing = [name for name, op in _ops.OPS.items()
+    missing = [name for name, op in _native_table.OPS.items()
                if not hasattr(dll, name) and not (op.cpu_only and backend != "CPU")]
     if missing:
         raise NativeLibraryError(
@@ -103,14 +103,16 @@ try:
     #: Why the native library did not load (None when it did).
     LIBRARY_ERROR: Optional[str] = None
 except NativeLibraryError as _e:
-    # As upstream on CPU: the package still imports (one warning); every native entry point then raises
-    # NativeLibraryError with the reason, and `python -m bitsandbytes_ms` reports it.
+    # As upstream on CPU: the package still imports (one warning); the ops then run on the numpy reference backend
+    # (bitsandbytes_ms._ops), a direct lib.<name> call raises NativeLibraryError with the reason, and
+    # `python -m bitsandbytes_ms` reports it.
     LIBRARY_PATH, BNB_BACKEND = _library_path()
     _dll = None
     LIBRARY_ERROR = str(_e)
     import warnings as _warnings
 
-    _warnings.warn(f"{LIBRARY_ERROR} Quantization functions raise NativeLibraryError until it is built.",
+    _warnings.warn(f"{LIBRARY_ERROR} Until it is built, every op runs on the numpy reference backend (the same "
+                   "results, much slower; the fused decoder and the host-call paths are off).",
                    RuntimeWarning, stacklevel=2)
 
 
@@ -252,7 +254,7 @@ def force_error(family: str, code: int) -> None:
         raise ValueError(f"force_error: `family` must be a short name like 'igemm' or 'optim'; got {family!r}")
 
 
-def status_error(name: str, status: int, op: Optional[_ops.NativeOp] = None, args=None) -> RuntimeError:
+def status_error(name: str, status: int, op: Optional[_native_table.NativeOp] = None, args=None) -> RuntimeError:
     """The RuntimeError for entry point ``name`` refusing a call with ``status``: what the status means and, with
     ``op``/``args``, the table row's inputs next to what was passed (shape and dtype of each)."""
     what = STATUS_MEANING.get(int(status), "unknown status")
@@ -264,14 +266,14 @@ def status_error(name: str, status: int, op: Optional[_ops.NativeOp] = None, arg
             return "None" if v is None else f"{type(v).__name__} {v!r}"
 
         given = ", ".join(f"`{n}` {desc(v)}" for n, v in zip(op.inputs, args))
-        msg += f"; its inputs must match the table row (bitsandbytes_ms/_ops.py): {given}"
+        msg += f"; its inputs must match the table row (bitsandbytes_ms/_native_table.py): {given}"
     return RuntimeError(msg)
 
 
 class NativeFunction:
-    """Callable for one :class:`~bitsandbytes_ms._ops.NativeOp`."""
+    """Callable for one :class:`~bitsandbytes_ms._native_table.NativeOp`."""
 
-    def __init__(self, op: _ops.NativeOp, path: Path):
+    def __init__(self, op: _native_table.NativeOp, path: Path):
         self.op = op
         self._path = path
         self._cache: Dict[Tuple[Any, ...], ops.Custom] = {}
@@ -317,7 +319,7 @@ class NativeFunction:
         try:
             op.infer({n: _shape_of(getattr(a, "shape", None)) for n, a in zip(op.inputs, inputs)}, {}, static)
         except (IndexError, KeyError, TypeError, ValueError) as e:
-            raise TypeError(f"lib.{op.name}: the inputs do not fit its table row (bitsandbytes_ms/_ops.py: inputs "
+            raise TypeError(f"lib.{op.name}: the inputs do not fit its table row (bitsandbytes_ms/_native_table.py: inputs "
                             f"{op.inputs}); the output shapes cannot be derived from shapes "
                             f"{[_shape_of(getattr(a, 'shape', None)) for a in inputs]} ({type(e).__name__}: {e})") from None
         try:
@@ -329,8 +331,7 @@ class NativeFunction:
             raise status_error(op.name, int(m.group(1)), op, inputs) from None
         if op.has_error and _CHECK_ERRORS:
             check_status(out[-1] if isinstance(out, (tuple, list)) else out, f"lib.{op.name}")
-        tag_device(out, like=inputs)
-        return out
+        return out  # plain MindSpore tensors: the op layer (bitsandbytes_ms._ops) tags what it returns
 
     def _call_bnb(self, *args):
         op = self.op
@@ -354,7 +355,10 @@ class NativeFunction:
         for name, res in zip(op.outputs, results):
             target = named.get(name)
             if isinstance(target, TensorPointer):
-                target.tensor.copy_(res.reshape(target.tensor.shape))
+                res = ops.reshape(res, tuple(target.tensor.shape))
+                if hasattr(target.tensor, "_device"):  # mindtorch's copy_ reads the source's device
+                    res._device = target.tensor._device
+                target.tensor.copy_(res)
         # upstream's cigemmlt_32 returns its has_error (its callers raise on nonzero): so does the same call here
         return int(results[-1].asnumpy().reshape(-1)[0]) if op.has_error else 0
 
@@ -368,27 +372,6 @@ def compiling(t) -> bool:
     ``hasattr`` is answered from the graph's tensor type, which has none (a host-side method). One attribute
     lookup on the PyNative path; see :mod:`bitsandbytes_ms._graph`."""
     return isinstance(t, Tensor) and not hasattr(t, "asnumpy")
-
-
-def tag_device(out, like=()) -> None:
-    """Gives op outputs the ``_device`` attribute that mindtorch (MindSpore NLP's torch API) keeps on
-    every tensor it creates, taken from the first input that has one (or mindtorch's default device
-    once mindtorch is imported), so results can flow into torch-style code. Plain MindSpore tensors
-    are left untouched when mindtorch is not in use, and in a compiled graph (nothing to tag there)."""
-    if not compiling(out[0] if isinstance(out, (tuple, list)) and out else out):
-        _tag_device(out, like)
-
-
-def _tag_device(out, like) -> None:
-    device = next((t._device for t in like if isinstance(t, Tensor) and hasattr(t, "_device")), None)
-    if device is None:
-        mt = sys.modules.get("mindtorch")
-        if mt is None:
-            return
-        device = mt.device("cpu")
-    for t in (out if isinstance(out, (tuple, list)) else (out,)):
-        if isinstance(t, Tensor) and not hasattr(t, "_device"):
-            t._device = device
 
 
 class _DummyShapes(dict):
@@ -411,14 +394,14 @@ class NativeLibrary:
             raise AttributeError(name)
         fn = self._fns.get(name)
         if fn is None:
-            op = _ops.OPS.get(name)
+            op = _native_table.OPS.get(name)
             if op is None:
                 raise AttributeError(f"bitsandbytes_ms native library has no entry point {name!r}")
             fn = self._fns[name] = NativeFunction(op, self.path)
         return fn
 
     def __dir__(self):
-        return sorted(_ops.OPS)
+        return sorted(_native_table.OPS)
 
 
 class ErrorHandlerMockBNBNativeLibrary:
@@ -433,7 +416,7 @@ class ErrorHandlerMockBNBNativeLibrary:
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        if name not in _ops.OPS:
+        if name not in _native_table.OPS:
             raise AttributeError(f"bitsandbytes_ms native library has no entry point {name!r}")
         msg = self.error_msg
 
@@ -444,7 +427,7 @@ class ErrorHandlerMockBNBNativeLibrary:
         return missing
 
     def __dir__(self):
-        return sorted(_ops.OPS)
+        return sorted(_native_table.OPS)
 
 
 lib = NativeLibrary(LIBRARY_PATH, BNB_BACKEND) if _dll is not None else ErrorHandlerMockBNBNativeLibrary(LIBRARY_ERROR)

@@ -1,9 +1,11 @@
 """bitsandbytes' ``functional`` API on MindSpore.
 
 Every public function validates its arguments (raising ``ValueError``/``TypeError`` that names the
-argument, before any native code runs), makes inputs contiguous, and calls a native entry point of
-the op table (:mod:`bitsandbytes_ms._ops`) through :data:`bitsandbytes_ms.cextension.lib`. The
-numpy twin of every kernel lives in :mod:`bitsandbytes_ms._reference`.
+argument, before any native code runs), makes inputs contiguous, and calls an op of the op layer
+(:mod:`bitsandbytes_ms._ops`), which runs the active backend's kernel (the native library, or numpy where it
+did not load) and tags the results for mindtorch. Results composed here of MindSpore ops are tagged once, at
+the return (:func:`bitsandbytes_ms._ops.tag`). The hot inference paths (:func:`linear_4bit`, the int8 linear
+plan) call the native backend's cached host-call handles directly.
 
 Tensors are ``mindspore.Tensor`` (after ``import mindnlp``, ``torch.Tensor`` is the same class), so
 these functions serve plain MindSpore code and mindnlp models alike.
@@ -23,14 +25,16 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from . import _graph, _hostcall, _ms_threads, _reference
-from . import _ops as _ops_table
-from .cextension import BNB_BACKEND, check_host_status, get_ptr, lib, tag_device  # noqa: F401  (get_ptr re-exported as upstream)
+from . import _graph, _hostcall, _ops, _reference
+from ._ops import tag as _tag
+from .backends import as_uint8 as _raw_bytes, native as _native, storage_view as _storage_view
+from .cextension import BNB_BACKEND, get_ptr, lib  # noqa: F401  (get_ptr, lib re-exported as upstream)
 from .utils import Singleton as _Singleton, dtype_from_name, dtype_name, pack_dict_to_tensor, to_numpy as _to_numpy
-from .utils import ITEMSIZES as _ITEMSIZE, NP_DTYPES as _NP_DTYPE, SUFFIX_OF_DTYPE as _SUFFIX  # the one dtype map
+from .utils import ITEMSIZES as _ITEMSIZE, NP_DTYPES as _NP_DTYPE  # the one dtype map
 from .utils import unpack_tensor_to_dict
 
 FLOAT_DTYPES = (ms.float32, ms.float16, ms.bfloat16)
+_FLOAT_SET = frozenset(FLOAT_DTYPES)  # a hash lookup: comparing MindSpore dtypes one by one costs ~1 us each
 
 #: Blocksizes accepted by blockwise 8-bit quantization: powers of two from 32 to 16384 (upstream's
 #: CUDA kernels take 64..4096; its CPU kernel any size, and its CPU tests use 16384).
@@ -94,8 +98,7 @@ def _empty_np(shape, dtype) -> Tensor:
         t = Tensor(np.zeros(tuple(shape), dtype=np.float32)).astype(dtype)
     else:
         t = Tensor(np.zeros(tuple(shape), dtype=_NP_DTYPE[dtype]))
-    tag_device(t)
-    return t
+    return _tag(t)
 
 
 def _mean_f32(t: Tensor) -> Tensor:
@@ -104,21 +107,19 @@ def _mean_f32(t: Tensor) -> Tensor:
     sum in most cases; the two can differ by a few ulps)."""
     a = t.asnumpy().astype(np.float64).reshape(-1)
     n = max(a.size, 1)
-    out = Tensor(np.float32(np.float32(a.sum()) / np.float32(n)))
-    tag_device(out, like=(t,))
-    return out
+    return _tag(Tensor(np.float32(np.float32(a.sum()) / np.float32(n))), (t,))
 
 
 def _write(out: Optional[Tensor], result: Tensor, fn: str = "functional", arg: str = "out") -> Tensor:
     """Honours an ``out=`` argument: writes ``result`` into ``out``'s own memory and returns ``out``. A view (a row,
     a slice, a transpose of a preallocated buffer) is written where it lives, so its base holds the result too, as
     torch's ``out=`` does: mindtorch's ``copy_`` into a view leaves the base as it was (as its ``contiguous()``
-    returns the view itself, see :func:`_own_memory`). Where host memory is not available, ``copy_``."""
+    returns the view itself, see :func:`_hostcall.own_memory`). Where host memory is not available, ``copy_``."""
     if out is None or result is out:
         return result
     if _hostcall.active():
         out.wait_pipeline()
-        mem = _own_memory(out, fn, arg)
+        mem = _hostcall.own_memory(out, fn, arg)
         if mem is not None:
             mem[...] = _hostcall.host(result).reshape(mem.shape)
             return out
@@ -280,8 +281,7 @@ def get_4bit_type(typename: str, device=None, blocksize: int = 64) -> Tensor:
 def _dynamic_code() -> Tensor:
     if "dynamic" not in name2qmap:
         name2qmap["dynamic"] = create_dynamic_map()
-    tag_device(name2qmap["dynamic"])  # cached before mindtorch was imported: give it a device now
-    return name2qmap["dynamic"]
+    return _tag(name2qmap["dynamic"])  # cached before mindtorch was imported: give it a device now
 
 
 # ---------------------------------------------------------------------------------------------
@@ -502,7 +502,7 @@ def quantize_blockwise(A: Tensor, code: Optional[Tensor] = None, absmax: Optiona
     if n == 0:
         q, amax = _empty_np(A.shape, ms.uint8), _empty_np((0,), ms.float32)
     else:
-        q, amax = getattr(lib, f"cquantize_blockwise_{_SUFFIX[A.dtype]}")(code, _contiguous(A), blocksize)
+        q, amax = _ops.quantize_blockwise(_contiguous(A), code, blocksize)
 
     if nested:
         offset = _mean_f32(amax)
@@ -563,128 +563,31 @@ def dequantize_blockwise(A: Tensor, quant_state: Optional[QuantState] = None, ab
         raise ValueError(f"{fn}: `absmax` must have ceil({n}/{bs}) = {-(-n // bs)} entries; got {_numel(amax)}")
     if n == 0:
         return _write(out, _empty_np(A.shape, quant_state.dtype), fn)
-    res = getattr(lib, f"cdequantize_blockwise_{_SUFFIX[quant_state.dtype]}")(
-        quant_state.code, _contiguous(A), _contiguous(amax), bs)
+    res = _ops.dequantize_blockwise(_contiguous(A), _contiguous(amax), quant_state.code, bs, quant_state.dtype)
     return _write(out, res, fn)
 
 
 # ---- optim ----
-# Optimizer kernels (upstream functional.optimizer_update_32bit / optimizer_update_8bit_blockwise).
-# Design: the native kernels update p / state / absmax IN PLACE in the buffers MindSpore hands
-# them (the AOT kernel receives the real input buffers on CPU in PyNative mode), exactly like the
-# bitsandbytes C functions. This avoids allocating and copying back p and the states every step.
-# Inputs that are not contiguous are updated through a contiguous copy that is copied back.
+# Optimizer updates (upstream functional.optimizer_update_32bit / optimizer_update_8bit_blockwise): validated
+# here, run by the op (in place: the native kernels update p / state / absmax in the tensors' own buffers, as
+# bitsandbytes' C functions do; see bitsandbytes_ms.backends.native).
 
 OPTIM_BLOCKSIZE = 256
 _OPT_ALIAS = {"lamb": "adam", "lars": "momentum"}
 _TWO_STATE = ("adam", "ademamix")
-_F64_CACHE: Dict[Any, Tensor] = {}
 
 
-def _f64(x) -> Tensor:
-    """A float64 0-d tensor for a hyper-parameter (cached by value: they rarely change)."""
-    key = (type(x), x)
-    t = _F64_CACHE.get(key)
-    if t is None:
-        if len(_F64_CACHE) > 4096:
-            _F64_CACHE.clear()
-        t = _F64_CACHE[key] = Tensor(np.float64(x))
-    return t
-
-
-def _optim_kernel(table: Dict[str, Tuple[str, ...]], fn: str, optimizer_name: str, dtype):
+def _optim_name(fn: str, optimizer_name: str) -> str:
     name = _OPT_ALIAS.get(optimizer_name, optimizer_name)
-    if name not in table:
+    if name not in _ops.OPTIMIZERS:
         raise ValueError(f"{_fn_name(fn, 'optimizer_name')} must be one of "
-                         f"{tuple(sorted(set(table) | set(_OPT_ALIAS)))}; got {optimizer_name!r}")
-    return name, getattr(lib, table[name][(ms.float32, ms.float16, ms.bfloat16).index(dtype)])
+                         f"{tuple(sorted(set(_ops.OPTIMIZERS) | set(_OPT_ALIAS)))}; got {optimizer_name!r}")
+    return name
 
 
 def _check_numel(t: Tensor, n: int, fn: str, arg: str) -> None:
     if _numel(t) != n:
         raise ValueError(f"{_fn_name(fn, arg)} must have {n} elements; got shape {tuple(t.shape)}")
-
-
-def _own_memory(t: Tensor, fn: str, arg: str) -> Optional[np.ndarray]:
-    """A numpy array over ``t``'s own CPU memory (its storage offset and strides), or None where the
-    address is not available. Writing it changes ``t`` and every tensor sharing that memory (the base
-    of a view), which an ops.Custom call cannot do: MindSpore hands an AOT kernel a contiguous copy of
-    a view (non-contiguous or not), and mindtorch's ``contiguous()`` returns a non-contiguous tensor
-    itself, so an in-place update of a view used to be lost."""
-    ptr = _ms_threads.quiet_ptr(t.data_ptr)  # mindtorch: the storage's start (the offset is separate)
-    if not ptr:
-        return None
-    dtype = _hostcall.np_dtype(t.dtype)
-    shape = tuple(int(d) for d in t.shape)
-    strides = tuple(int(d) for d in t.stride())
-    if any(st == 0 and d > 1 for st, d in zip(strides, shape)) or any(st < 0 for st in strides):
-        raise ValueError(f"{_fn_name(fn, arg)} is updated in place and must not repeat memory (stride 0, as an "
-                         f"expanded tensor); got shape {shape}, stride {strides}")
-    extent = 1 + sum((d - 1) * st for d, st in zip(shape, strides)) if all(shape) else 0
-    base = ptr + int(t.storage_offset()) * dtype.itemsize
-    buf = (ct.c_char * max(extent * dtype.itemsize, 1)).from_address(base)
-    flat = np.frombuffer(buf, dtype=dtype, count=extent)
-    return np.lib.stride_tricks.as_strided(flat, shape=shape, strides=tuple(st * dtype.itemsize for st in strides))
-
-
-def _optim_host_call(entry_name: str, fn: str, args, inplace) -> bool:
-    """Runs an optimizer entry point on host memory (:mod:`_hostcall`): ``args`` in the op table's
-    order (tensors, None, numpy scalars; the int32[1] status is appended), ``inplace`` the names of the
-    in-place arguments by position. A C-contiguous argument (a plain tensor, a row, a ``.view()``, a
-    slice of leading rows) is updated where it lives (no copy); a strided one (transposed, column
-    slice) is copied to a contiguous buffer and written back into its own memory afterwards.
-    Returns False (nothing done) where host calls are not available."""
-    if not _hostcall.active():
-        return False
-    host_args, back = [], []
-    for i, a in enumerate(args):  # g comes first: its asnumpy() waits for every op queued before
-        if isinstance(a, Tensor):
-            if i in inplace:
-                a.wait_pipeline()
-                mem = _own_memory(a, fn, inplace[i])
-                if mem is None:
-                    return False
-                if not mem.flags.c_contiguous:
-                    c = np.ascontiguousarray(mem)
-                    back.append((mem, c))
-                    mem = c
-                host_args.append(mem)
-            else:
-                host_args.append(_hostcall.host(a))
-        else:
-            host_args.append(a)
-    status = np.zeros(1, np.int32)  # has_error: read only in the checking mode (cextension)
-    host_args.append(status)
-    _hostcall.entry(entry_name)(*host_args)
-    for mem, c in back:
-        mem[...] = c
-    check_host_status(f"{fn} ({entry_name})", status)
-    return True
-
-
-class _InPlace:
-    """In-place arguments for the ops.Custom path (used where host calls are off, e.g. while a
-    gradient is being recorded): a non-contiguous argument is run on a real contiguous copy
-    (``clone()``: mindtorch's ``contiguous()`` returns the tensor itself) and copied back."""
-
-    def __init__(self):
-        self._back = []
-
-    def __call__(self, t: Optional[Tensor]) -> Optional[Tensor]:
-        if t is None or t.is_contiguous():
-            return t
-        c = t.clone()
-        self._back.append((t, c))
-        return c
-
-    def finish(self) -> None:
-        for t, c in self._back:
-            t.copy_(c)
-
-
-def _h64(x) -> np.ndarray:
-    """A float64 0-d array for a host call (the kernels read hyper-parameters as double)."""
-    return np.array(x, dtype=np.float64)
 
 
 def optimizer_update_32bit(optimizer_name: str, g: Tensor, p: Tensor, state1: Tensor, beta1: float, eps: float,
@@ -710,7 +613,7 @@ def optimizer_update_32bit(optimizer_name: str, g: Tensor, p: Tensor, state1: Te
     fn = "optimizer_update_32bit"
     _check_dtype(p, FLOAT_DTYPES, fn, "p")
     _check_dtype(g, (p.dtype,), fn, "g")
-    name, kernel = _optim_kernel(_ops_table.OPTIM_32BIT_NAMES, fn, optimizer_name, p.dtype)
+    name = _optim_name(fn, optimizer_name)
     n = _numel(p)
     _check_numel(g, n, fn, "g")
     _check_dtype(state1, (ms.float32,), fn, "state1")
@@ -729,19 +632,9 @@ def optimizer_update_32bit(optimizer_name: str, g: Tensor, p: Tensor, state1: Te
         raise ValueError(f"{_fn_name(fn, 'step')} must be >= 1; got {step}")
     if n == 0:
         return None
-    scal = (float(max_unorm), 0.0, float(beta1), float(beta2), float(beta3), float(alpha), float(eps),
-            float(weight_decay), int(step), float(lr), float(gnorm_scale))
-    if _optim_host_call(_ops_table.OPTIM_32BIT_NAMES[name][(ms.float32, ms.float16, ms.bfloat16).index(p.dtype)], fn,
-                        (g, p, state1, state2, unorm_vec, *map(_h64, scal), np.array(bool(skip_zeros))),
-                        {1: "p", 2: "state1", 3: "state2", 4: "unorm_vec"}):
-        return None
-    ip = _InPlace()
-    gc = _contiguous(g)
-    pc, s1, s2, un = ip(p), ip(state1), ip(state2), ip(unorm_vec)
-    kernel(gc, pc, s1, s2, un, _f64(float(max_unorm)), _f64(0.0), _f64(float(beta1)), _f64(float(beta2)),
-           _f64(float(beta3)), _f64(float(alpha)), _f64(float(eps)), _f64(float(weight_decay)), _f64(int(step)),
-           _f64(float(lr)), _f64(float(gnorm_scale)), bool(skip_zeros))
-    ip.finish()
+    _ops.optimizer_update_32bit(name, g, p, state1, state2, unorm_vec, float(max_unorm), 0.0, float(beta1),
+                                float(beta2), float(beta3), float(alpha), float(eps), float(weight_decay), int(step),
+                                float(lr), float(gnorm_scale), bool(skip_zeros))
     return None
 
 
@@ -765,7 +658,7 @@ def optimizer_update_8bit_blockwise(optimizer_name: str, g: Tensor, p: Tensor, s
     fn = "optimizer_update_8bit_blockwise"
     _check_dtype(p, FLOAT_DTYPES, fn, "p")
     _check_dtype(g, (p.dtype,), fn, "g")
-    name, kernel = _optim_kernel(_ops_table.OPTIM_8BIT_BLOCKWISE_NAMES, fn, optimizer_name, p.dtype)
+    name = _optim_name(fn, optimizer_name)
     n = _numel(p)
     nb = -(-n // OPTIM_BLOCKSIZE)
     mult = 2 if name == "ademamix" else 1
@@ -792,20 +685,9 @@ def optimizer_update_8bit_blockwise(optimizer_name: str, g: Tensor, p: Tensor, s
         raise ValueError(f"{_fn_name(fn, 'step')} must be >= 1; got {step}")
     if n == 0:
         return None
-    scal = (float(beta1), float(beta2), float(beta3), float(alpha), float(eps), int(step), float(lr),
-            float(weight_decay), float(gnorm_scale))
-    entry = _ops_table.OPTIM_8BIT_BLOCKWISE_NAMES[name][(ms.float32, ms.float16, ms.bfloat16).index(p.dtype)]
-    if _optim_host_call(entry, fn, (g, p, state1, state2, qmap1, qmap2, absmax1, absmax2, *map(_h64, scal),
-                                    np.array(bool(skip_zeros))),
-                        {1: "p", 2: "state1", 3: "state2", 6: "absmax1", 7: "absmax2"}):
-        return None
-    ip = _InPlace()
-    gc, q1, q2 = _contiguous(g), _contiguous(qmap1), _contiguous(qmap2) if qmap2 is not None else None
-    pc, s1, s2, a1, a2 = ip(p), ip(state1), ip(state2), ip(absmax1), ip(absmax2)
-    kernel(gc, pc, s1, s2, q1, q2, a1, a2, _f64(float(beta1)), _f64(float(beta2)), _f64(float(beta3)),
-           _f64(float(alpha)), _f64(float(eps)), _f64(int(step)), _f64(float(lr)), _f64(float(weight_decay)),
-           _f64(float(gnorm_scale)), bool(skip_zeros))
-    ip.finish()
+    _ops.optimizer_update_8bit_blockwise(name, g, p, state1, state2, float(beta1), float(beta2), float(beta3),
+                                         float(alpha), float(eps), int(step), float(lr), qmap1, qmap2, absmax1,
+                                         absmax2, float(weight_decay), float(gnorm_scale), bool(skip_zeros))
     return None
 
 # ---------------------------------------------------------------------------------------------
@@ -821,8 +703,7 @@ _code4_cache: Dict[str, Tensor] = {}
 def _code4(quant_type: str) -> Tensor:
     if quant_type not in _code4_cache:
         _code4_cache[quant_type] = get_4bit_type(quant_type)
-    tag_device(_code4_cache[quant_type])  # cached before mindtorch was imported: give it a device now
-    return _code4_cache[quant_type]
+    return _tag(_code4_cache[quant_type])  # cached before mindtorch was imported: give it a device now
 
 
 def _check_quant_type(quant_type, fn: str) -> str:
@@ -831,33 +712,9 @@ def _check_quant_type(quant_type, fn: str) -> str:
     return quant_type
 
 
-def _storage_view(packed_u8: Tensor, quant_storage) -> Tensor:
-    """Reinterprets packed uint8 bytes [(n+1)//2, 1] as ``quant_storage`` ([bytes/itemsize, 1])."""
-    if quant_storage == ms.uint8:
-        return packed_u8
-    arr = packed_u8.asnumpy().reshape(-1)
-    if quant_storage == ms.bfloat16:
-        from ._reference import np_bfloat16
-        # straight from the bytes: a round trip through float32 would canonicalise NaN bit patterns
-        t = Tensor(arr.view(np.uint16).view(np_bfloat16).copy())
-    else:
-        t = Tensor(arr.view(_NP_DTYPE[quant_storage]).copy())
-    t = t.reshape(-1, 1)
-    tag_device(t, like=(packed_u8,))
-    return t
-
-
 def _as_uint8(A: Tensor) -> Tensor:
     """The raw bytes of a packed 4-bit tensor stored in any ``quant_storage`` dtype, as flat uint8."""
-    if A.dtype == ms.uint8:
-        return A.reshape(-1)
-    if A.dtype == ms.bfloat16:
-        raw = A.asnumpy().view(np.uint8)  # bf16 bits as stored (not via float32: NaN patterns would change)
-    else:
-        raw = A.asnumpy().view(np.uint8)
-    t = Tensor(np.ascontiguousarray(raw).reshape(-1))
-    tag_device(t, like=(A,))
-    return t
+    return _tag(_raw_bytes(A), (A,))
 
 
 def quantize_4bit(A: Tensor, absmax: Optional[Tensor] = None, out: Optional[Tensor] = None, blocksize=None,
@@ -907,10 +764,9 @@ def quantize_4bit(A: Tensor, absmax: Optional[Tensor] = None, out: Optional[Tens
                          f"{item}-byte words; `A` ({n} elements) packs into {nbytes} bytes")
     code = _code4(quant_type)
     if n == 0:
-        packed, amax = _empty_np((0, 1), ms.uint8), _empty_np((0,), ms.float32)
+        packed, amax = _tag(_storage_view(_empty_np((0, 1), ms.uint8), quant_storage)), _empty_np((0,), ms.float32)
     else:
-        packed, amax = getattr(lib, f"cquantize_blockwise_{_SUFFIX[A.dtype]}_{quant_type}")(code, _contiguous(A), blocksize)
-    packed = _storage_view(packed, quant_storage)
+        packed, amax = _ops.quantize_4bit(_contiguous(A), blocksize, quant_type, quant_storage)
     _check_out(out, packed.shape, quant_storage, fn, "out")
     if compress_statistics and n:
         offset = _mean_f32(amax)
@@ -1031,14 +887,12 @@ def dequantize_4bit(A: Tensor, quant_state: Optional[QuantState] = None, absmax:
     if _numel(code) != 16:
         raise ValueError(f"{fn}: `quant_state.code` must have 16 entries; got {_numel(code)}")
     _check_4bit_sizes(quant_state, _numel(A) * _itemsize(A.dtype), fn)
-    raw = _as_uint8(_contiguous(A))
     amax = _absmax_4bit(quant_state)
     _check_dtype(amax, (ms.float32,), fn, "absmax")
     if n == 0:
         res = _empty_np(shape, quant_state.dtype)
     else:
-        res = getattr(lib, f"cdequantize_blockwise_{_SUFFIX[quant_state.dtype]}_{qt}")(
-            code, raw, _contiguous(amax), bs, n).reshape(shape)
+        res = _ops.dequantize_4bit(_contiguous(A), _contiguous(amax), bs, qt, shape, quant_state.dtype, code)
     if transpose:
         res = res.t()
     if out is not None and tuple(out.shape) != tuple(res.shape):
@@ -1100,17 +954,18 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
     if _numel(code) != 16:
         raise ValueError(f"{fn}: `state.code` must have 16 entries (a 4-bit code); got {_numel(code)}")
     _check_4bit_sizes(state, _numel(B) * _itemsize(B.dtype), fn, "`B`", "state")
+    if not state.nested:  # (named here: the host call below would name linear_4bit's `quant_state.absmax`)
+        _check_dtype(state.absmax, (ms.float32,), fn, "state.absmax")
     if _numel(A) == K and N and _hostcall.active():
         # one row of inference: one host call of the same kernel (the double-quant absmax decoded in it, the
         # same bits as dequantizing it first), without ops.Custom's per-call cost (~1 ms for a 4096 x 4096
         # weight here, 3.4 ms for 11008 x 4096, against the kernel's 1.6 / 4.3 ms on one thread)
         return _write(out, linear_4bit(A, B, state, bf16_dot=False), fn)
-    raw = _as_uint8(_contiguous(B))
     amax = _contiguous(_absmax_4bit(state))
     _check_dtype(amax, (ms.float32,), fn, "state.absmax")
     if _numel(A) == 0 or N == 0:
         return _write(out, _empty_np(out_shape, A.dtype), fn)
-    res = getattr(lib, f"cgemm_4bit_inference_naive_{_SUFFIX[A.dtype]}")(_contiguous(A), raw, amax, code, bs, N)
+    res = _ops.gemv_4bit(_contiguous(A), _contiguous(B), (N, K), amax, code, bs)
     return _write(out, res, fn)
 
 class _Linear4bitPlan:
@@ -1203,7 +1058,7 @@ class _Linear4bitPlan:
         entry = self.calls.get(key)
         if entry is None:
             npdt = _hostcall.np_dtype(dtype)
-            call = _hostcall.entry(_linear4_entry_name(dtype, dot)).bind(
+            call = _native.linear_4bit_entry(dtype, dot).bind(
                 np.empty((1, self.K), npdt), np.empty(1, np.uint8), np.empty(1, np.float32),
                 np.empty(16, np.float32), None, None, None, None, self.bs, self.bs2, self.N,
                 np.empty((1, self.N), npdt))
@@ -1405,10 +1260,6 @@ def _use_bf16_dot(bf16_dot, rows: int, fn: str = "linear_4bit") -> bool:
     return bool(bf16_dot) and BNB_BACKEND == "CPU"
 
 
-def _linear4_entry_name(dtype, dot: bool) -> str:
-    return "clinear_4bit_bf16dot_bf16" if dot else f"clinear_4bit_{_SUFFIX[dtype]}"
-
-
 #: Up to this many rows of activations a 4-bit linear forward is one fused native call (linear_4bit: the
 #: gemv kernel for one row, the fused dequantize-GEMM for more); more rows (prefill of long prompts)
 #: dequantize the weight to fp32 once and use MindSpore's matmul, which is faster there (measured with
@@ -1493,7 +1344,7 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
         if res is not None:
             return res
     plan = _plan_4bit(quant_state, fn)
-    if not isinstance(A, Tensor) or A.dtype not in _SUFFIX:
+    if not isinstance(A, Tensor) or A.dtype not in _FLOAT_SET:
         _check_dtype(A, FLOAT_DTYPES, fn, "A")
     shape = A.shape
     if len(shape) == 0 or shape[-1] != plan.K:
@@ -1520,17 +1371,15 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
         fast[0] = plan.watch_of(B, quant_state, bias, bound)
         return _hostcall.wrap(out)
     s2 = quant_state.state2
-    raw = B if B.dtype == ms.uint8 else _as_uint8(_contiguous(B))  # the kernel reads the bytes, any shape
     absmax2 = code2 = offset = None
     if plan.nested:
         absmax2, code2 = _contiguous(s2.absmax), s2.code
         offset = quant_state.offset
-        offset = _tag((offset if isinstance(offset, Tensor) else Tensor(np.float32(offset))).reshape(()), (A,))
-    absmax, code = _contiguous(quant_state.absmax), quant_state.code
+        offset = ms.ops.reshape(offset if isinstance(offset, Tensor) else Tensor(np.float32(offset)), ())
     if bias is not None and bias.dtype != A.dtype:
-        bias = _tag(bias.astype(A.dtype), (A,))
-    return getattr(lib, _linear4_entry_name(A.dtype, dot))(_contiguous(A), raw, absmax, code, absmax2, code2, offset,
-                                                            bias, plan.bs, plan.bs2, plan.N)
+        bias = ms.ops.cast(bias, A.dtype)
+    return _ops.linear_4bit(_contiguous(A), B, (plan.N, plan.K), _contiguous(quant_state.absmax), quant_state.code,
+                            plan.bs, bias, absmax2, code2, offset, plan.bs2, dot)
 
 
 # ---- int8 (LLM.int8()) ----
@@ -1539,11 +1388,6 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
 
 #: int8_vectorwise_dequant's scale, 1/127 as upstream writes it (rounded to float32 when applied).
 INT8_DEQUANT_SCALE = 7.874015718698502e-3
-
-
-def _tag(t, like):
-    tag_device(t, like=like)
-    return t
 
 
 def _check_threshold(threshold, fn: str) -> float:
@@ -1592,7 +1436,7 @@ def int8_vectorwise_quant(A: Tensor, threshold: float = 0.0):
     if _numel(A) == 0:
         CA, stats, flags = _empty_np(A.shape, ms.int8), _empty_np((rows,), ms.float32), np.zeros(K, np.uint8)
     else:
-        CA, stats, flags_t = lib.cint8_vector_quant(_contiguous(A), threshold)
+        CA, stats, flags_t = _ops.int8_vectorwise_quant(_contiguous(A), threshold)
         flags = flags_t.asnumpy() if threshold > 0.0 else None
     outlier_cols = None
     if threshold > 0.0:
@@ -1619,10 +1463,10 @@ def int8_vectorwise_dequant(A: Tensor, stats: Tensor) -> Tensor:
         raise ValueError(f"{fn}: `stats` must have one value per row of `A` ({rows}); got {_numel(stats)}")
     if _numel(A) == 0:
         return _empty_np(A.shape, ms.float32)
-    a2 = _tag(ms.ops.cast(ms.ops.reshape(A, (rows, int(A.shape[-1]))), ms.float32), (A,))
-    out = _tag(ms.ops.mul(a2, _tag(ms.ops.reshape(stats, (rows, 1)), (A,))), (A,))
-    out = _tag(ms.ops.mul(out, float(np.float32(INT8_DEQUANT_SCALE))), (A,))
-    return _tag(ms.ops.reshape(out, A.shape), (A,))
+    O = ms.ops
+    a2 = O.cast(O.reshape(A, (rows, int(A.shape[-1]))), ms.float32)
+    out = O.mul(O.mul(a2, O.reshape(stats, (rows, 1))), float(np.float32(INT8_DEQUANT_SCALE)))
+    return _tag(O.reshape(out, A.shape), (A,))
 
 
 def int8_double_quant(A: Tensor, col_stats=None, row_stats=None, out_col=None, out_row=None, threshold: float = 0.0):
@@ -1648,19 +1492,18 @@ def int8_double_quant(A: Tensor, col_stats=None, row_stats=None, out_col=None, o
     _check_rank(A, 1, fn, "A")
     CA, rstats, outlier_cols = int8_vectorwise_quant(A, threshold)
     K = int(A.shape[-1])
-    O, L = ms.ops, (A,)
-    a = _tag(O.cast(O.reshape(_contiguous(A), (-1, K)), ms.float32), L)
+    O = ms.ops  # MindSpore ops throughout: their results are tagged once, at the return
+    a = O.cast(O.reshape(_contiguous(A), (-1, K)), ms.float32)
     if threshold > 0.0:
         thr = float(np.float32(_reference.cast_out(np.array([threshold], np.float32), dtype_name(A.dtype))[0]))
-        a = _tag(O.select(_tag(O.ge(_tag(O.abs(a), L), thr), L), _tag(O.zeros_like(a), L), a), L)
+        a = O.select(O.ge(O.abs(a), thr), O.zeros_like(a), a)
     if _numel(A):
-        cstats = _tag(O.reduce_max(_tag(O.abs(a), L), 0), L)
+        cstats = O.reduce_max(O.abs(a), 0)
         # MindSpore's CPU max skips NaN; upstream's amax propagates it (a NaN column gets a NaN scale)
-        nan_cols = _tag(O.any(_tag(O.isnan(a), L), 0), L)
-        cstats = _tag(O.select(nan_cols, _tag(O.full_like(cstats, float("nan")), L), cstats), L)
+        cstats = O.select(O.any(O.isnan(a), 0), O.full_like(cstats, float("nan")), cstats)
         # upstream CUDA computes round(A * 127 / col_stats); a zero column gives NaN -> 0 here
-        q = _tag(O.round(O.div(_tag(O.mul(a, 127.0), L), _tag(O.reshape(cstats, (1, K)), L))), L)
-        q = _tag(O.select(_tag(O.isfinite(q), L), q, _tag(O.zeros_like(q), L)), L)
+        q = O.round(O.div(O.mul(a, 127.0), O.reshape(cstats, (1, K))))
+        q = O.select(O.isfinite(q), q, O.zeros_like(q))
         CAt = O.reshape(O.cast(q, ms.int8), A.shape)
     else:
         cstats = _empty_np((K,), ms.float32)
@@ -1703,7 +1546,7 @@ def int8_linear_matmul(A: Tensor, B: Tensor, out: Optional[Tensor] = None, dtype
         return _write(out, _empty_np(shape, ms.int32), fn)
     if K > checks_int8_max_K:
         return _write(out, _int8_matmul_long_k(A, B, shape), fn)
-    return _write(out, lib.cigemmlt_32(_contiguous(A), _contiguous(B))[0], fn)  # [1]: has_error (cextension)
+    return _write(out, _ops.int8_linear_matmul(_contiguous(A), _contiguous(B)), fn)
 
 
 def _int8_matmul_long_k(A: Tensor, B: Tensor, shape) -> Tensor:
@@ -1714,12 +1557,10 @@ def _int8_matmul_long_k(A: Tensor, B: Tensor, shape) -> Tensor:
     K = a.shape[-1]
     total = None
     for k in range(0, K, checks_int8_max_K):
-        part = lib.cigemmlt_32(Tensor(np.ascontiguousarray(a[..., k:k + checks_int8_max_K])),
-                               Tensor(np.ascontiguousarray(b[:, k:k + checks_int8_max_K])))[0].asnumpy()
+        part = _ops.int8_linear_matmul(Tensor(np.ascontiguousarray(a[..., k:k + checks_int8_max_K])),
+                                       Tensor(np.ascontiguousarray(b[:, k:k + checks_int8_max_K]))).asnumpy()
         total = part if total is None else total + part  # int32 + int32 wraps in numpy
-    res = Tensor(total.reshape(shape))
-    tag_device(res, like=(A,))
-    return res
+    return _tag(Tensor(total.reshape(shape)), (A,))
 
 
 def _mm_dequant(A, row_stats, col_stats, bias, dtype, fn, mixed=None):
@@ -1747,12 +1588,11 @@ def _mm_dequant(A, row_stats, col_stats, bias, dtype, fn, mixed=None):
         _check_dtype(CB, (ms.int8,), fn, "CB")
         if tuple(CB.shape) != (N, int(a2.shape[-1])):
             raise ValueError(f"{_fn_name(fn, 'CB')} must be [{N}, {int(a2.shape[-1])}]; got {tuple(CB.shape)}")
-        return getattr(lib, f"cint8_mixed_mm_dequant_{_SUFFIX[dtype]}")(
+        return _ops.int8_mixed_mm_dequant(
             _contiguous(A).reshape(rows, N), _contiguous(row_stats).reshape(rows), _contiguous(col_stats).reshape(N),
-            bias, a2, _contiguous(CB), _tag(Tensor(flags), (a2,)))
-    res = getattr(lib, f"cdequant_mm_int32_{_SUFFIX[dtype]}")(
-        _contiguous(A).reshape(rows, N), _contiguous(row_stats).reshape(rows), _contiguous(col_stats).reshape(N), bias)
-    return res
+            bias, a2, _contiguous(CB), Tensor(flags), dtype)
+    return _ops.int8_mm_dequant(_contiguous(A).reshape(rows, N), _contiguous(row_stats).reshape(rows),
+                                _contiguous(col_stats).reshape(N), dtype, bias)
 
 
 def int8_mm_dequant(A: Tensor, row_stats: Tensor, col_stats: Tensor, out: Optional[Tensor] = None,
@@ -1834,13 +1674,12 @@ def int8_mixed_scaled_mm(A: Tensor, CA: Tensor, CB: Tensor, SCA: Tensor, SCB: Te
         raise ValueError(f"{fn}: `A` must be [{rows}, {int(CB.shape[-1])}] (the rows of `CA`, the columns of `CB`); "
                          f"got {tuple(A.shape)}")
     flags = _outlier_flags(outlier_cols, K, fn)
-    L = (A,)
-    a2 = _tag(ms.ops.reshape(_contiguous(A), (rows, K)), L)
+    O = ms.ops
+    a2 = O.reshape(_contiguous(A), (rows, K))
     # subA (returned, as upstream): gathered in fp32 (MindSpore's CPU gather has no bfloat16)
-    idx = _tag(ms.ops.cast(outlier_cols, ms.int32), L)
-    subA = _tag(ms.ops.cast(_tag(ms.ops.gather(_tag(ms.ops.cast(a2, ms.float32), L), idx, 1), L), A.dtype), L)
+    subA = O.cast(O.gather(O.cast(a2, ms.float32), O.cast(outlier_cols, ms.int32), 1), A.dtype)
     out = _mm_dequant(C, SCA, SCB, bias, A.dtype, fn, mixed=(a2, CB, flags))
-    return _tag(ms.ops.reshape(out, C.shape), L), subA
+    return _tag(O.reshape(out, C.shape), (A,)), _tag(subA, (A,))
 
 
 class Int8LinearPlan:
@@ -1887,7 +1726,7 @@ class Int8LinearPlan:
         if entry is None:
             npdt = _hostcall.np_dtype(dtype)
             a, b = np.empty((1, self.K), npdt), np.empty(self.K, np.uint8)  # placeholders: set on every call
-            call = _hostcall.entry(_INT8_LINEAR[dtype]).bind(a, np.empty((self.N, self.K), np.int8),
+            call = _native.int8_linear_entry(dtype).bind(a, np.empty((self.N, self.K), np.int8),
                                                              np.empty(self.N, np.float32), None, 0.0, a, b)
             # the call, its threshold, CB, SCB and bias arrays bound, the lean call's state (see fast)
             entry = calls[dtype] = [call, 0.0, None, None, None, None]
@@ -1924,7 +1763,7 @@ class Int8LinearPlan:
         """``(out [..., N] in A.dtype, col_flags)`` for validated-here ``A``/``bias`` and a checked threshold;
         ``col_flags`` (uint8 [K], the outlier columns) is a host numpy array after a host call, else a tensor."""
         shape = A.shape
-        if not isinstance(A, Tensor) or A.dtype not in _SUFFIX:
+        if not isinstance(A, Tensor) or A.dtype not in _FLOAT_SET:
             _check_dtype(A, FLOAT_DTYPES, fn, "A")
         if len(shape) == 0 or shape[-1] != self.K:
             raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(shape)} @ `CB`.T ({self.N}, {self.K}) "
@@ -1967,16 +1806,13 @@ class Int8LinearPlan:
                 v.ref is not None and v.ref() is t and v.array is not None and a is not None
                 and a.ctypes.data == v.ptr for (t, v), a in zip(watch, (cb, scb, b))) else None
             return _hostcall.wrap(out), flags
-        out, flags = getattr(lib, _INT8_LINEAR[A.dtype])(_contiguous(A), _contiguous(self.CB),
-                                                         _contiguous(self.SCB).reshape(self.N),
-                                                         None if bias is None else _contiguous(bias).reshape(self.N),
-                                                         threshold)
+        out, flags = _ops.int8_linear(_contiguous(A), _contiguous(self.CB), _contiguous(self.SCB).reshape(self.N),
+                                      None if bias is None else _contiguous(bias).reshape(self.N), threshold)
         return out, flags
 
 
 #: Longest K of the int8 GEMM (csrc/checks/int8.h kIgemmMaxK: |sum| <= K * 2^14 < 2^31).
 checks_int8_max_K = 131071
-_INT8_LINEAR = {dt: f"cint8_linear_{sfx}" for dt, sfx in _SUFFIX.items()}
 
 
 def int8_linear_plan(owner, CB: Tensor, SCB: Tensor, fn: str = "int8_linear") -> Int8LinearPlan:
@@ -2027,9 +1863,7 @@ def int8_linear(A: Tensor, CB: Tensor, SCB: Tensor, bias: Optional[Tensor] = Non
     threshold = _check_threshold(threshold, fn)
     shape = tuple(A.shape[:-1]) + (plan.N,)
     if _numel(A) == 0 or plan.N == 0:
-        out = _empty_np(shape, A.dtype)
-        tag_device(out, like=(A,))
-        return out, (_tag(Tensor(np.zeros(0, np.int64)), (A,)) if threshold > 0.0 else None)
+        return _empty_np(shape, A.dtype), (_tag(Tensor(np.zeros(0, np.int64)), (A,)) if threshold > 0.0 else None)
     out, flags = plan(A, bias, threshold, fn)
     if threshold == 0.0:
         return out, None
@@ -2078,7 +1912,7 @@ def quantize_weight_only(W: Tensor, bits: int = 8) -> Tuple[Tensor, Tensor]:
     if N * K == 0:
         q = _empty_np((N, K if bits == 8 else (K + 1) // 2), ms.int8 if bits == 8 else ms.uint8)
         return q, _empty_np((N,), ms.float32)  # a K = 0 weight: scale 0 per row (what the kernel writes)
-    return getattr(lib, f"cquantize_weight_only_int{bits}_{_SUFFIX[W.dtype]}")(_contiguous(W))
+    return _ops.quantize_weight_only(_contiguous(W), bits)
 
 
 def _check_weight_only(q: Tensor, scale: Tensor, K: int, bits: int, fn: str) -> None:
@@ -2094,9 +1928,8 @@ def _check_weight_only(q: Tensor, scale: Tensor, K: int, bits: int, fn: str) -> 
 def _scale_f32(scale: Tensor, fn: str) -> Tensor:
     _check_tensor(scale, fn, "scale")
     if scale.dtype in (ms.float16, ms.bfloat16):  # checkpoints (ChatGLM) store the scale in half precision
-        scale = scale.astype(ms.float32)
-        tag_device(scale)
-    return _contiguous(scale.reshape(-1))
+        scale = ms.ops.cast(scale, ms.float32)
+    return _contiguous(ms.ops.reshape(scale, (-1,)))
 
 
 def dequantize_weight_only(q: Tensor, scale: Tensor, in_features: Optional[int] = None, bits: int = 8,
@@ -2125,7 +1958,7 @@ def dequantize_weight_only(q: Tensor, scale: Tensor, in_features: Optional[int] 
     _check_out(out, (N, K), dtype, fn)
     if N * K == 0:
         return _write(out, _empty_np((N, K), dtype), fn)
-    return _write(out, getattr(lib, f"cdequantize_weight_only_int{bits}_{_SUFFIX[dtype]}")(_contiguous(q), scale, K), fn)
+    return _write(out, _ops.dequantize_weight_only(_contiguous(q), scale, K, bits, dtype), fn)
 
 
 def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: Optional[Tensor] = None,
@@ -2160,7 +1993,6 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
         raise ValueError(f"{fn}: `A` must have last dimension in_features = {int(in_features)}; got shape "
                          f"{tuple(A.shape)}")
     _check_weight_only(q, scale, K, bits, fn)
-    tag_device([t for t in (A, q, scale, bias) if t is not None])  # tensors made before mindtorch was imported
     N = _numel(scale)
     if bias is not None:
         _check_tensor(bias, fn, "bias")
@@ -2171,24 +2003,22 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
     rows = _numel(A) // K if K else int(math.prod(A.shape[:-1]))
     if rows * N == 0:
         return _write(out, _empty_np(out_shape, A.dtype), fn)
+    O = ms.ops  # MindSpore ops throughout: the result is tagged once, at the return
+    b32 = None if bias is None else O.cast(O.reshape(bias, (-1,)), ms.float32)
     if K == 0:  # empty dot products: 0 (+ bias); the entry point counts no rows in a [..., 0] A
         res = _empty_np(out_shape, ms.float32)
-        if bias is not None:
-            res = res + bias.reshape(-1).astype(ms.float32)
-        res = res.astype(A.dtype)
+        res = O.cast(res if b32 is None else O.add(res, b32), A.dtype)
     elif rows <= WEIGHT_ONLY_NATIVE_MAX_ROWS:
-        res = getattr(lib, f"cgemm_weight_only_int{bits}_{_SUFFIX[A.dtype]}")(_contiguous(A), _contiguous(q), scale)
-        if bias is not None:
-            res = (res.astype(ms.float32) + bias.reshape(-1).astype(ms.float32)).astype(A.dtype)
+        res = _ops.gemm_weight_only(_contiguous(A), _contiguous(q), scale, bits)
+        if b32 is not None:
+            res = O.cast(O.add(O.cast(res, ms.float32), b32), A.dtype)
     else:
-        W = getattr(lib, f"cdequantize_weight_only_int{bits}_fp32")(_contiguous(q), scale, K)
-        res = ms.ops.matmul(A.reshape(rows, K).astype(ms.float32), W.T)
-        tag_device(res, like=(A,))  # MindSpore ops return untagged tensors; mindtorch operators need the tag
-        if bias is not None:
-            res = res + bias.reshape(-1).astype(ms.float32)
-        res = res.reshape(out_shape).astype(A.dtype)
-    tag_device(res, like=(A,))
-    return _write(out, res, fn)
+        W = _ops.dequantize_weight_only(_contiguous(q), scale, K, bits, ms.float32)
+        res = O.matmul(O.cast(O.reshape(A, (rows, K)), ms.float32), O.transpose(W, (1, 0)))
+        if b32 is not None:
+            res = O.add(res, b32)
+        res = O.cast(O.reshape(res, out_shape), A.dtype)
+    return _write(out, _tag(res, (A,)), fn)
 
 
 # ---- full-precision linear (the layers a quantized model keeps in full precision: lm_head) ----
@@ -2251,24 +2081,22 @@ def gemm_fp(A: Tensor, W: Tensor, bias: Optional[Tensor] = None, out: Optional[T
         return _graph.gemm_fp(A, W, bias, out)
     fn = "gemm_fp"
     _check_gemm_fp(A, W, bias, fn)
-    tag_device([t for t in (A, W, bias) if t is not None])  # tensors made before mindtorch was imported
     K, N = int(A.shape[-1]), int(W.shape[0])
     out_shape = tuple(A.shape[:-1]) + (N,)
     _check_out(out, out_shape, A.dtype, fn)
     rows = int(math.prod(A.shape[:-1]))
     if rows * N == 0:
         return _write(out, _empty_np(out_shape, A.dtype), fn)
-    b = None if bias is None else _contiguous(bias).reshape(N)
+    b = None if bias is None else _contiguous(ms.ops.reshape(bias, (N,)))
     if gemm_fp_uses_native(rows, A.dtype) or K == 0:
-        res = getattr(lib, f"cgemm_fp_{_SUFFIX[A.dtype]}")(_contiguous(A), _contiguous(W), b)
+        res = _ops.gemm_fp(_contiguous(A), _contiguous(W), b)
     else:
         # MindSpore ops throughout (their results carry no mindtorch device tag until the end)
         res = _matmul_tb()(ms.ops.reshape(_contiguous(A), (rows, K)), _contiguous(W))
         if b is not None:
             res = ms.ops.add(res, ms.ops.cast(b, res.dtype))
         res = ms.ops.reshape(res, out_shape)
-    tag_device(res, like=(A,))
-    return _write(out, res, fn)
+    return _write(out, _tag(res, (A,)), fn)
 
 
 # ---- upstream's remaining public names (issue 15) -------------------------------------------------------------

@@ -8,7 +8,7 @@ import torch
 import mindspore as ms  # PORT: gradients come from mindspore.value_and_grad (loss.backward() is a no-op)
 
 import bitsandbytes_ms as bnb  # PORT: was `import bitsandbytes as bnb`
-from bitsandbytes_ms.cextension import tag_device  # PORT: see the gradient comparison
+from bitsandbytes_ms._ops import tag as tag_device  # PORT: see the gradient comparison
 from helpers import (  # PORT: was `from tests.helpers import`
     BOOLEAN_TRIPLES,
     TRUE_FALSE,

@@ -18,7 +18,7 @@ import torch
 import mindspore as ms  # PORT: gradients come from mindspore.value_and_grad (loss.backward() is a no-op)
 
 import bitsandbytes_ms as bnb  # PORT: was `import bitsandbytes as bnb`
-from bitsandbytes_ms.cextension import tag_device  # PORT: autograd results carry no mindtorch device
+from bitsandbytes_ms._ops import tag as tag_device  # PORT: autograd results carry no mindtorch device
 from bitsandbytes_ms.nn.modules import Linear8bitLt  # PORT: was `from bitsandbytes.nn.modules import`
 from helpers import (  # PORT: was `from tests.helpers import`
     TRUE_FALSE,

@@ -222,7 +222,7 @@ def test_embedding_not_implemented_error():
 # test_linear8bitlt_no_fp16_weights, test_linear_kbit_fp32_bias and the Int8Lt case of test_kbit_backprop.
 import mindspore as ms  # noqa: E402  PORT: gradients come from mindspore.value_and_grad (backward() is a no-op)
 
-from bitsandbytes_ms.cextension import tag_device  # noqa: E402  PORT: autograd results carry no mindtorch device
+from bitsandbytes_ms._ops import tag as tag_device  # noqa: E402  PORT: autograd results carry no mindtorch device
 
 bnb.register()  # PORT: mindtorch patch registry (gradients through `a - b` and Tensor.to need it)
 

@@ -4,7 +4,7 @@
 //   extern "C" int f(int nparam, void **params, int *ndims, int64_t **shapes,
 //                    const char **dtypes, void *stream, void *extra);
 // `params` holds the inputs, then the outputs (in the order of the op table in
-// bitsandbytes_ms/_ops.py).  Python scalars arrive as 0-d tensors ("int64", "float32", "bool");
+// bitsandbytes_ms/_native_table.py).  Python scalars arrive as 0-d tensors ("int64", "float32", "bool");
 // None arrives as a null pointer with dtype "none".  Sizes are always read from `shapes`.
 //
 // Status: 0 on success.  A malformed call (wrong arity, dtype, shape, scalar value) returns one of

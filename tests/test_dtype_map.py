@@ -9,7 +9,7 @@ import pytest
 
 import mindspore as ms
 
-from bitsandbytes_ms import _ops, utils
+from bitsandbytes_ms import _native_table, utils
 
 PKG = pathlib.Path(utils.__file__).parent
 
@@ -32,9 +32,9 @@ def Tensor_bf16_np_dtype():
 
 def test_suffixes_are_the_op_tables():
     assert utils.SUFFIX_OF_DTYPE == {ms.float32: "fp32", ms.float16: "fp16", ms.bfloat16: "bf16"}
-    assert _ops.SUFFIX_OF_DTYPE is utils.SUFFIX_OF_DTYPE and _ops.DTYPE_OF_SUFFIX is utils.DTYPE_OF_SUFFIX
+    assert _native_table.SUFFIX_OF_DTYPE is utils.SUFFIX_OF_DTYPE and _native_table.DTYPE_OF_SUFFIX is utils.DTYPE_OF_SUFFIX
     # every dtype-suffixed C entry point names one of the map's suffixes
-    sfx = {n.rsplit("_", 1)[1] for n in _ops.OPS if n.rsplit("_", 1)[1] in ("fp32", "fp16", "bf16", "fp64")}
+    sfx = {n.rsplit("_", 1)[1] for n in _native_table.OPS if n.rsplit("_", 1)[1] in ("fp32", "fp16", "bf16", "fp64")}
     assert sfx == set(utils.DTYPE_OF_SUFFIX)
     assert utils.FLOAT_DTYPE_OF_NAME == {"fp32": ms.float32, "float32": ms.float32, "fp16": ms.float16,
                                          "float16": ms.float16, "bf16": ms.bfloat16, "bfloat16": ms.bfloat16}

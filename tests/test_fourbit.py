@@ -16,7 +16,7 @@ import mindspore as ms
 import bitsandbytes_ms as bnb
 import bitsandbytes_ms.functional as F
 from bitsandbytes_ms import _reference as R
-from bitsandbytes_ms.cextension import tag_device
+from bitsandbytes_ms._ops import tag as tag_device
 from upstream_vectors import bits, load, to_ms
 
 DTYPES = [ms.float32, ms.float16, ms.bfloat16]

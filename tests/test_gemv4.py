@@ -90,7 +90,7 @@ def test_gemv_matches_documented_order_any_blocksize(N, K, bs):
     code = F.get_4bit_type("nf4")
     q, amax = lib.cquantize_blockwise_fp32_nf4(code, ms.Tensor(rng.randn(N * K).astype(np.float32)), bs)
     A = rng.randn(1, K).astype(np.float32)
-    out = lib.cgemm_4bit_inference_naive_fp32(ms.Tensor(A), q.reshape(-1), amax, code, bs, N).asnumpy()[0]
+    out = lib.cgemm_4bit_inference_naive_fp32(ms.Tensor(A), ms.ops.reshape(q, (-1,)), amax, code, bs, N).asnumpy()[0]
     ref = _model_gemv(code.asnumpy(), _nibbles(q.asnumpy(), N * K), amax.asnumpy(), A[0], N, K, bs)
     np.testing.assert_array_equal(bits(out), bits(ref))
 

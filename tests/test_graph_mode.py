@@ -14,7 +14,8 @@ from mindspore import Tensor, nn
 import bitsandbytes_ms as bnb
 import bitsandbytes_ms.functional as F
 from bitsandbytes_ms import _graph
-from bitsandbytes_ms.cextension import compiling, tag_device
+from bitsandbytes_ms._ops import tag as tag_device
+from bitsandbytes_ms.cextension import compiling
 from bitsandbytes_ms.nn import Linear4bitCell, Linear8bitLtCell, LoRAAdapter
 
 RS = np.random.RandomState(1234)

@@ -21,7 +21,7 @@ import torch  # noqa: E402  (mindtorch)
 
 import bitsandbytes_ms.functional as F  # noqa: E402
 from bitsandbytes_ms import _reference as R  # noqa: E402
-from bitsandbytes_ms.cextension import tag_device  # noqa: E402
+from bitsandbytes_ms._ops import tag as tag_device  # noqa: E402
 from bitsandbytes_ms.nn import Int8Params, Linear8bitLt  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

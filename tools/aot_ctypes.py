@@ -4,7 +4,7 @@ this class as well).
 
 Every entry point is ``int f(int nparam, void **params, int *ndims, int64_t **shapes, const char
 **dtypes, void *stream, void *extra)`` (csrc/aot.h): the inputs, then the outputs, in the order of the
-op table (bitsandbytes_ms/_ops.py); a Python scalar is a 0-d array; ``None`` is a null pointer with
+op table (bitsandbytes_ms/_native_table.py); a Python scalar is a 0-d array; ``None`` is a null pointer with
 dtype "none".
 
     lib = Aot("bitsandbytes_ms/libbitsandbytes_ms_cpu.so")

@@ -28,7 +28,7 @@ ms.runtime.launch_blocking()
 import mindnlp  # noqa: E402,F401
 import torch  # noqa: E402
 
-from bitsandbytes_ms import functional as F  # noqa: E402
+from bitsandbytes_ms import _ops, functional as F  # noqa: E402,F401
 from bitsandbytes_ms.cextension import lib  # noqa: E402
 from bitsandbytes_ms.nn import LinearFP  # noqa: E402
 
@@ -82,7 +82,7 @@ def lm_head(n_rounds):
         x = torch.tensor(rng.standard_normal((1, 1, K)).astype(np.float32)).to(dt)
         x2 = x.reshape(1, K)
         variants = {"LinearFP (native, host call)": lambda: fast(x)}
-        variants["cgemm_fp via ops.Custom"] = lambda: getattr(lib, f"cgemm_fp_{F._SUFFIX[dt]}")(x2, dense.weight, None)
+        variants["cgemm_fp via ops.Custom"] = lambda: _ops.gemm_fp.kernel("cpu")(x2, dense.weight, None)
         try:
             _force(dense(x))
             variants["mindtorch nn.Linear (dense)"] = lambda: dense(x)

@@ -82,10 +82,10 @@ def blockwise_ops():
 
 
 def op_table():
-    """bitsandbytes_ms/_ops.py, loaded without the package's __init__ (no mindnlp, no native library).  It imports
+    """bitsandbytes_ms/_native_table.py, loaded without the package's __init__ (no mindnlp, no native library).  It imports
     mindspore, for dtype constants the entry point names do not need (a GPU host without MindSpore gets a
     stand-in), and the package's utils.py (the one dtype map; numpy and mindspore only): both modules are loaded
-    from the package directory under a bare package of their own, so _ops' relative import finds utils."""
+    from the package directory under a bare package of their own, so the table's relative import finds utils."""
     try:
         import mindspore  # noqa: F401
     except ImportError:
@@ -97,7 +97,7 @@ def op_table():
         pkg = types.ModuleType("bnb_ms_ops_pkg")
         pkg.__path__ = [str(ROOT / "bitsandbytes_ms")]  # submodules come from there; its __init__ never runs
         sys.modules[pkg.__name__] = pkg
-    return importlib.import_module("bnb_ms_ops_pkg._ops")
+    return importlib.import_module("bnb_ms_ops_pkg._native_table")
 
 
 def optim_ops():

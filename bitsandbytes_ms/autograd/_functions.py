@@ -2,7 +2,7 @@
 :mod:`bitsandbytes_ms.functional`.
 
 Names: ``_ms`` / ``_msops`` / ``_msnn`` are MindSpore and its ``ops`` / ``nn``; ``_F`` is
-:mod:`bitsandbytes_ms.functional` (the op table, :mod:`bitsandbytes_ms._ops`, is not used here)."""
+:mod:`bitsandbytes_ms.functional`, which calls the op layer (:mod:`bitsandbytes_ms._ops`; here only its `tag`)."""
 
 import math as _math
 import os as _os
@@ -19,7 +19,8 @@ from mindspore.common.api import _pynative_executor
 
 from .. import _graph, _hostcall
 from .. import functional as _F
-from ..cextension import BNB_BACKEND as _BNB_BACKEND, tag_device as _tag_device
+from .._ops import tag as _tag_device
+from ..cextension import BNB_BACKEND as _BNB_BACKEND
 from ..utils import Singleton as _Singleton
 
 
@@ -328,16 +329,15 @@ def _as_quant_input(t: _Tensor) -> _Tensor:
 
 
 def _d(t, like=()):
-    """Tags an intermediate result with mindtorch's ``_device`` (mindtorch's Tensor methods require it)."""
-    _tag_device(t, like=like)
-    return t
+    """A result (a tensor or a tuple) tagged with mindtorch's ``_device`` (mindtorch's Tensor methods require it)."""
+    return _tag_device(t, like)
 
 
 def _dequant_weight(state: MatmulLtState) -> _Tensor:
     """CB * SCB / 127 in float32 ([N, K])."""
-    cb = _d(_msops.cast(state.CB, _ms.float32))
-    scale = _d(_msops.mul(_d(_msops.reshape(state.SCB, (-1, 1))), float(_np.float32(1.0 / 127.0))))
-    return _d(_msops.mul(cb, scale))
+    cb = _msops.cast(state.CB, _ms.float32)  # MindSpore ops only: an intermediate, never tagged
+    scale = _msops.mul(_msops.reshape(state.SCB, (-1, 1)), float(_np.float32(1.0 / 127.0)))
+    return _msops.mul(cb, scale)
 
 
 def _int8_forward(A: _Tensor, B: _Tensor, bias: _Optional[_Tensor], state: MatmulLtState) -> _Tensor:
@@ -400,13 +400,11 @@ def _fp_forward(A: _Tensor, B: _Tensor, bias: _Optional[_Tensor], state: MatmulL
     shape = tuple(A.shape)
     if _math.prod(shape) == 0:
         return _zeros(shape[:-1] + (N,), A.dtype, (A,))
-    a = _d(_msops.cast(_msops.reshape(A, (-1, shape[-1])), _ms.float32))
-    out = _d(_msops.matmul(a, _d(_msops.transpose(_dequant_weight(state), (1, 0)))))
+    a = _msops.cast(_msops.reshape(A, (-1, shape[-1])), _ms.float32)  # MindSpore ops: one tag, at the return
+    out = _msops.matmul(a, _msops.transpose(_dequant_weight(state), (1, 0)))
     if bias is not None:
-        out = _d(_msops.add(out, _d(_msops.reshape(_msops.cast(bias, _ms.float32), (1, -1)))))
-    out = _d(_msops.reshape(_msops.cast(out, A.dtype), shape[:-1] + (N,)))
-    _tag_device(out, like=(A,))
-    return out
+        out = _msops.add(out, _msops.reshape(_msops.cast(bias, _ms.float32), (1, -1)))
+    return _d(_msops.reshape(_msops.cast(out, A.dtype), shape[:-1] + (N,)), (A,))
 
 
 def _backward(A, B, bias, dout, state: MatmulLtState):
@@ -415,24 +413,21 @@ def _backward(A, B, bias, dout, state: MatmulLtState):
     grad_bias = sum of dout over rows."""
     N = int(state.CB.shape[0])
     K = int(A.shape[-1])
-    d = _d(_msops.cast(_msops.reshape(dout, (-1, N)), _ms.float32))
+    d = _msops.cast(_msops.reshape(dout, (-1, N)), _ms.float32)  # MindSpore ops: the gradients tagged at the return
     if _math.prod(A.shape) == 0:
-        gA = _d(_msops.zeros_like(A))
-        gB = _d(_msops.zeros_like(B))
+        gA, gB = _msops.zeros_like(A), _msops.zeros_like(B)
     else:
-        gA = _d(_msops.reshape(_msops.cast(_msops.matmul(d, _dequant_weight(state)), A.dtype), A.shape))
+        gA = _msops.reshape(_msops.cast(_msops.matmul(d, _dequant_weight(state)), A.dtype), A.shape)
         if B.dtype != _ms.int8 and state.has_fp16_weights:
-            a = _d(_msops.cast(_msops.reshape(A, (-1, K)), _ms.float32))
-            gB = _msops.matmul(_d(_msops.transpose(d, (1, 0))), a)
+            gB = _msops.matmul(_msops.transpose(d, (1, 0)), _msops.cast(_msops.reshape(A, (-1, K)), _ms.float32))
             if tuple(B.shape) != tuple(gB.shape):  # B given as a transposed view
                 gB = _msops.transpose(gB, (1, 0))
-            gB = _d(_msops.reshape(_msops.cast(gB, B.dtype), B.shape))
+            gB = _msops.reshape(_msops.cast(gB, B.dtype), B.shape)
         else:
-            gB = _d(_msops.zeros_like(B))
+            gB = _msops.zeros_like(B)
     if bias is None:
-        return gA, gB
-    gbias = _d(_msops.reshape(_msops.cast(_msops.reduce_sum(d, 0), bias.dtype), bias.shape))
-    return gA, gB, gbias
+        return _d((gA, gB), (A,))
+    return _d((gA, gB, _msops.reshape(_msops.cast(_msops.reduce_sum(d, 0), bias.dtype), bias.shape)), (A,))
 
 
 class _Int8MatmulCell(_msnn.Cell):

@@ -22,6 +22,15 @@ def _same_device_move(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
+from ..torch_ops import bitsandbytes as _torch_ops_namespace  # noqa: E402
+
+registry.register_value(
+    "mindtorch-torch-ops-bitsandbytes", "mindtorch.ops", "bitsandbytes", _torch_ops_namespace, only_if_imported=False,
+    why="upstream registers its ops with torch.library, so `torch.ops.bitsandbytes.<op>` exists once bitsandbytes is "
+        "imported; mindtorch's torch.library registers nothing (custom_op returns None, no define/impl), so the "
+        "namespace of bitsandbytes_ms.torch_ops (the ops of bitsandbytes_ms._ops under upstream's schemas) is "
+        "installed as torch.ops.bitsandbytes.")
+
 registry.register_value(
     "transformers-bitsandbytes-available", "transformers.utils.import_utils", "_bitsandbytes_available", True,
     why="transformers decides once, when it is imported, whether a `bitsandbytes` package exists; mindnlp imports "

@@ -34,7 +34,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from .. import _graph
 from .. import functional as F
 from ..autograd import _functions as _autograd
-from ..cextension import tag_device as _tag_device
+from .._ops import tag as _tag_device
 
 
 def _weight_of(dense_or_weight):

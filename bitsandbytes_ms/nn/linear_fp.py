@@ -35,11 +35,11 @@ from mindspore import context as _ms_context
 from mindspore.common.api import _pynative_executor
 
 from .. import _hostcall as _H
+from ..backends import native as _native
 from .. import functional as _F
 from ..utils import dtype_name as _dtype_name
 
 _FLOAT = (_ms.float32, _ms.float16, _ms.bfloat16)
-_ENTRY = {dt: "cgemm_fp_" + sfx for dt, sfx in ((_ms.float32, "fp32"), (_ms.float16, "fp16"), (_ms.bfloat16, "bf16"))}
 _ctx, _MODE = _ms_context._context, _ms_context.ms_ctx_param.mode
 
 
@@ -112,7 +112,7 @@ class LinearFP(torch.nn.Linear):
         out = _H.empty(out_shape, dt)
         call = st["bound"].get(dt)
         if call is None:
-            call = st["bound"][dt] = _H.entry(_ENTRY[dt]).bind(xa, wa, ba, out)
+            call = st["bound"][dt] = _native.gemm_fp_entry(dt).bind(xa, wa, ba, out)
         else:
             call.set(0, xa)
             call.set(1, wa)

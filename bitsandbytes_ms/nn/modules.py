@@ -19,7 +19,7 @@ from mindspore import ops as _msops
 from .. import _hostcall
 from .. import functional as _F
 from ..autograd import _functions as _autograd
-from ..cextension import tag_device as _tag_device
+from .._ops import tag as _tag_device
 from ..optim import GlobalOptimManager as _GlobalOptimManager
 
 _logger = _logging.getLogger(__name__)
@@ -833,18 +833,12 @@ def _embedding(mod, input):
 def _gather_rows(table, input):
     """table[input] for an integer index tensor of any shape -> [*input.shape, *table.shape[1:]] (a bfloat16
     table is gathered in float32: MindSpore's CPU gather has no bf16 kernel; the values are the same)."""
-    _tag_device((input, table), like=(input,))
-    idx = input.reshape(-1).astype(_ms.int64)
-    _tag_device(idx, like=(input,))
+    idx = _msops.cast(_msops.reshape(input, (-1,)), _ms.int64)  # MindSpore ops throughout: one tag, at the return
     bf16 = table.dtype == _ms.bfloat16
-    res = _msops.gather(table.astype(_ms.float32) if bf16 else table, idx, 0)
-    _tag_device(res, like=(input,))
+    res = _msops.gather(_msops.cast(table, _ms.float32) if bf16 else table, idx, 0)
     if bf16:
-        res = res.astype(_ms.bfloat16)
-        _tag_device(res, like=(input,))
-    res = res.reshape(tuple(input.shape) + tuple(table.shape[1:]))
-    _tag_device(res, like=(input,))
-    return res
+        res = _msops.cast(res, _ms.bfloat16)
+    return _tag_device(_msops.reshape(res, tuple(input.shape) + tuple(table.shape[1:])), (input,))
 
 
 class _RowInt8Params(torch.nn.Parameter):

@@ -32,7 +32,7 @@ from mindspore import Tensor
 
 from .. import functional as F
 from ..utils import ITEMSIZES, NP_DTYPES, Singleton
-from ..cextension import tag_device
+from .._ops import tag as tag_device
 
 
 class MockArgs:

@@ -1168,7 +1168,7 @@ void linear4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, co
 
 // The fused inference forward of a 4-bit linear layer: one row runs gemv4 (gemv_4bit's bits), more rows
 // gemm4; the double-quant absmax is decoded in the kernel and the bias added, one call per layer (see
-// bitsandbytes_ms/_ops.py, clinear_4bit_*).
+// bitsandbytes_ms/_native_table.py, clinear_4bit_*).
 // params: A T[..., K], B u8[>= (N*K+1)/2], absmax f32[nb] | u8[nb] (nested), code f32[16],
 //   absmax2 f32[>= ceil(nb/bs2)] | none, code2 f32[256] | none, offset f32 0-d | none, bias T[N] | none,
 //   blocksize i64, blocksize2 i64, n_out i64 -> out T[..., N]        (nb = ceil(N*K/blocksize))

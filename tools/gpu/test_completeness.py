@@ -1,4 +1,4 @@
-"""Every row of the op table (bitsandbytes_ms/_ops.py) that is not cpu_only is exported by the CUDA library."""
+"""Every row of the C ABI table (bitsandbytes_ms/_native_table.py) that is not cpu_only is exported by the CUDA library."""
 from __future__ import annotations
 
 import os
