@@ -100,7 +100,7 @@ inline int launch_status() { return cudaGetLastError() == cudaSuccess ? OK : E_D
 
 // ---- has_error outputs (aot.h) ------------------------------------------------------------------
 namespace detail {
-__global__ void set_i32(int32_t *p, int32_t v) { *p = v; }
+static __global__ void set_i32(int32_t *p, int32_t v) { *p = v; }  // (static: one per translation unit)
 }  // namespace detail
 // Writes `code` into the has_error output `p` on the stream.  Returns OK when it was written (the failure is
 // then the output's to report), else `code` (p null: the call has no has_error output) or E_DEVICE.
@@ -159,12 +159,12 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162f
 template <class T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half from_float<__half>(float v) {
-  // round to nearest even; NaN -> sign | 0x7e00 | payload >> 13 (aot.h's f32_to_fp16; __float2half_rn gives 0x7fff)
-  if (v != v) {
-    const uint32_t b = __float_as_uint(v);
-    return __ushort_as_half((unsigned short)(((b >> 16) & 0x8000u) | 0x7e00u | ((b >> 13) & 0x3ffu)));
-  }
-  return __float2half_rn(v);
+  // round to nearest even; NaN -> sign | 0x7e00 | payload >> 13 (aot.h's f32_to_fp16; __float2half_rn gives 0x7fff).
+  // Both computed and one selected (no branch in the store loops).
+  const uint32_t b = __float_as_uint(v);
+  const unsigned short nan = (unsigned short)(((b >> 16) & 0x8000u) | 0x7e00u | ((b >> 13) & 0x3ffu));
+  const unsigned short r = __half_as_ushort(__float2half_rn(v));
+  return __ushort_as_half(v != v ? nan : r);
 }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   // round to nearest even; NaN keeps its top bits and is made quiet (aot.h's f32_to_bf16)

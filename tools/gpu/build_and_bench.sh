@@ -7,6 +7,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 t0=$(date +%s)
+mkdir -p build
 cmake -S . -B build/cuda -G Ninja -DBNB_MS_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" > build/cuda_configure.log 2>&1 || { cat build/cuda_configure.log; exit 1; }
 cmake --build build/cuda -j "$(nproc)" 2>&1 | tail -n 3
