@@ -796,7 +796,7 @@ def lib_call(template, mutation, seed):
         a = mut(list(args))
     except Exception:  # noqa: BLE001  (a mutation that does not apply to this template)
         return "ok", "n/a"
-    op = cextension._ops.OPS[name]
+    op = cextension._native_table.OPS[name]
     inputs = a[: len(op.inputs)]
     rng = np.random.default_rng(seed)
     vals = []
