@@ -1061,19 +1061,20 @@ void dot_rows_bf16_portable(const uint16_t *const *w, int R, const uint16_t *x, 
   }
 }
 
+// Columns [k0, k1) of weight row n as bf16 into w[0, k1 - k0) (columns >= K are zero padding).
 BNB_MS_TARGET_AVX512BF16 void decode_row_bf16_avx512(const float *code, const uint8_t *q, const float *am,
-                                                      int64_t blk_off, int64_t n, int64_t K, int64_t K32, int64_t bs,
-                                                      uint16_t *w) {
-  const int64_t r0 = n * K;
+                                                      int64_t blk_off, int64_t n, int64_t K, int64_t k0, int64_t k1,
+                                                      int64_t bs, uint16_t *w) {
+  const int64_t r0 = n * K, rs = r0 + k0, re = r0 + std::min(k1, K);
   const __m512 c = _mm512_loadu_ps(code);
   alignas(64) uint16_t t[2 * kCode4];
-  for (int64_t b = r0 / bs, s = r0; s < r0 + K; ++b) {
-    const int64_t e = std::min((b + 1) * bs, r0 + K);
+  for (int64_t b = rs / bs, s = rs; s < re; ++b) {
+    const int64_t e = std::min((b + 1) * bs, re);
     const __m512i tab = bf16_flushed16(_mm512_mul_ps(c, _mm512_set1_ps(am[b - blk_off])));
     int64_t i = s;
     if (i & 1) {
       _mm512_store_si512(t, tab);
-      w[i - r0] = t[2 * nib_at(q, i)];
+      w[i - rs] = t[2 * nib_at(q, i)];
       ++i;
     }
     for (; i + kChunk <= e; i += kChunk) {
@@ -1081,55 +1082,79 @@ BNB_MS_TARGET_AVX512BF16 void decode_row_bf16_avx512(const float *code, const ui
       // word 2j+1 = byte j << 1 (2 * low nibble, + higher bits); vpermw reads the low 5 bits
       const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + (i >> 1))));
       const __m512i idx = _mm512_or_si512(_mm512_srli_epi32(d, 3), _mm512_slli_epi32(d, 17));
-      _mm512_storeu_si512(w + (i - r0), _mm512_permutexvar_epi16(idx, tab));
+      _mm512_storeu_si512(w + (i - rs), _mm512_permutexvar_epi16(idx, tab));
     }
     if (i < e) {
       _mm512_store_si512(t, tab);
-      for (; i < e; ++i) w[i - r0] = t[2 * nib_at(q, i)];
+      for (; i < e; ++i) w[i - rs] = t[2 * nib_at(q, i)];
     }
     s = e;
   }
-  for (int64_t k = K; k < K32; ++k) w[k] = 0;
+  for (int64_t k = std::max(k0, K); k < k1; ++k) w[k - k0] = 0;
 }
 
 BNB_MS_TARGET_AVX512BF16 BNB_MS_INLINE __m512bh bh(const uint16_t *p) {
   return (__m512bh)_mm512_loadu_si512(p);
 }
 
-// R (<= kRowGroup) decoded weight rows against every x row: r[m * kRowGroup + j].  Each (row, m) is one
-// vdpbf16ps chain over the chunks in order; the blocking only interleaves independent chains.
+// The native kernel runs K in slices of kSliceK columns so that the decoded weight slice (kRowGroup rows)
+// and the x slice stay in L1 while every x row reads them; each (row, m) vdpbf16ps chain is carried across
+// the slices in acc (16 fp32 per chain), so it runs over the chunks in order, as the portable kernel's does.
+constexpr int64_t kSliceK = 512;
 
+// Chains for weight rows j0..j0+RR-1 (slice pointers w[j]) and x rows m..m+MM-1 over the slice's chunks
+// [c0, c1) (c0: the slice's first column); acc[(m * kRowGroup + j) * 16 + lane] holds each chain between slices.
 template <int RR, int MM>
 BNB_MS_TARGET_AVX512BF16 BNB_MS_INLINE void dot_tile_bf16(const uint16_t *const *w, const uint16_t *x, int64_t m,
-                                                          int64_t K32, int j0, float *r) {
+                                                          int64_t K32, int64_t c0, int64_t c1, int j0, float *acc) {
   __m512 a[RR][MM];
   for (int j = 0; j < RR; ++j)
-    for (int i = 0; i < MM; ++i) a[j][i] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < K32; c += kChunk) {
+    for (int i = 0; i < MM; ++i) a[j][i] = _mm512_load_ps(acc + ((m + i) * kRowGroup + j0 + j) * kLanes);
+  for (int64_t c = c0; c < c1; c += kChunk) {
     __m512bh xv[MM];
     for (int i = 0; i < MM; ++i) xv[i] = bh(x + (m + i) * K32 + c);
     for (int j = 0; j < RR; ++j) {
-      const __m512bh wv = bh(w[j0 + j] + c);
+      const __m512bh wv = bh(w[j0 + j] + (c - c0));
       for (int i = 0; i < MM; ++i) a[j][i] = _mm512_dpbf16_ps(a[j][i], wv, xv[i]);
     }
   }
   for (int j = 0; j < RR; ++j)
-    for (int i = 0; i < MM; ++i) r[(m + i) * kRowGroup + j0 + j] = reduce16_avx512(a[j][i]);
+    for (int i = 0; i < MM; ++i) _mm512_store_ps(acc + ((m + i) * kRowGroup + j0 + j) * kLanes, a[j][i]);
 }
 
-BNB_MS_TARGET_AVX512BF16 void dot_rows_bf16_avx512(const uint16_t *const *w, int R, const uint16_t *x, int64_t M,
-                                                    int64_t K32, float *r) {
-  int64_t m = 0;
-  if (R == kRowGroup) {
-    for (; m + 4 <= M; m += 4) {
-      dot_tile_bf16<4, 4>(w, x, m, K32, 0, r);
-      dot_tile_bf16<4, 4>(w, x, m, K32, 4, r);
+// R (<= kRowGroup) weight rows n..n+R-1 against every x row: r[m * kRowGroup + j].
+BNB_MS_TARGET_AVX512BF16 void dot_rows_bf16_avx512(const float *code, const uint8_t *q, const float *am,
+                                                    int64_t blk_off, int64_t n, int R, int64_t K, int64_t bs,
+                                                    const uint16_t *x, int64_t M, int64_t K32, uint16_t *wbuf,
+                                                    float *acc, float *r) {
+  std::memset(acc, 0, sizeof(float) * (size_t)(M * kRowGroup * kLanes));
+  const uint16_t *w[kRowGroup];
+  for (int64_t c0 = 0; c0 < K32; c0 += kSliceK) {
+    const int64_t c1 = std::min(c0 + kSliceK, K32);
+    for (int j = 0; j < R; ++j) {
+      // the next slice's packed bytes of this row (R short strided streams: the hardware prefetcher alone
+      // leaves them to DRAM latency)
+      if (c1 < K) {
+        const uint8_t *nx = q + ((n + j) * K + c1) / 2;
+        for (int64_t b = 0; b < kSliceK / 2; b += 64) _mm_prefetch((const char *)(nx + b), _MM_HINT_T0);
+      }
+      decode_row_bf16_avx512(code, q, am, blk_off, n + j, K, c0, c1, bs, wbuf + j * kSliceK);
+      w[j] = wbuf + j * kSliceK;
     }
-    for (; m < M; ++m) dot_tile_bf16<8, 1>(w, x, m, K32, 0, r);
-    return;
+    int64_t m = 0;
+    if (R == kRowGroup) {
+      for (; m + 4 <= M; m += 4) {
+        dot_tile_bf16<4, 4>(w, x, m, K32, c0, c1, 0, acc);
+        dot_tile_bf16<4, 4>(w, x, m, K32, c0, c1, 4, acc);
+      }
+      for (; m < M; ++m) dot_tile_bf16<8, 1>(w, x, m, K32, c0, c1, 0, acc);
+    } else {
+      for (; m < M; ++m)
+        for (int j = 0; j < R; ++j) dot_tile_bf16<1, 1>(w, x, m, K32, c0, c1, j, acc);
+    }
   }
-  for (; m < M; ++m)
-    for (int j = 0; j < R; ++j) dot_tile_bf16<1, 1>(w, x, m, K32, j, r);
+  for (int64_t m = 0; m < M; ++m)
+    for (int j = 0; j < R; ++j) r[m * kRowGroup + j] = reduce16_avx512(_mm512_load_ps(acc + (m * kRowGroup + j) * kLanes));
 }
 
 template <class T>
@@ -1143,23 +1168,28 @@ void linear4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, co
     for (int64_t k = 0; k < K; ++k) xb[m * K32 + k] = to_bf16_flushed(to_f32(A[m * K + k]));
   const uint16_t *xp = xb.data();
   gemv4_parallel_rows(N, K * std::max<int64_t>(1, M / 4), [&](int64_t n0, int64_t n1) {
-    static thread_local std::vector<uint16_t> wrows;  // kRowGroup decoded weight rows
-    static thread_local std::vector<float> res;
+    static thread_local std::vector<uint16_t> wrows;  // kRowGroup decoded weight rows (native: K slices)
+    static thread_local std::vector<float> res, acc;
     int64_t off;
     const float *am = amx.rows(n0, n1, K, bs, &off);
-    wrows.resize((size_t)(kRowGroup * K32 + kChunk));
+    wrows.resize((size_t)(kRowGroup * (native ? kSliceK : K32) + kChunk));
     res.resize((size_t)(M * kRowGroup));
+    if (native) acc.resize((size_t)(M * kRowGroup * kLanes + kLanes));
+    // 64-byte aligned chain buffer for the native kernel
+    float *accp = (float *)(((uintptr_t)acc.data() + 63) & ~(uintptr_t)63);
     for (int64_t n = n0; n < n1; n += kRowGroup) {
       const int R = (int)std::min<int64_t>(kRowGroup, n1 - n);
-      const uint16_t *wp[kRowGroup];
-      for (int j = 0; j < R; ++j) {
-        uint16_t *wj = wrows.data() + j * K32;
-        if (native) decode_row_bf16_avx512(code, q, am, off, n + j, K, K32, bs, wj);
-        else decode_row_bf16_portable(code, q, am, off, n + j, K, K32, bs, wj);
-        wp[j] = wj;
+      if (native) {
+        dot_rows_bf16_avx512(code, q, am, off, n, R, K, bs, xp, M, K32, wrows.data(), accp, res.data());
+      } else {
+        const uint16_t *wp[kRowGroup];
+        for (int j = 0; j < R; ++j) {
+          uint16_t *wj = wrows.data() + j * K32;
+          decode_row_bf16_portable(code, q, am, off, n + j, K, K32, bs, wj);
+          wp[j] = wj;
+        }
+        dot_rows_bf16_portable(wp, R, xp, M, K32, res.data());
       }
-      if (native) dot_rows_bf16_avx512(wp, R, xp, M, K32, res.data());
-      else dot_rows_bf16_portable(wp, R, xp, M, K32, res.data());
       for (int64_t m = 0; m < M; ++m)
         for (int j = 0; j < R; ++j) out[m * N + n + j] = with_bias(from_f32<T>(res[m * kRowGroup + j]), bias, n + j);
     }
