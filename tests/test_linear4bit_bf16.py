@@ -57,7 +57,8 @@ def _default_mode():
 SHAPES = [(1, 40, 192, 64), (3, 33, 100, 64), (8, 16, 512, 128), (2, 7, 77, 32), (17, 24, 256, 64),
           (32, 9, 320, 64), (4, 11, 31, 64),
           # K over the native kernel's 512-column slices (chains carried across slices), odd K: odd row starts
-          (5, 19, 1111, 64), (16, 16, 1536, 256), (9, 8, 1024, 32)]
+          (5, 19, 1111, 64), (16, 16, 1536, 256), (9, 8, 1024, 32),
+          (6, 301, 2048, 64)]  # over the threading threshold: row chunks split across the pool
 
 
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "dq"])
