@@ -1047,7 +1047,7 @@ class _Linear4bitPlan:
             args.append(None)
         else:
             b = hv(v[6], bias)
-            args.append(b if b.dtype == _hostcall.np_dtype(dtype) else b.astype(_hostcall.np_dtype(dtype)))
+            args.append(b if b.dtype == _hostcall.np_dtype(dtype) else _hostcall.convert(b, _hostcall.np_dtype(dtype)))
         return args
 
     def host_call(self, dtype, dot: bool = False):
@@ -1148,16 +1148,16 @@ class _Linear4bitPlan:
             return None
         f = entry[2][1]
         npdt = _hostcall.np_dtype(compute_dtype)
-        xa = _hostcall.act_array(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
+        xa = _hostcall.convert(_hostcall.act_array(A), npdt)  # first: waits for everything queued before (in-place updates too)
         if not _unmoved(f[2]):
             return None
         if bias is not None and bias.dtype != compute_dtype:
-            b = _hostcall.host_view(self.views[6], bias).reshape(-1).astype(npdt)  # the bias's own memory
+            b = _hostcall.convert(_hostcall.host_view(self.views[6], bias).reshape(-1), npdt)  # the bias's own memory
             entry[0].set(7, b)
             entry[1][7] = b
         out = np.empty(shape[:-1] + (self.N,), npdt)
         entry[0].run_rows(0, xa.ctypes.data, rows, K, 11, out)
-        return _hostcall.wrap(out.astype(np.float32))
+        return _hostcall.wrap(_hostcall.convert(out, np.float32))
 
 
 def _lean_rows(A: Tensor, K: int, max_rows: int = 1 << 62) -> tuple:
@@ -1291,7 +1291,7 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     dot = compute_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
     call, bound, fast = plan.host_call(compute_dtype, dot)
     npdt = _hostcall.np_dtype(compute_dtype)
-    xa = _hostcall.act_array(A).astype(npdt)  # first: waits for everything queued before (in-place updates too)
+    xa = _hostcall.convert(_hostcall.act_array(A), npdt)  # first: waits for everything queued before (in-place updates too)
     for i, arr in enumerate(plan.host_args(B, quant_state, bias, compute_dtype), 1):
         if arr is not bound[i]:
             call.set(i, arr)
@@ -1301,7 +1301,7 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     call.set(11, out)
     call()
     fast[1] = plan.watch_of(B, quant_state, bias, bound, converted_bias=bias is not None and bias.dtype != compute_dtype)
-    return _hostcall.wrap(out.astype(np.float32))
+    return _hostcall.wrap(_hostcall.convert(out, np.float32))
 
 
 def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor] = None,

@@ -295,3 +295,29 @@ def test_matmul_4bit_with_a_fresh_transposed_weight_each_call_is_lean_and_never_
         got = bnb.matmul_4bit(x, w.t(), quant_state=qs).numpy().copy()
         assert not np.array_equal(got, first)
         np.testing.assert_array_equal(got, _fresh4(m, x))
+
+
+@pytest.mark.parametrize("dst", ["bf16", "fp16"])
+def test_native_convert_matches_numpy_rounding(dst):
+    """_hostcall.convert (the lean compute-dtype path's casts) rounds as numpy does: to nearest even, with ties,
+    denormals, overflow to inf and NaN; widening back is exact."""
+    import mindspore as ms
+
+    from bitsandbytes_ms import _hostcall as HC
+
+    npdt = HC.np_dtype(ms.bfloat16 if dst == "bf16" else ms.float16)
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 2**32, size=20011, dtype=np.uint64).astype(np.uint32)
+    special = np.array([0.0, -0.0, 1.0, 1.00390625, 1.01171875, 65504.0, 65520.0, 1e-45, 3e-39, -1e-8,
+                        np.inf, -np.inf, 3.4e38], np.float32)
+    x = np.concatenate([bits.view(np.float32), special, np.float32(rng.standard_normal(4099))])
+    got = HC.convert(x, npdt)
+    want = x.astype(npdt)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    nan = np.isnan(x)
+    assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
+    assert np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
+    back = HC.convert(got, np.float32)
+    assert np.array_equal(back[~nan], got[~nan].astype(np.float32))
+    # a strided view converts as its contiguous copy
+    assert np.array_equal(HC.convert(x[::3], npdt)[~nan[::3]].view(np.uint16), want[::3][~nan[::3]].view(np.uint16))
