@@ -337,6 +337,7 @@ def empty(shape, dtype) -> np.ndarray:
 
 _CONVERT_CODES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _NP_DTYPES[ms.bfloat16]: 2}
 _convert_fn = None
+_CONVERT_MIN = 4096  # elements from which the native cast is faster (measured: equal at ~4096)
 
 
 def convert(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -345,7 +346,7 @@ def convert(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     global _convert_fn
     dtype = np.dtype(dtype)
     src, dst = _CONVERT_CODES.get(a.dtype), _CONVERT_CODES.get(dtype)
-    if src is None or dst is None:
+    if src is None or dst is None or a.size < _CONVERT_MIN:  # small arrays: numpy's call costs less (~1 vs ~3 us)
         return a.astype(dtype)
     if _convert_fn is None:
         fn = cextension._dll.bnb_ms_convert
