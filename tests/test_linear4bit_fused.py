@@ -69,7 +69,10 @@ def QuantStateF32(qs):
 
 @pytest.mark.parametrize("dt", DTYPES, ids=lambda d: str(d))
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "dq"])
-@pytest.mark.parametrize("M,N,K,bs", [(1, 40, 192, 64), (3, 33, 100, 64), (8, 16, 512, 128), (2, 7, 77, 32)])
+# the last two: over the threading threshold (row chunks start at blocks that are neither 64- nor
+# blocksize2-aligned: the 64-block double-quant absmax decode of AVX-512 VBMI and its tails)
+@pytest.mark.parametrize("M,N,K,bs", [(1, 40, 192, 64), (3, 33, 100, 64), (8, 16, 512, 128), (2, 7, 77, 32),
+                                      (1, 301, 4096, 64), (4, 203, 2624, 64)])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
 def test_fused_equals_unfused(dt, nested, M, N, K, bs, with_bias):
     rng = np.random.default_rng(N * K + M)

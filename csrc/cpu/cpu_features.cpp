@@ -51,6 +51,7 @@ uint32_t detect() {
     if (b & (1u << 30)) f |= CPU_AVX512BW;
     if (b & (1u << 31)) f |= CPU_AVX512VL;
     if (c & (1u << 11)) f |= CPU_AVX512VNNI;
+    if (c & (1u << 1)) f |= CPU_AVX512VBMI;
   }
   const bool amx_int8 = d & (1u << 25), amx_bf16 = d & (1u << 22);
   unsigned a1, b1, c1, d1;

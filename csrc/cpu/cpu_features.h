@@ -17,6 +17,7 @@ enum CpuFeature : uint32_t {
   CPU_AVX512BF16 = 1u << 9,
   CPU_AMX_INT8 = 1u << 10,   // hardware bit AND the OS granted the AMX tile state
   CPU_AMX_BF16 = 1u << 11,
+  CPU_AVX512VBMI = 1u << 12,  // vpermb / vpermi2b (byte-table lookups)
 };
 
 uint32_t cpu_features();
@@ -27,10 +28,12 @@ enum class SimdLevel : int { scalar = 0, avx2 = 1, avx512 = 2 };
 SimdLevel simd_level();
 inline bool has_avx512() { return simd_level() >= SimdLevel::avx512; }
 inline bool has_avx2() { return simd_level() >= SimdLevel::avx2; }
+inline bool has_avx512vbmi() { return has_avx512() && (cpu_features() & CPU_AVX512VBMI); }
 
 }  // namespace bnb_ms
 
 // GCC/Clang target attributes for the SIMD variants of each kernel.
 #define BNB_MS_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define BNB_MS_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define BNB_MS_TARGET_AVX512VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,fma,f16c")))
 #define BNB_MS_INLINE inline __attribute__((always_inline))
