@@ -19,6 +19,7 @@
 
 #include "aot.h"
 #include "checks/blockwise.h"
+#include "cpu/code256_vbmi.h"
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
 #include "cpu/quant_lut.h"
@@ -88,7 +89,8 @@ BNB_MS_INLINE void dequantize_blocks_generic(const float *code, const uint8_t *A
 // indices in vectors (quant_grid_index8/16) and the codes by scalar loads, 32 at a time (AVX2, lut_codes)
 // or by a gather (AVX-512, lut_gather16): see cpu/quant_lut.h for why each.
 // Dequantize (AVX2): blocks of kTableMin+ elements through a per-block table of the 256 results
-// from_f32<T>(code[c] * absmax) (table_lookup), smaller blocks gather code[q] and multiply; AVX-512 gathers.
+// from_f32<T>(code[c] * absmax) (table_lookup), smaller blocks gather code[q] and multiply; AVX-512 gathers, or
+// with VBMI looks code[q] up in registers (cpu/code256_vbmi.h).
 constexpr int kGroup8 = 32;
 constexpr int64_t kTableMin = 256;
 
@@ -201,6 +203,28 @@ BNB_MS_TARGET_AVX512 void dequantize_blocks_avx512(const float *code, const uint
   }
 }
 
+// AVX-512 VBMI: code[q] 64 at a time without a gather (cpu/code256_vbmi.h), the same multiply.
+template <class T>
+BNB_MS_TARGET_AVX512VBMI void dequantize_blocks_vbmi(const float *code, const uint8_t *A, const float *absmax, T *out,
+                                                     int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+  Code256Vbmi lut;
+  lut.init(code);
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t s = b * bs, e = std::min(s + bs, n), len = e - s;
+    const float scale = absmax[b];
+    const __m512 vs = _mm512_set1_ps(scale);
+    const uint8_t *q = A + s;
+    T *o = out + s;
+    int64_t i = 0;
+    for (; i + 64 <= len; i += 64) {
+      __m512 v[4];
+      lut.lookup64(q + i, v);
+      for (int k = 0; k < 4; ++k) store16<T>(o + i + 16 * k, _mm512_mul_ps(v[k], vs));
+    }
+    for (; i < len; ++i) o[i] = from_f32<T>(code[q[i]] * scale);
+  }
+}
+
 template <class T>
 void quantize_blockwise(const float *code, const T *A, float *absmax, uint8_t *out, int64_t bs, int64_t n) {
   const QuantLut *lut = get_lut(code);
@@ -217,8 +241,10 @@ template <class T>
 void dequantize_blockwise(const float *code, const uint8_t *A, const float *absmax, T *out, int64_t bs, int64_t n) {
   const int64_t nblocks = (n + bs - 1) / bs;
   const SimdLevel lvl = simd_level();
+  const bool vbmi = has_avx512vbmi() && bs >= 64;  // (smaller blocks: the table costs more than it saves)
   parallel_for(nblocks, std::max<int64_t>(1, 131072 / bs), [&](int64_t b0, int64_t b1) {  // (2 chunks: >= ~70 us)
-    if (lvl >= SimdLevel::avx512) dequantize_blocks_avx512<T>(code, A, absmax, out, bs, n, b0, b1);
+    if (vbmi) dequantize_blocks_vbmi<T>(code, A, absmax, out, bs, n, b0, b1);
+    else if (lvl >= SimdLevel::avx512) dequantize_blocks_avx512<T>(code, A, absmax, out, bs, n, b0, b1);
     else if (lvl >= SimdLevel::avx2) dequantize_blocks_avx2<T>(code, A, absmax, out, bs, n, b0, b1);
     else dequantize_blocks_generic<T>(code, A, absmax, out, bs, n, b0, b1);
   });
