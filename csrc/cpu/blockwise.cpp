@@ -19,7 +19,7 @@
 
 #include "aot.h"
 #include "checks/blockwise.h"
-#include "cpu/code256_vbmi.h"
+#include "cpu/code256.h"
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
 #include "cpu/quant_lut.h"
@@ -90,7 +90,7 @@ BNB_MS_INLINE void dequantize_blocks_generic(const float *code, const uint8_t *A
 // or by a gather (AVX-512, lut_gather16): see cpu/quant_lut.h for why each.
 // Dequantize (AVX2): blocks of kTableMin+ elements through a per-block table of the 256 results
 // from_f32<T>(code[c] * absmax) (table_lookup), smaller blocks gather code[q] and multiply; AVX-512 gathers, or
-// with VBMI looks code[q] up in registers (cpu/code256_vbmi.h).
+// with VBMI looks code[q] up in registers (cpu/code256.h).
 constexpr int kGroup8 = 32;
 constexpr int64_t kTableMin = 256;
 
@@ -185,45 +185,31 @@ BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A
   }
 }
 
-template <class T>
-BNB_MS_TARGET_AVX512 void dequantize_blocks_avx512(const float *code, const uint8_t *A, const float *absmax, T *out,
-                                                   int64_t bs, int64_t n, int64_t b0, int64_t b1) {
-  for (int64_t b = b0; b < b1; ++b) {
-    const int64_t s = b * bs, e = std::min(s + bs, n), len = e - s;
-    const float scale = absmax[b];
-    const __m512 vs = _mm512_set1_ps(scale);
-    const uint8_t *q = A + s;
-    T *o = out + s;
-    int64_t i = 0;
-    for (; i + 16 <= len; i += 16) {
-      __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i)));
-      store16<T>(o + i, _mm512_mul_ps(_mm512_i32gather_ps(idx, code, 4), vs));
-    }
-    for (; i < len; ++i) o[i] = from_f32<T>(code[q[i]] * scale);
+// code[q] * absmax with the lookups of LUT (cpu/code256.h): gathers, or with VBMI in registers (the same values).
+#define BNB_MS_DEQUANT_BLOCKS(NAME, TARGET, LUT)                                                               \
+  template <class T>                                                                                          \
+  TARGET void NAME(const float *code, const uint8_t *A, const float *absmax, T *out, int64_t bs, int64_t n,     \
+                   int64_t b0, int64_t b1) {                                                                  \
+    LUT lut;                                                                                                  \
+    lut.init(code);                                                                                           \
+    for (int64_t b = b0; b < b1; ++b) {                                                                       \
+      const int64_t s = b * bs, e = std::min(s + bs, n), len = e - s;                                         \
+      const float scale = absmax[b];                                                                          \
+      const __m512 vs = _mm512_set1_ps(scale);                                                                \
+      const uint8_t *q = A + s;                                                                               \
+      T *o = out + s;                                                                                         \
+      int64_t i = 0;                                                                                          \
+      for (; i + LUT::kN <= len; i += LUT::kN) {                                                              \
+        __m512 v[LUT::kN / 16];                                                                               \
+        lut.lookup(q + i, v);                                                                                 \
+        for (int k = 0; k < LUT::kN / 16; ++k) store16<T>(o + i + 16 * k, _mm512_mul_ps(v[k], vs));           \
+      }                                                                                                       \
+      for (; i < len; ++i) o[i] = from_f32<T>(code[q[i]] * scale);                                            \
+    }                                                                                                         \
   }
-}
-
-// AVX-512 VBMI: code[q] 64 at a time without a gather (cpu/code256_vbmi.h), the same multiply.
-template <class T>
-BNB_MS_TARGET_AVX512VBMI void dequantize_blocks_vbmi(const float *code, const uint8_t *A, const float *absmax, T *out,
-                                                     int64_t bs, int64_t n, int64_t b0, int64_t b1) {
-  Code256Vbmi lut;
-  lut.init(code);
-  for (int64_t b = b0; b < b1; ++b) {
-    const int64_t s = b * bs, e = std::min(s + bs, n), len = e - s;
-    const float scale = absmax[b];
-    const __m512 vs = _mm512_set1_ps(scale);
-    const uint8_t *q = A + s;
-    T *o = out + s;
-    int64_t i = 0;
-    for (; i + 64 <= len; i += 64) {
-      __m512 v[4];
-      lut.lookup64(q + i, v);
-      for (int k = 0; k < 4; ++k) store16<T>(o + i + 16 * k, _mm512_mul_ps(v[k], vs));
-    }
-    for (; i < len; ++i) o[i] = from_f32<T>(code[q[i]] * scale);
-  }
-}
+BNB_MS_DEQUANT_BLOCKS(dequantize_blocks_avx512, BNB_MS_TARGET_AVX512, Code256Gather)
+BNB_MS_DEQUANT_BLOCKS(dequantize_blocks_vbmi, BNB_MS_TARGET_AVX512VBMI, Code256Vbmi)
+#undef BNB_MS_DEQUANT_BLOCKS
 
 template <class T>
 void quantize_blockwise(const float *code, const T *A, float *absmax, uint8_t *out, int64_t bs, int64_t n) {

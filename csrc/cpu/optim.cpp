@@ -42,7 +42,7 @@
 #include "aot.h"
 #include "checks/optim.h"
 #include "optim_rule.h"
-#include "cpu/code256_vbmi.h"
+#include "cpu/code256.h"
 #include "cpu/cpu_features.h"
 #include "cpu/parallel.h"
 #include "cpu/quant_lut.h"
@@ -267,7 +267,7 @@ SIMD_TARGET BNB_MS_INLINE Mk vfinite(F x) {
 SIMD_TARGET BNB_MS_INLINE F vsel(Mk m, F a, F b) { return _mm512_mask_blend_ps(m, b, a); }
 template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p) { return load16<T>(p); }
 template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v) { store16<T>(p, v); }
-// The state lookups: with VBMI the block is decoded into its buffer by register lookups (cpu/code256_vbmi.h; the
+// The state lookups: with VBMI the block is decoded into its buffer by register lookups (cpu/code256.h; the
 // tables built once per call in StateCodes; Adam8bit step, 20M parameters, on the AVX-512 EPYC: 2.04x -> 1.78x
 // the 32-bit step), else by
 // gathers in the update loop itself (cpu/quant_lut.h says why AVX-512 gathers; no block buffer, no prefetch:

@@ -1,4 +1,7 @@
-// code256_vbmi.h -- code[q] for 64 bytes q at a time with AVX-512 VBMI, without a gather: a 256-entry fp32
+// code256.h -- code[q] of a 256-entry fp32 code for AVX-512 loops, two ways with one interface (kN indices per
+// lookup, kN / 16 vectors out): Code256Gather (16-lane gathers) and Code256Vbmi.
+//
+// Code256Vbmi: 64 bytes q at a time with AVX-512 VBMI, without a gather: a 256-entry fp32
 // code is held as four 256-byte planes (plane k: byte k of every entry), each looked up with two vpermi2b
 // (128 entries each) and a blend on the top bit of q; unpacking the four planes (which works inside 128-bit
 // lanes) rebuilds the floats.  The 64 indices are first permuted (vpermb) so that the floats come out in index
@@ -15,7 +18,17 @@
 
 namespace bnb_ms {
 
+struct Code256Gather {
+  static constexpr int kN = 16;
+  const float *code = nullptr;
+  void init(const float *c) { code = c; }
+  BNB_MS_TARGET_AVX512 BNB_MS_INLINE void lookup(const uint8_t *q, __m512 v[1]) const {
+    v[0] = _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q)), code, 4);
+  }
+};
+
 struct Code256Vbmi {
+  static constexpr int kN = 64;
   __m512i plane[4][4];  // plane[k][j]: byte k of code[64 j .. 64 j + 63]
   __m512i perm;
 
@@ -38,7 +51,7 @@ struct Code256Vbmi {
   }
 
   // v[r] lane t = code[q[16 r + t]], r = 0..3
-  BNB_MS_TARGET_AVX512VBMI BNB_MS_INLINE void lookup64(const uint8_t *q, __m512 v[4]) const {
+  BNB_MS_TARGET_AVX512VBMI BNB_MS_INLINE void lookup(const uint8_t *q, __m512 v[4]) const {
     const __m512i idx = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(q));
     const __mmask64 upper = _mm512_movepi8_mask(idx);  // q >= 128
     __m512i p[4];
@@ -61,7 +74,7 @@ inline BNB_MS_TARGET_AVX512VBMI void code256_scaled(const Code256Vbmi &lut, cons
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
     __m512 v[4];
-    lut.lookup64(q + i, v);
+    lut.lookup(q + i, v);
     for (int k = 0; k < 4; ++k) _mm512_storeu_ps(dst + i + 16 * k, _mm512_mul_ps(v[k], vs));
   }
   for (; i < n; ++i) dst[i] = code[q[i]] * scale;
