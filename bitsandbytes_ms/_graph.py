@@ -19,8 +19,10 @@ Quant states: a graph cannot create a :class:`~bitsandbytes_ms.functional.QuantS
 tensors computed in it, so the graph forms return a :class:`GraphQuantState` (a namedtuple with the same
 attribute names) and accept either one (a ``QuantState`` made in PyNative and captured by the compiled
 function or Cell works too). Not in graph mode: ``out=`` / ``absmax=`` output arguments (a graph does not write
-into a caller's tensor; use the return value), ``quant_storage`` other than uint8, and int8 outlier columns
-(``threshold > 0``: their count is data-dependent).
+into a caller's tensor; use the return value), ``quant_storage`` other than uint8, and the int8 ops that return
+outlier columns (``int8_vectorwise_quant`` / ``int8_double_quant`` with ``threshold > 0``: their count is
+data-dependent); MatMul8bitLt (``bnb.matmul``, Linear8bitLt) with a threshold does run, through the fused forward,
+whose result has a fixed shape.
 
 Names: ``_F`` is :mod:`bitsandbytes_ms.functional` (imported inside compile-time helpers: it imports this
 module); ``ops`` is ``mindspore.ops``.
@@ -591,12 +593,32 @@ def grad_4bit(A, B, quant_state, dout, bias):
     return dA, ops.cast(ops.reshape(ops.reduce_sum(g, 0), bias.shape), bias.dtype)
 
 
+@constexpr
+def _lt_threshold(threshold, state_threshold):
+    """MatMul8bitLt's outlier threshold as PyNative takes it: ``threshold`` > 0 (bnb.matmul's argument, which sets
+    the state's), else the state's; 0.0 (no outlier columns) unless that is > 0."""
+    for t in (threshold, state_threshold):
+        if isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating)):
+            raise TypeError(f"matmul: `threshold` must be a float, got {type(t).__name__}")
+    t = threshold if threshold > 0.0 else state_threshold
+    return float(t) if t > 0.0 else 0.0
+
+
 def int8_forward(A, CB, SCB, bias, threshold=0.0):
-    """``autograd._int8_forward`` for an already quantized weight (CB int8 [N, K], SCB float32 [N]) without outlier
-    columns: float32 activations quantized after a cast to float16, as upstream."""
-    _check_threshold(threshold, "matmul")
+    """``autograd._int8_forward`` for an already quantized weight (CB int8 [N, K], SCB float32 [N]): float32
+    activations quantized after a cast to float16, as upstream. ``threshold`` > 0 (outlier columns): the fused
+    forward ``cint8_linear_<dtype>``, PyNative's inference call, whose result has a fixed shape (the outlier
+    columns are found and multiplied inside it; bit for bit the unfused path)."""
     N = CB.shape[0]
     K = A.shape[-1]
+    threshold = _lt_threshold(threshold, 0.0)
+    if threshold > 0.0:
+        _check_rank(A.shape, "matmul", "A")
+        _check_matmul_shapes(A.shape, CB.shape, "matmul")
+        if bias is not None:
+            bias = _reshape(bias, (N,))
+        out, _ = _prim(_entry("cint8_linear", A.dtype), ())(A, CB, _reshape(SCB, (N,)), bias, threshold)
+        return out
     A2 = _reshape(A, (-1, K))
     Aq = ops.cast(A2, ms.float16) if A2.dtype == ms.float32 else A2
     CA, SCA, _ = int8_vectorwise_quant(Aq)
@@ -641,7 +663,8 @@ def matmul(A, B, state=None, threshold=0.0, bias=None):
     """``bnb.matmul``'s forward: as upstream, ``state.is_training`` (True for a fresh MatmulLtState) selects
     MatMul8bitFp (:func:`fp_forward`), otherwise MatMul8bitLt (:func:`int8_forward`, no outlier columns). B int8
     with ``state.CB``/``state.SCB``, or float (quantized row-wise here, after a cast to float16 for float32, as
-    ``autograd._quantize_weight``; the state is not written)."""
+    ``autograd._quantize_weight``; the state is not written). Outlier columns (``threshold`` or
+    ``state.threshold`` > 0) as PyNative's MatMul8bitLt (see :func:`int8_forward`)."""
     _check_dtype(A.dtype, _FLOAT, "matmul", "A")
     if state is not None and state.CB is not None and state.SCB is not None:
         CB, SCB = state.CB, state.SCB
@@ -650,7 +673,7 @@ def matmul(A, B, state=None, threshold=0.0, bias=None):
         CB, SCB, _ = int8_vectorwise_quant(Bq)
     if state is None or state.is_training:
         return fp_forward(A, CB, SCB, bias)
-    return int8_forward(A, CB, SCB, bias, threshold)
+    return int8_forward(A, CB, SCB, bias, _lt_threshold(threshold, state.threshold))
 
 
 # ---- weight-only int8/int4 (W8A16 / W4A16) ----

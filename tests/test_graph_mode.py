@@ -214,7 +214,67 @@ def test_bad_input_named_at_compile_time():
             ms.jit(fn)(x)
 
 
-def _torch_layers(W, b, quant_type, compress):
+@pytest.mark.parametrize("dtype", [ms.float32, ms.float16, ms.bfloat16])
+def test_int8_outlier_threshold_jit_equals_pynative(dtype):
+    """MatMul8bitLt with outlier columns (bnb.matmul's threshold, or the state's) compiles to the fused forward:
+    the same bytes as PyNative, and not the threshold-0 result (the inputs have outlier columns)."""
+    A, W, bias = _x((3, 4, 64), dtype), _x((32, 64), dtype), _x((32,), dtype)
+    a = ms.ops.cast(A, ms.float32).asnumpy()
+    a[:, :2, 7] = 20.0  # two rows with an outlier in column 7, one in column 30 of another row
+    a[1, 3, 30] = -9.0
+    A = ms.ops.cast(Tensor(a), dtype)
+    tag_device(A)
+    state = bnb.MatmulLtState()
+    state.is_training = False
+    bnb.matmul(A, W, state=state)  # quantizes W into state.CB / state.SCB
+
+    def by_argument(A, bias):
+        return bnb.matmul(A, state.CB, state=state, threshold=6.0, bias=bias)
+
+    _check_jit(by_argument, A, bias)
+    st6 = bnb.MatmulLtState()
+    st6.is_training, st6.CB, st6.SCB, st6.threshold = False, state.CB, state.SCB, 6.0
+
+    def by_state(A, bias):
+        return bnb.matmul(A, st6.CB, state=st6, bias=bias)
+
+    _check_jit(by_state, A, bias)
+    with_outliers = ms.ops.cast(ms.jit(by_state)(A, bias), ms.float32).asnumpy()
+    st0 = bnb.MatmulLtState()  # (bnb.matmul's threshold argument above set state.threshold, as upstream's does)
+    st0.is_training, st0.CB, st0.SCB = False, state.CB, state.SCB
+
+    def plain_fn(A, bias):
+        return bnb.matmul(A, st0.CB, state=st0, bias=bias)
+
+    plain = ms.jit(plain_fn)(A, bias)
+    assert not np.array_equal(with_outliers, ms.ops.cast(plain, ms.float32).asnumpy())
+
+
+def test_linear8bitlt_cell_with_threshold_matches_the_mindtorch_layer():
+    W = (RS.randn(32, 64) * 0.1).astype(np.float32)
+    b = RS.randn(32).astype(np.float32)
+    dense = nn.Dense(64, 32)
+    dense.weight.set_data(Tensor(W))
+    dense.bias.set_data(Tensor(b))
+    cell = Linear8bitLtCell.from_dense(dense, threshold=6.0)
+    _, layer = _torch_layers(W, b, "nf4", False, threshold=6.0)
+    import torch
+
+    x = RS.randn(5, 64).astype(np.float32)
+    x[1:3, 11] = 15.0
+    ref = layer(torch.tensor(x)).asnumpy()
+    assert np.array_equal(cell(Tensor(x)).asnumpy(), ref)
+    assert np.array_equal(ms.jit(cell.construct)(Tensor(x)).asnumpy(), ref)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        assert np.array_equal(cell(Tensor(x)).asnumpy(), ref)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    _, plain = _torch_layers(W, b, "nf4", False)
+    assert not np.array_equal(plain(torch.tensor(x)).asnumpy(), ref)  # the outlier column made a difference
+
+
+def _torch_layers(W, b, quant_type, compress, threshold=0.0):
     import mindnlp  # noqa: F401
     import torch
 
@@ -223,7 +283,7 @@ def _torch_layers(W, b, quant_type, compress):
     l4.weight = bnb.nn.Params4bit(torch.tensor(W), requires_grad=False, quant_type=quant_type,
                                   compress_statistics=compress, module=l4)
     l4.bias = torch.nn.Parameter(torch.tensor(b))
-    l8 = bnb.nn.Linear8bitLt(W.shape[1], W.shape[0], has_fp16_weights=False)
+    l8 = bnb.nn.Linear8bitLt(W.shape[1], W.shape[0], has_fp16_weights=False, threshold=threshold)
     l8.weight = bnb.nn.Int8Params(torch.tensor(W), requires_grad=False, has_fp16_weights=False)
     l8.bias = torch.nn.Parameter(torch.tensor(b))
     return l4.eval().to("cpu"), l8.eval().to("cpu")

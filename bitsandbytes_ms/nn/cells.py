@@ -17,7 +17,8 @@ as the mindtorch layers.
 * Build one from a float weight: ``Linear4bitCell.from_dense(nn.Dense(...))`` / ``Linear8bitLtCell.from_dense``
   (MindSpore's ``Dense`` stores ``weight`` as [out, in], as torch's Linear does).
 
-Limits in graph mode are :mod:`bitsandbytes_ms._graph`'s: uint8 quant storage, no int8 outlier threshold.
+Limits in graph mode are :mod:`bitsandbytes_ms._graph`'s: uint8 quant storage (an int8 outlier threshold runs:
+the fused LLM.int8() forward).
 
 This module uses MindSpore's functional ``ops`` only, no Tensor methods or operators: importing
 ``bitsandbytes_ms.nn`` imports mindnlp, whose mindtorch replaces ``Tensor``'s methods with torch's, which need
@@ -205,8 +206,8 @@ class Linear8bitLtCell(nn.Cell):
     """LLM.int8() linear layer as a ``mindspore.nn.Cell`` (upstream ``bnb.nn.Linear8bitLt``'s arguments, inference
     weights: ``has_fp16_weights=False``). The weight is quantized row-wise at construction (``CB`` int8 [N, K] as
     ``weight``, ``SCB`` float32 [N]), as :class:`~bitsandbytes_ms.nn.Linear8bitLt` does on its first move to a
-    device; the forward is :class:`~bitsandbytes_ms.autograd.MatMul8bitLt`'s (``threshold=0``: no outlier columns;
-    a threshold > 0 runs in PyNative mode only).
+    device; the forward is :class:`~bitsandbytes_ms.autograd.MatMul8bitLt`'s (``threshold > 0``: outlier columns in
+    float32, in PyNative and graph mode alike).
     """
 
     def __init__(self, input_features, output_features, bias=True, has_fp16_weights=False, threshold=0.0,
