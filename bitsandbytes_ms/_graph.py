@@ -659,6 +659,27 @@ def fp_forward(A, CB, SCB, bias):
     return ops.cast(ops.reshape(out, A.shape[:-1] + (N,)), A.dtype)
 
 
+def _int8_weight(B, state):
+    """(CB, SCB): the state's, or B (float) quantized row-wise after a cast to float16 for float32, as
+    ``autograd._quantize_weight`` (the state is not written)."""
+    if state is not None and state.CB is not None and state.SCB is not None:
+        return state.CB, state.SCB
+    Bq = ops.cast(B, ms.float16) if B.dtype == ms.float32 else B
+    CB, SCB, _ = int8_vectorwise_quant(Bq)
+    return CB, SCB
+
+
+def matmul_8bit(A, B, state, bias, has_out, kind):
+    """``MatMul8bitLt.apply`` (``kind`` "lt": :func:`int8_forward` with the state's threshold) and
+    ``MatMul8bitFp.apply`` ("fp": :func:`fp_forward`)."""
+    _check_dtype(A.dtype, _FLOAT, "matmul", "A")
+    _no_output_arg("matmul", "out", has_out)
+    CB, SCB = _int8_weight(B, state)
+    if kind == "fp":
+        return fp_forward(A, CB, SCB, bias)
+    return int8_forward(A, CB, SCB, bias, _lt_threshold(0.0, state.threshold if state is not None else 0.0))
+
+
 def matmul(A, B, state=None, threshold=0.0, bias=None):
     """``bnb.matmul``'s forward: as upstream, ``state.is_training`` (True for a fresh MatmulLtState) selects
     MatMul8bitFp (:func:`fp_forward`), otherwise MatMul8bitLt (:func:`int8_forward`, no outlier columns). B int8
@@ -666,11 +687,7 @@ def matmul(A, B, state=None, threshold=0.0, bias=None):
     ``autograd._quantize_weight``; the state is not written). Outlier columns (``threshold`` or
     ``state.threshold`` > 0) as PyNative's MatMul8bitLt (see :func:`int8_forward`)."""
     _check_dtype(A.dtype, _FLOAT, "matmul", "A")
-    if state is not None and state.CB is not None and state.SCB is not None:
-        CB, SCB = state.CB, state.SCB
-    else:
-        Bq = ops.cast(B, ms.float16) if B.dtype == ms.float32 else B
-        CB, SCB, _ = int8_vectorwise_quant(Bq)
+    CB, SCB = _int8_weight(B, state)
     if state is None or state.is_training:
         return fp_forward(A, CB, SCB, bias)
     return int8_forward(A, CB, SCB, bias, _lt_threshold(threshold, state.threshold))

@@ -250,6 +250,38 @@ def test_int8_outlier_threshold_jit_equals_pynative(dtype):
     assert not np.array_equal(with_outliers, ms.ops.cast(plain, ms.float32).asnumpy())
 
 
+@pytest.mark.parametrize("threshold", [0.0, 6.0])
+def test_matmul8bit_apply_jit_equals_pynative(threshold):
+    """Upstream's ``MatMul8bitLt.apply(A, B, out, bias, state)`` / ``MatMul8bitFp.apply`` called directly, in a
+    compiled function: the same bytes as PyNative (B the state's int8 weight, or a float weight)."""
+    from bitsandbytes_ms.autograd._functions import MatMul8bitFp, MatMul8bitLt
+
+    A, W, bias = _x((2, 3, 64)), _x((32, 64)), _x((32,))
+    a = ms.ops.cast(A, ms.float32).asnumpy()
+    a[0, 1, 5] = 12.0
+    A = Tensor(a)
+    tag_device(A)
+    state = bnb.MatmulLtState()
+    state.is_training = False
+    bnb.matmul(A, W, state=state)
+    state.threshold = threshold
+
+    def lt(A, bias):
+        return MatMul8bitLt.apply(A, state.CB, None, bias, state), MatMul8bitLt.apply(A, state.CB, None, None, state)
+
+    def fp(A, W, bias):
+        return MatMul8bitFp.apply(A, W, None, bias, None)
+
+    _check_jit(lt, A, bias)
+    _check_jit(fp, A, W, bias)
+
+    def with_out(A, bias):
+        return MatMul8bitLt.apply(A, state.CB, A, bias, state)
+
+    with pytest.raises(NotImplementedError, match="`out`"):
+        ms.jit(with_out)(A, bias)
+
+
 def test_linear8bitlt_cell_with_threshold_matches_the_mindtorch_layer():
     W = (RS.randn(32, 64) * 0.1).astype(np.float32)
     b = RS.randn(32).astype(np.float32)
@@ -348,7 +380,12 @@ def test_qlora_gradients_pynative_graph_and_reference():
     down, up, s = net.l1.lora_down.asnumpy(), net.l1.lora_up.asnumpy(), net.l1.scale
     h = xd @ W1.T + net.l1.base.bias.asnumpy() + s * (xd @ down.T) @ up.T
     t = np.tanh(h)
-    out = t @ W2.T + net.l2.bias.asnumpy()
+    # l2's forward quantizes its input row-wise to int8 (after a cast to float16, LLM.int8()); its backward is
+    # dout @ W2 (straight through), so the reference models the forward's quantization only
+    t16 = t.astype(np.float16).astype(np.float64)
+    rmax = np.abs(t16).max(1, keepdims=True)
+    tq = np.round(t16 * 127 / rmax) * rmax / 127
+    out = tq @ W2.T + net.l2.bias.asnumpy()
     d_out = 2 * (out - yd) / out.size
     d_h = (d_out @ W2) * (1 - t ** 2)
     ref = {"l1.base.bias": d_h.sum(0), "l1.lora_up": s * d_h.T @ (xd @ down.T),

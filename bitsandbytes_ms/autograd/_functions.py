@@ -482,21 +482,29 @@ class _Function:
         return (grads[0] if need[0] else None, grads[1] if need[1] else None, None,
                 gbias if need[3] else None, None)
 
-    @classmethod
-    def apply(cls, A, B, out=None, bias=None, state=None):
+    @staticmethod
+    def _apply(fwd, A, B, out, bias, state):
+        """PyNative ``apply``: the forward ``fwd`` as a Cell whose ``bprop`` is :func:`_backward`."""
         state = state or MatmulLtState()
-        fwd = cls._forward  # a staticmethod: the plain function
         cell = _Int8MatmulBiasCell(state, fwd) if bias is not None else _Int8MatmulCell(state, fwd)
         res = cell(A, B, bias) if bias is not None else cell(A, B)
         _tag_device(res, like=(A,))
         return _F._write(out, res)
 
 
+# ``apply`` is a static method of each class, not one classmethod of the base: MindSpore's graph parser binds a
+# classmethod's ``cls`` to the first argument, so ``MatMul8bitLt.apply(...)`` inside mindspore.jit would fail.
 class MatMul8bitLt(_Function):
     """LLM.int8() matmul ``A @ B.T + bias`` (upstream ``MatMul8bitLt``): int8 GEMM of row-wise quantized
     A and W, outlier columns (``state.threshold > 0``) in float32. Backward: see :func:`_backward`."""
 
     _forward = staticmethod(_int8_forward)
+
+    @staticmethod
+    def apply(A, B, out=None, bias=None, state=None):
+        if _graph.compiling(A):  # in a graph: the forward (the Cell with its bprop cannot be made there)
+            return _graph.matmul_8bit(A, B, state, bias, out is not None, "lt")
+        return _Function._apply(_int8_forward, A, B, out, bias, state)
 
     @staticmethod
     def forward(ctx, A, B, out=None, bias=None, state=None):
@@ -508,6 +516,12 @@ class MatMul8bitFp(_Function):
     """``A @ dequant(quant(B)).T + bias`` in float (upstream ``MatMul8bitFp``, its CPU training path)."""
 
     _forward = staticmethod(_fp_forward)
+
+    @staticmethod
+    def apply(A, B, out=None, bias=None, state=None):
+        if _graph.compiling(A):
+            return _graph.matmul_8bit(A, B, state, bias, out is not None, "fp")
+        return _Function._apply(_fp_forward, A, B, out, bias, state)
 
     @staticmethod
     def forward(ctx, A, B, out=None, bias=None, state=None):
