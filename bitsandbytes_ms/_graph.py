@@ -512,7 +512,7 @@ def int8_vectorwise_dequant(A, stats):
 
 # ---- the layers' forwards and backwards (autograd.MatMul4Bit, MatMul8bitLt; nn.cells) ----
 @constexpr
-def _linear4_plan(shape, a_shape, a_dtype, bias_shape, bf16_dot, fn):
+def _linear4_plan(shape, a_shape, a_dtype, bias_shape, bf16_dot, blocksize, fn):
     """(N, rows, entry point) of ``functional.linear_4bit`` for these constants (the bf16 dot-product kernel where
     PyNative would choose it)."""
     if shape is None or len(shape) != 2:
@@ -525,7 +525,7 @@ def _linear4_plan(shape, a_shape, a_dtype, bias_shape, bf16_dot, fn):
     rows = int(math.prod(a_shape[:-1]))
     if rows == 0 or N == 0:
         raise NotImplementedError(f"{fn}: empty inputs are not supported under mindspore.jit / GRAPH_MODE")
-    dot = a_dtype == ms.bfloat16 and _F._use_bf16_dot(bf16_dot, rows, fn)
+    dot = a_dtype == ms.bfloat16 and _F._use_bf16_dot(bf16_dot, rows, fn, K, blocksize)
     from .backends.native import linear_4bit_name  # the op layer's native backend spells the C names
 
     return N, rows, linear_4bit_name(a_dtype, dot)
@@ -536,10 +536,10 @@ def linear_4bit(A, B, quant_state, bias=None, bf16_dot=None):
     st = as_graph_state(quant_state)
     _check_dtype(A.dtype, _FLOAT, fn, "A")
     if bias is None:
-        N, rows, name = _linear4_plan(st["shape"], A.shape, A.dtype, None, bf16_dot, fn)
+        N, rows, name = _linear4_plan(st["shape"], A.shape, A.dtype, None, bf16_dot, st["blocksize"], fn)
     else:
         _check_dtype(bias.dtype, _FLOAT, fn, "bias")
-        N, rows, name = _linear4_plan(st["shape"], A.shape, A.dtype, bias.shape, bf16_dot, fn)
+        N, rows, name = _linear4_plan(st["shape"], A.shape, A.dtype, bias.shape, bf16_dot, st["blocksize"], fn)
         if bias.dtype != A.dtype:
             bias = bias.astype(A.dtype)
     _check_4bit_state(st, B, fn, "`B`")

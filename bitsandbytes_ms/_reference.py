@@ -379,7 +379,8 @@ def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, c
     are rounded to nearest even with bf16 denormals flushed; per 32-element chunk, lane l takes the pair
     (2l, 2l+1): acc = ftz(fma(w_odd, x_odd, acc)), then acc = ftz(fma(w_even, x_even, acc)); the 16 lanes
     are reduced as v = a[l] + a[l+8], u = v[l] + v[l+4], (u0 + u2) + (u1 + u3); the result is rounded to
-    bf16 (not flushed) and the bias added in float32 and rounded again."""
+    bf16 (not flushed) and the bias added in float32 and rounded again. One row with K a multiple of 128 and of
+    the blocksize (a power of two >= 64): the one-row kernel's arithmetic instead (:func:`_bf16_gemv_one_row`)."""
     if absmax2 is not None:
         qa = np.asarray(absmax).reshape(-1)
         absmax = (np.asarray(code2, np.float32)[qa] * np.asarray(absmax2, np.float32).reshape(-1)[
@@ -388,6 +389,58 @@ def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, c
     K = A.shape[-1]
     lead = A.shape[:-1]
     x = bf16_bits_f32(bf16_round_bits(rows_2d(A, K), flush=True))
+    if x.shape[0] == 1 and blocksize >= 64 and blocksize & (blocksize - 1) == 0 and K % blocksize == 0 \
+            and K % 128 == 0 and N > 0:
+        r = _bf16_gemv_one_row(x[0], packed, np.asarray(absmax, np.float32).reshape(-1), code, blocksize, N)
+    else:
+        r = _bf16_dot_table(x, packed, absmax, code, blocksize, N, K)
+    out = bf16_bits_f32(bf16_round_bits(r))
+    if bias is not None:
+        b = bf16_bits_f32(bf16_round_bits(np.asarray(bias, np.float32).reshape(-1)))
+        out = bf16_bits_f32(bf16_round_bits(out + b))
+    return out.reshape(lead + (N,))
+
+
+def _ftz(a: np.ndarray) -> np.ndarray:
+    return np.where(np.abs(a) < _FLT_MIN, np.copysign(np.float32(0), a), a).astype(np.float32)
+
+
+def _lanes_reduce(acc: np.ndarray) -> np.ndarray:
+    v = acc[..., :8] + acc[..., 8:]
+    u = v[..., :4] + v[..., 4:]
+    return (u[..., 0] + u[..., 2]) + (u[..., 1] + u[..., 3])
+
+
+def _bf16_gemv_one_row(x: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int,
+                       N: int) -> np.ndarray:
+    """One activation row (K a multiple of 128 and of the blocksize, a power of two >= 64): w = bf16(code[q]),
+    per 128-element unit four word vectors A/B (low nibbles, odd elements, of bytes 16 L + w / 16 L + 8 + w) and
+    C/D (the high nibbles of the same bytes); lane l = 4 L + p takes words 2p + 1 then 2p of lane L; chain s
+    = A then C, s2 = B then D, from 0 in each unit; acc0/acc1 += s/s2 * absmax of element u (lanes 0-7) or
+    u + 64 (lanes 8-15) (one fma); the lanes of acc0 + acc1 reduced as the table kernel's."""
+    K = x.shape[0]
+    wc = bf16_bits_f32(bf16_round_bits(np.asarray(code, np.float32), flush=True))
+    q = unpack_4bit(np.asarray(packed, np.uint8).reshape(-1), N * K).reshape(N, K)
+    units = K // 128
+    L = np.arange(16) // 4
+    p = np.arange(16) % 4
+    acc = [np.zeros((N, 16), np.float32), np.zeros((N, 16), np.float32)]
+    am = absmax.reshape(N, K // blocksize)
+    for u in range(units):
+        base = 128 * u
+        sv = [np.zeros((N, 16), np.float32), np.zeros((N, 16), np.float32)]
+        for R in (0, 2, 1, 3):
+            for w in (2 * p + 1, 2 * p):
+                e = base + 2 * (16 * L + (R & 1) * 8 + w) + (1 if R < 2 else 0)  # [16] element per lane
+                sv[R & 1] = _ftz(fma_f32(wc[q[:, e]], x[e][None, :], sv[R & 1]))
+        sc = np.where(np.arange(16) < 8, am[:, base // blocksize][:, None], am[:, (base + 64) // blocksize][:, None])
+        sc = sc.astype(np.float32)
+        acc[0] = fma_f32(sv[0], sc, acc[0])
+        acc[1] = fma_f32(sv[1], sc, acc[1])
+    return _lanes_reduce((acc[0] + acc[1]).astype(np.float32))
+
+
+def _bf16_dot_table(x, packed, absmax, code, blocksize, N, K):
     w = bf16_bits_f32(bf16_round_bits(dequantize_4bit(packed, absmax, code, blocksize, N * K), flush=True))
     M, K32 = x.shape[0], -(-K // 32) * 32
     xp = np.zeros((M, K32), np.float32)
@@ -399,16 +452,8 @@ def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, c
     acc = np.zeros((M, N, 16), np.float32)
     for c in range(K32 // 32):
         for e in (1, 0):
-            acc = fma_f32(wp[None, :, c, :, e], xp[:, None, c, :, e], acc)
-            acc = np.where(np.abs(acc) < _FLT_MIN, np.copysign(np.float32(0), acc), acc).astype(np.float32)
-    v = acc[..., :8] + acc[..., 8:]
-    u = v[..., :4] + v[..., 4:]
-    r = (u[..., 0] + u[..., 2]) + (u[..., 1] + u[..., 3])
-    out = bf16_bits_f32(bf16_round_bits(r))
-    if bias is not None:
-        b = bf16_bits_f32(bf16_round_bits(np.asarray(bias, np.float32).reshape(-1)))
-        out = bf16_bits_f32(bf16_round_bits(out + b))
-    return out.reshape(lead + (N,))
+            acc = _ftz(fma_f32(wp[None, :, c, :, e], xp[:, None, c, :, e], acc))
+    return _lanes_reduce(acc)
 
 
 def gemm_bf16_pairs(x: np.ndarray, W: np.ndarray, bias=None) -> np.ndarray:

@@ -1095,7 +1095,8 @@ class _Linear4bitPlan:
     def _lean_entry(self, dtype, bf16_dot, rows: int, slot: int, B: Tensor, bias: Optional[Tensor]):
         """This thread's bound call for ``dtype`` and kernel whose lean record ``slot`` (0: :meth:`fast`, 1:
         :meth:`fast_compute`) was made with these very weight and bias objects, or None."""
-        entry = self.calls.get((dtype, _get_ident(), dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows)))
+        entry = self.calls.get((dtype, _get_ident(),
+                                dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows, "linear_4bit", self.K, self.bs)))
         f = entry[2][slot] if entry is not None else None
         if f is None or f[1] is not bias:
             return None
@@ -1191,8 +1192,9 @@ def _plan_4bit(state: QuantState, fn: str) -> _Linear4bitPlan:
 # kernel, clinear_4bit_bf16dot_bf16 (csrc/cpu/fourbit.cpp "bf16 compute": vdpbf16ps where the CPU has
 # AVX512-BF16, a portable kernel with the same bits elsewhere), instead of the exact fp32-accumulation one.
 # Default ("auto"), decided on measurements (benchmarks/cpu_avx512_host.md, Sapphire Rapids, 4096 -> 11008):
-#   * CPU with AVX512-BF16: the dot kernel for 2+ rows (batch 16: 2.41 ms vs 3.59 ms exact), the exact gemv for
-#     one row (0.27 ms vs the dot kernel's 0.53 ms: the exact gemv decodes in registers at memory speed);
+#   * CPU with AVX512-BF16: the dot kernel for 2+ rows (batch 16: 2.41 ms vs 3.59 ms exact); for one row the
+#     one-row bf16 kernel where it applies (bf16_gemv_applies: AVX-512 EPYC, 4096 -> 11008, 2 threads, 0.545 ms vs
+#     the exact gemv's 0.75-0.80), else the exact gemv (the table kernel at one row: 0.53 ms vs 0.27 there);
 #   * any other CPU: the exact kernels (the portable dot kernel is ~35x slower than the AVX2 exact path).
 # The choice is made on the CPU feature, never on BNB_MS_SIMD, so a call's result does not depend on the SIMD
 # level. BNB_MS_4BIT_BF16_DOT=auto|1|0 (also on/off, 0 = "exact") or set_bf16_dot() sets it for the process
@@ -1217,8 +1219,8 @@ def _resolve_bf16_dot(mode) -> int:
 
 
 def set_bf16_dot(mode="auto") -> None:
-    """Sets the process-wide default of the 4-bit bf16-compute kernels: ``"auto"`` (the dot kernel for 2+ rows
-    where the CPU has AVX512-BF16, else the exact kernels), ``True``/``"on"`` (the bf16 dot-product kernel for
+    """Sets the process-wide default of the 4-bit bf16-compute kernels: ``"auto"`` (where the CPU has AVX512-BF16
+    the dot kernels for 2+ rows and for one row where :func:`bf16_gemv_applies`, else the exact kernels), ``True``/``"on"`` (the bf16 dot-product kernel for
     every call; the portable one without the instruction), ``False``/``"off"``/``"exact"`` (always the exact
     fp32-accumulation kernels), or ``None`` (read ``BNB_MS_4BIT_BF16_DOT`` again). The fused decoder
     (integrations.fused) follows the same switch for its 4-bit prefill (more than 8 rows), fp32 models too."""
@@ -1246,15 +1248,27 @@ def _bf16_dot_rows() -> int:
     return _bf16_dot_min_rows
 
 
-def bf16_dot_enabled(rows: int = BF16_DOT_AUTO_MIN_ROWS) -> bool:
-    """Whether a bf16 4-bit linear forward of ``rows`` activation rows runs the bf16 dot-product kernel by
-    default (see :func:`set_bf16_dot`)."""
-    return rows >= _bf16_dot_rows()
+def bf16_dot_enabled(rows: int = BF16_DOT_AUTO_MIN_ROWS, K: int = 0, blocksize: int = 0) -> bool:
+    """Whether a bf16 4-bit linear forward of ``rows`` activation rows (of a weight with ``K`` in_features and that
+    ``blocksize``, which decide for one row) runs the bf16 dot-product kernels by default (see
+    :func:`set_bf16_dot`)."""
+    return _use_bf16_dot(None, rows, "bf16_dot_enabled", K, blocksize)
 
 
-def _use_bf16_dot(bf16_dot, rows: int, fn: str = "linear_4bit") -> bool:
+def bf16_gemv_applies(K: int, blocksize: int) -> bool:
+    """Whether one activation row of a [N, K] 4-bit weight runs the one-row bf16 kernel (K a multiple of 128 and
+    of the blocksize, the blocksize a power of two >= 64: csrc/cpu/fourbit.cpp ``bf16_gemv_applies``); other
+    shapes run the table kernel, slower than the exact gemv at one row."""
+    K, blocksize = int(K), int(blocksize)
+    return blocksize >= 64 and blocksize & (blocksize - 1) == 0 and K % blocksize == 0 and K % 128 == 0
+
+
+def _use_bf16_dot(bf16_dot, rows: int, fn: str = "linear_4bit", K: int = 0, blocksize: int = 0) -> bool:
     if bf16_dot is None:
-        return rows >= (_bf16_dot_min_rows if _bf16_dot_min_rows is not None else _bf16_dot_rows())
+        least = _bf16_dot_min_rows if _bf16_dot_min_rows is not None else _bf16_dot_rows()
+        if rows == 1 and least == BF16_DOT_AUTO_MIN_ROWS:  # "auto" on an AVX512-BF16 CPU: the one-row kernel
+            return bf16_gemv_applies(K, blocksize)
+        return rows >= least
     if not isinstance(bf16_dot, (bool, np.bool_)):
         raise TypeError(f"{fn}: `bf16_dot` must be True, False or None; got {type(bf16_dot).__name__}")
     return bool(bf16_dot) and BNB_BACKEND == "CPU"
@@ -1288,7 +1302,7 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     if 0 in shape or plan.N == 0 or plan.K == 0:
         return None
     plan.check_weight(B, fn)
-    dot = compute_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
+    dot = compute_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn, plan.K, plan.bs)
     call, bound, fast = plan.host_call(compute_dtype, dot)
     npdt = _hostcall.np_dtype(compute_dtype)
     xa = _hostcall.convert(_hostcall.act_array(A), npdt)  # first: waits for everything queued before (in-place updates too)
@@ -1357,7 +1371,7 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
     if 0 in shape or plan.N == 0:
         return _empty_np(out_shape, A.dtype)
     plan.check_weight(B, fn)
-    dot = A.dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn)
+    dot = A.dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, math.prod(shape[:-1]), fn, plan.K, plan.bs)
     if _hostcall.active():
         call, bound, fast = plan.host_call(A.dtype, dot)
         out = _hostcall.empty(out_shape, A.dtype)

@@ -58,7 +58,9 @@ SHAPES = [(1, 40, 192, 64), (3, 33, 100, 64), (8, 16, 512, 128), (2, 7, 77, 32),
           (32, 9, 320, 64), (4, 11, 31, 64),
           # K over the native kernel's 512-column slices (chains carried across slices), odd K: odd row starts
           (5, 19, 1111, 64), (16, 16, 1536, 256), (9, 8, 1024, 32),
-          (6, 301, 2048, 64)]  # over the threading threshold: row chunks split across the pool
+          (6, 301, 2048, 64),  # over the threading threshold: row chunks split across the pool
+          # one row, K a multiple of 128 and of the blocksize: the one-row kernel (threaded in the last)
+          (1, 40, 256, 64), (1, 33, 512, 128), (1, 9, 1024, 256), (1, 301, 2048, 64)]
 
 
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "dq"])
@@ -145,15 +147,21 @@ def test_denormals_flushed_like_vdpbf16ps():
     den = _bf16(np.full((1, K), 2.0 ** -130, np.float32))
     assert np.all(_f32(F.linear_4bit(den, qb, qsb, bf16_dot=True)) == 0)
     assert np.all(_f32(F.linear_4bit(den, qb, qsb, bf16_dot=False)) > 0)
-    # products whose sums stay below FLT_MIN are flushed (ftz on every accumulation step): the result is exactly 0
-    # where the exact path keeps a (bf16 denormal) value
-    tiny = _bf16(np.full((1, K), 2.0 ** -70, np.float32))
+    # the table kernel (2 rows here): products whose sums stay below FLT_MIN are flushed (ftz on every accumulation
+    # step): the result is exactly 0 where the exact path keeps a (bf16 denormal) value
+    tiny = _bf16(np.full((2, K), 2.0 ** -70, np.float32))
     qt, qst = F.quantize_4bit(Tensor(np.full((N, K), 2.0 ** -60, np.float32)), quant_type="nf4")
     dot = _f32(F.linear_4bit(tiny, qt, qst, bf16_dot=True))
     exact = _f32(F.linear_4bit(tiny, qt, qst, bf16_dot=False))
     assert np.all(dot == 0)
     assert np.all(exact > 0)
     assert np.array_equal(dot, _model(tiny, qt, qst, None))
+    # the one-row kernel sums x * bf16(code) and scales by absmax after: no flush there (2^-70 products), and the
+    # result is the exact path's within the bound
+    one = _f32(F.linear_4bit(tiny[:1], qt, qst, bf16_dot=True))
+    assert np.all(one > 0)
+    assert np.array_equal(one, _model(tiny[:1], qt, qst, None))
+    np.testing.assert_allclose(one, exact[:1], rtol=2 ** -6)
 
 
 def test_default_and_switches(monkeypatch):
@@ -174,8 +182,9 @@ def test_default_and_switches(monkeypatch):
         dot = _f32(F.linear_4bit(x, q, qs, bf16_dot=True))
         exact = _f32(F.linear_4bit(x, q, qs, bf16_dot=False))
         assert not np.array_equal(dot, exact)
-        auto_dot = has and rows >= F.BF16_DOT_AUTO_MIN_ROWS
-        assert F.bf16_dot_enabled(rows) == auto_dot
+        # auto: the dot kernels from 2 rows, and at one row where the one-row kernel applies (K = 256, bs 64)
+        auto_dot = has and (rows >= F.BF16_DOT_AUTO_MIN_ROWS or F.bf16_gemv_applies(K, qs.blocksize))
+        assert F.bf16_dot_enabled(rows, K, qs.blocksize) == auto_dot
         assert np.array_equal(_f32(F.linear_4bit(x, q, qs)), dot if auto_dot else exact)
         # Linear4bit (lean call included, second forward) follows the same default
         for _ in range(2):

@@ -1180,6 +1180,123 @@ BNB_MS_TARGET_AVX512BF16 void dot_rows_bf16_avx512(const float *code, const uint
     for (int j = 0; j < R; ++j) r[m * kRowGroup + j] = reduce16_avx512(_mm512_load_ps(acc + (m * kRowGroup + j) * kLanes));
 }
 
+// ---- bf16 compute, one activation row (decode) ------------------------------------------------------
+// K a multiple of 128 and of the blocksize, the blocksize a power of two >= 64: a kernel that decodes in registers
+// (vpshufb on the two bytes of the code's bf16 values; ~1.4x the exact gemv on the EPYC measured) and scales
+// per 128-element unit, as upstream's AVX512-BF16 gemv scales per block (the table kernel above rounds code *
+// absmax per block, which costs as much as the dot products at one row).  Arithmetic (the portable kernel and
+// _reference.linear_4bit_bf16dot are its twins, bit for bit):
+//   * w = bf16(code[nibble]) (code rounded once, flushed), x flushed bf16.
+//   * row cut into 128-element units (64 packed bytes).  Four word vectors per unit: A / B the low nibbles (odd
+//     elements) of bytes 16 L + w / 16 L + 8 + w, C / D the high nibbles (even elements) of the same bytes
+//     (L = 0..3 the 128-bit lane, w = 0..7 the word in it).  fp32 lane l = 4 L + p takes words 2p + 1 then 2p
+//     of lane L (vdpbf16ps: odd word first, ftz after each fma); chain s takes A then C, s2 takes B then D,
+//     both from 0 in each unit.
+//   * acc0[l] = fma(s[l], sc, acc0[l]), acc1[l] = fma(s2[l], sc, acc1[l]) with sc the absmax of the block of
+//     element u (L = 0, 1) or u + 64 (L = 2, 3); t = acc0 + acc1 reduced over lanes as the table kernel's rows,
+//     rounded and the bias added as there.  The bound above holds (the code's rounding, 2^-9 S, replaces the
+//     products'), and tests check it.
+constexpr int64_t kUnit1 = 128;
+
+BNB_MS_INLINE bool bf16_gemv_applies(int64_t M, int64_t K, int64_t bs) {
+  return M == 1 && bs >= 64 && (bs & (bs - 1)) == 0 && K % bs == 0 && K % kUnit1 == 0;
+}
+
+// Element (0..127) of a unit that word w of 128-bit lane L of vector R (0..3 = A, B, C, D) holds.
+BNB_MS_INLINE int unit_elem(int R, int L, int w) { return 2 * (16 * L + (R & 1) * 8 + w) + (R < 2 ? 1 : 0); }
+
+void gemv_bf16_rows_portable(const float *code, const uint8_t *q, const float *am, int64_t blk_off, const uint16_t *x,
+                             int64_t K, int64_t bs, int64_t n0, int64_t n1, float *r) {
+  float wc[kCode4];
+  for (int i = 0; i < kCode4; ++i) wc[i] = bf16f(to_bf16_flushed(code[i]));
+  for (int64_t n = n0; n < n1; ++n) {
+    float acc0[kLanes] = {}, acc1[kLanes] = {};
+    const int64_t r0 = n * K;
+    for (int64_t u = 0; u < K; u += kUnit1) {
+      float sv[2][kLanes] = {};
+      for (int l = 0; l < kLanes; ++l) {
+        const int L = l / 4, p = l % 4;
+        for (int R : {0, 2, 1, 3}) {  // chain s: A then C; chain s2: B then D
+          float &a = sv[R & 1][l];
+          for (int w : {2 * p + 1, 2 * p}) {
+            const int64_t e = u + unit_elem(R, L, w);
+            a = ftz32(std::fma(wc[nib_at(q, r0 + e)], bf16f(x[e]), a));
+          }
+        }
+      }
+      const float sc0 = am[(r0 + u) / bs - blk_off], sc1 = am[(r0 + u + 64) / bs - blk_off];
+      for (int l = 0; l < kLanes; ++l) {
+        const float sc = l < 8 ? sc0 : sc1;
+        acc0[l] = std::fma(sv[0][l], sc, acc0[l]);
+        acc1[l] = std::fma(sv[1][l], sc, acc1[l]);
+      }
+    }
+    float t[kLanes];
+    for (int l = 0; l < kLanes; ++l) t[l] = acc0[l] + acc1[l];
+    r[n - n0] = lanes_reduce(t);
+  }
+}
+
+// xs: x in the kernel's order, per unit the words of A, B, C, D (32 each, lane-major).
+BNB_MS_TARGET_AVX512BF16 void gemv_bf16_rows_avx512(const float *code, const uint8_t *q, const float *am,
+                                                     int64_t blk_off, const uint16_t *xs, int64_t K, int64_t bs,
+                                                     int64_t n0, int64_t n1, float *r) {
+  alignas(64) uint8_t lo[64], hi[64];  // the two bytes of bf16(code[i]), in every 128-bit lane (vpshufb tables)
+  for (int i = 0; i < 64; ++i) {
+    const uint16_t h = to_bf16_flushed(code[i % kCode4]);
+    lo[i] = (uint8_t)h;
+    hi[i] = (uint8_t)(h >> 8);
+  }
+  const __m512i tlo = _mm512_load_si512(lo), thi = _mm512_load_si512(hi);
+  const __m512i m15 = _mm512_set1_epi8(15);
+  const int sh = __builtin_ctzll((unsigned long long)bs);  // bs a power of two (bf16_gemv_applies)
+  for (int64_t n = n0; n < n1; ++n) {
+    const int64_t r0 = n * K;
+    const uint8_t *qr = q + r0 / 2;
+    const float *ar = am + ((r0 >> sh) - blk_off);  // the row's first block (K is a multiple of bs)
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t u = 0; u < K; u += kUnit1, qr += kUnit1 / 2) {
+      const __m512i v = _mm512_loadu_si512(qr);
+      const __m512i il = _mm512_and_si512(v, m15), ih = _mm512_and_si512(_mm512_srli_epi16(v, 4), m15);
+      const __m512i ll = _mm512_shuffle_epi8(tlo, il), lh = _mm512_shuffle_epi8(thi, il);
+      const __m512i hl = _mm512_shuffle_epi8(tlo, ih), hh = _mm512_shuffle_epi8(thi, ih);
+      const uint16_t *xu = xs + u;
+      __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_unpacklo_epi8(ll, lh), bh(xu));
+      __m512 s2 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_unpackhi_epi8(ll, lh), bh(xu + 32));
+      s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_unpacklo_epi8(hl, hh), bh(xu + 64));
+      s2 = _mm512_dpbf16_ps(s2, (__m512bh)_mm512_unpackhi_epi8(hl, hh), bh(xu + 96));
+      const __m512 sc = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(ar[u >> sh]), _mm512_set1_ps(ar[(u + 64) >> sh]));
+      acc0 = _mm512_fmadd_ps(s, sc, acc0);
+      acc1 = _mm512_fmadd_ps(s2, sc, acc1);
+    }
+    r[n - n0] = reduce16_avx512(_mm512_add_ps(acc0, acc1));
+  }
+}
+
+template <class T>
+void gemv4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, const uint16_t *xb, const T *bias, T *out,
+                   int64_t N, int64_t K, int64_t bs) {
+  const bool native = bf16dot_native();
+  static thread_local std::vector<uint16_t> xs;  // the native kernel's order
+  if (native) {
+    xs.resize((size_t)K);
+    for (int64_t u = 0; u < K; u += kUnit1)
+      for (int R = 0; R < 4; ++R)
+        for (int L = 0; L < 4; ++L)
+          for (int w = 0; w < 8; ++w) xs[u + 32 * R + 8 * L + w] = xb[u + unit_elem(R, L, w)];
+  }
+  const uint16_t *xsp = xs.data();
+  gemv4_parallel_rows(N, K, [&](int64_t n0, int64_t n1) {
+    static thread_local std::vector<float> res;
+    res.resize((size_t)(n1 - n0));
+    int64_t off;
+    const float *am = amx.rows(n0, n1, K, bs, &off);
+    if (native) gemv_bf16_rows_avx512(code, q, am, off, xsp, K, bs, n0, n1, res.data());
+    else gemv_bf16_rows_portable(code, q, am, off, xb, K, bs, n0, n1, res.data());
+    for (int64_t n = n0; n < n1; ++n) out[n] = with_bias(from_f32<T>(res[n - n0]), bias, n);
+  });
+}
+
 template <class T>
 void linear4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out,
                      int64_t M, int64_t N, int64_t K, int64_t bs) {
@@ -1190,6 +1307,10 @@ void linear4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, co
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) xb[m * K32 + k] = to_bf16_flushed(to_f32(A[m * K + k]));
   const uint16_t *xp = xb.data();
+  if (bf16_gemv_applies(M, K, bs)) {  // one row: the kernel above (its own arithmetic, see there)
+    gemv4_bf16dot<T>(code, q, amx, xp, bias, out, N, K, bs);
+    return;
+  }
   gemv4_parallel_rows(N, K * std::max<int64_t>(1, M / 4), [&](int64_t n0, int64_t n1) {
     static thread_local std::vector<uint16_t> wrows;  // kRowGroup decoded weight rows (native: K slices)
     static thread_local std::vector<float> res, acc;
