@@ -18,7 +18,9 @@
 // bf16 compute (clinear_4bit_bf16dot_bf16, beside the exact path above, which it does not change): x and
 // bf16(code * absmax) per block (RNE, bf16 denormals flushed), pairs accumulated in 16 fp32 lanes as vdpbf16ps
 // does; the AVX512-BF16 kernel and the portable one give the same bits.  Bound vs the exact path per output:
-// |dot - exact| <= 2^-6 (S + |bias|) + K 2^-22 S, S = sum_k |x_k w_k| (see the "bf16 compute" section).
+// |dot - exact| <= 2^-6 (S + |bias|) + K 2^-22 S, S = sum_k |x_k w_k| (see the "bf16 compute" section).  One row
+// (K % 128 == 0, power-of-two blocksize >= 64) has its own bf16 kernel: bf16(code) decoded in registers, scaled by
+// absmax per 128-element unit (the "one activation row" section), same bound.
 #include <immintrin.h>
 
 #include <algorithm>
