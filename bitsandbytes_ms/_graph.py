@@ -677,7 +677,7 @@ def matmul_8bit(A, B, state, bias, has_out, kind):
     CB, SCB = _int8_weight(B, state)
     if kind == "fp":
         return fp_forward(A, CB, SCB, bias)
-    return int8_forward(A, CB, SCB, bias, _lt_threshold(0.0, state.threshold if state is not None else 0.0))
+    return int8_forward(A, CB, SCB, bias, state.threshold if state is not None else 0.0)
 
 
 def matmul(A, B, state=None, threshold=0.0, bias=None):

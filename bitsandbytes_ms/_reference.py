@@ -389,8 +389,7 @@ def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, c
     K = A.shape[-1]
     lead = A.shape[:-1]
     x = bf16_bits_f32(bf16_round_bits(rows_2d(A, K), flush=True))
-    if x.shape[0] == 1 and blocksize >= 64 and blocksize & (blocksize - 1) == 0 and K % blocksize == 0 \
-            and K % 128 == 0 and N > 0:
+    if x.shape[0] == 1 and bf16_gemv_applies(K, blocksize) and N > 0:
         r = _bf16_gemv_one_row(x[0], packed, np.asarray(absmax, np.float32).reshape(-1), code, blocksize, N)
     else:
         r = _bf16_dot_table(x, packed, absmax, code, blocksize, N, K)
@@ -399,6 +398,13 @@ def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, c
         b = bf16_bits_f32(bf16_round_bits(np.asarray(bias, np.float32).reshape(-1)))
         out = bf16_bits_f32(bf16_round_bits(out + b))
     return out.reshape(lead + (N,))
+
+
+def bf16_gemv_applies(K: int, blocksize: int) -> bool:
+    """Where one row runs the one-row kernel (csrc/cpu/fourbit.cpp ``bf16_gemv_applies``): K a multiple of 128 and
+    of the blocksize, the blocksize a power of two >= 64."""
+    K, blocksize = int(K), int(blocksize)
+    return blocksize >= 64 and blocksize & (blocksize - 1) == 0 and K % blocksize == 0 and K % 128 == 0
 
 
 def _ftz(a: np.ndarray) -> np.ndarray:

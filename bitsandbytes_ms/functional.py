@@ -1220,8 +1220,8 @@ def _resolve_bf16_dot(mode) -> int:
 
 def set_bf16_dot(mode="auto") -> None:
     """Sets the process-wide default of the 4-bit bf16-compute kernels: ``"auto"`` (where the CPU has AVX512-BF16
-    the dot kernels for 2+ rows and for one row where :func:`bf16_gemv_applies`, else the exact kernels), ``True``/``"on"`` (the bf16 dot-product kernel for
-    every call; the portable one without the instruction), ``False``/``"off"``/``"exact"`` (always the exact
+    the dot kernels for 2+ rows and for one row where :func:`bf16_gemv_applies`, else the exact kernels),
+    ``True``/``"on"`` (the bf16 dot-product kernel for every call; the portable one without the instruction), ``False``/``"off"``/``"exact"`` (always the exact
     fp32-accumulation kernels), or ``None`` (read ``BNB_MS_4BIT_BF16_DOT`` again). The fused decoder
     (integrations.fused) follows the same switch for its 4-bit prefill (more than 8 rows), fp32 models too."""
     global _bf16_dot_min_rows
@@ -1259,8 +1259,7 @@ def bf16_gemv_applies(K: int, blocksize: int) -> bool:
     """Whether one activation row of a [N, K] 4-bit weight runs the one-row bf16 kernel (K a multiple of 128 and
     of the blocksize, the blocksize a power of two >= 64: csrc/cpu/fourbit.cpp ``bf16_gemv_applies``); other
     shapes run the table kernel, slower than the exact gemv at one row."""
-    K, blocksize = int(K), int(blocksize)
-    return blocksize >= 64 and blocksize & (blocksize - 1) == 0 and K % blocksize == 0 and K % 128 == 0
+    return _reference.bf16_gemv_applies(K, blocksize)
 
 
 def _use_bf16_dot(bf16_dot, rows: int, fn: str = "linear_4bit", K: int = 0, blocksize: int = 0) -> bool:

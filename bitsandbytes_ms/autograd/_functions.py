@@ -459,8 +459,6 @@ class _Function:
     """``apply(A, B, out=None, bias=None, state=None)`` as upstream's ``torch.autograd.Function``s, and their
     ``forward(ctx, ...)`` / ``backward(ctx, grad_output)`` static methods for code that drives them by hand."""
 
-    _forward = None
-
     @staticmethod
     def _ctx_forward(fwd, ctx, A, B, out, bias, state):
         state = state or MatmulLtState()
@@ -498,8 +496,6 @@ class MatMul8bitLt(_Function):
     """LLM.int8() matmul ``A @ B.T + bias`` (upstream ``MatMul8bitLt``): int8 GEMM of row-wise quantized
     A and W, outlier columns (``state.threshold > 0``) in float32. Backward: see :func:`_backward`."""
 
-    _forward = staticmethod(_int8_forward)
-
     @staticmethod
     def apply(A, B, out=None, bias=None, state=None):
         if _graph.compiling(A):  # in a graph: the forward (the Cell with its bprop cannot be made there)
@@ -514,8 +510,6 @@ class MatMul8bitLt(_Function):
 
 class MatMul8bitFp(_Function):
     """``A @ dequant(quant(B)).T + bias`` in float (upstream ``MatMul8bitFp``, its CPU training path)."""
-
-    _forward = staticmethod(_fp_forward)
 
     @staticmethod
     def apply(A, B, out=None, bias=None, state=None):

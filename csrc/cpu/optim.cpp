@@ -267,11 +267,10 @@ SIMD_TARGET BNB_MS_INLINE Mk vfinite(F x) {
 SIMD_TARGET BNB_MS_INLINE F vsel(Mk m, F a, F b) { return _mm512_mask_blend_ps(m, b, a); }
 template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p) { return load16<T>(p); }
 template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v) { store16<T>(p, v); }
-// The state lookups: with VBMI the block is decoded into its buffer by register lookups (cpu/code256.h; the
-// tables built once per call in StateCodes; Adam8bit step, 20M parameters, on the AVX-512 EPYC: 2.04x -> 1.78x
-// the 32-bit step), else by
-// gathers in the update loop itself (cpu/quant_lut.h says why AVX-512 gathers; no block buffer, no prefetch:
-// measured faster on the Sapphire Rapids host).
+// The state lookups (cpu/code256.h): with VBMI the block is decoded into its buffer in registers (the tables
+// built once per call in StateCodes; Adam8bit step, 20M parameters, on the AVX-512 EPYC: 2.04x -> 1.78x the
+// 32-bit step), else by gathers in the update loop itself (cpu/quant_lut.h says why AVX-512 gathers; no block
+// buffer, no prefetch: measured faster on the Sapphire Rapids host).
 constexpr int64_t kAhead = 0;
 struct StateCodes {
   Code256Vbmi t1, t2;
@@ -300,8 +299,9 @@ struct StateSrc {
   }
   SIMD_TARGET BNB_MS_INLINE F at(int64_t i) const {
     if (vb) return load<float>(buf + i);
-    return vmul(_mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i))), code, 4),
-                set1(absmax));
+    __m512 v;
+    Code256Gather{code}.lookup(q + i, &v);
+    return vmul(v, set1(absmax));
   }
   BNB_MS_INLINE float at1(int64_t i) const { return code[q[i]] * absmax; }
 };
