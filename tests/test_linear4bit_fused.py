@@ -69,10 +69,11 @@ def QuantStateF32(qs):
 
 @pytest.mark.parametrize("dt", DTYPES, ids=lambda d: str(d))
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "dq"])
-# the last two: over the threading threshold (row chunks start at blocks that are neither 64- nor
-# blocksize2-aligned: the 64-block double-quant absmax decode of AVX-512 VBMI and its tails)
+# (1, 301, 4096, 64), (4, 203, 2624, 64): over the threading threshold (row chunks start at blocks that are neither
+# 64- nor blocksize2-aligned: the 64-block double-quant absmax decode of AVX-512 VBMI and its tails); (14, 21, 1100,
+# 64): the AVX-512 GEMM's K slices (512; a short last one), A-row blocks (12) and a short weight-row panel (8)
 @pytest.mark.parametrize("M,N,K,bs", [(1, 40, 192, 64), (3, 33, 100, 64), (8, 16, 512, 128), (2, 7, 77, 32),
-                                      (1, 301, 4096, 64), (4, 203, 2624, 64)])
+                                      (1, 301, 4096, 64), (4, 203, 2624, 64), (14, 21, 1100, 64)])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
 def test_fused_equals_unfused(dt, nested, M, N, K, bs, with_bias):
     rng = np.random.default_rng(N * K + M)
@@ -185,7 +186,7 @@ def test_linear4bit_layer_uses_it_and_keeps_gradients():
 
 def test_simd_levels_agree():
     """BNB_MS_SIMD=scalar and every SIMD level this CPU has give the same bits for 1 row (gemv) and 2..9 rows
-    (GEMM: the 4- and 8-row register blocks and their tails), plain and double-quant, odd shapes."""
+    (GEMM: the register blocks, the AVX-512 K slices and A-row blocks, and their tails), plain and double-quant, odd shapes."""
     from simd_levels import assert_levels_agree
 
     code = (
@@ -195,7 +196,7 @@ def test_simd_levels_agree():
         "\nfor N,K,bs,dq in ((24,256,64,False),(9,100,64,True),(5,77,32,False),(3,1000,256,True)):"
         "\n  q,s=F.quantize_4bit(ms.Tensor(r.randn(N,K).astype(np.float32)), blocksize=bs, quant_type='nf4', compress_statistics=dq)"
         "\n  b=ms.Tensor(r.randn(N).astype(np.float32))"
-        "\n  for M in (1,2,3,4,5,8,9):"
+        "\n  for M in (1,2,3,4,5,8,9,14):"
         "\n    A=ms.Tensor(r.randn(M,K).astype(np.float32))"
         "\n    for dt in (ms.float32, ms.float16, ms.bfloat16):"
         "\n      h.update(F.linear_4bit(A.astype(dt), q, s, b).astype(ms.float32).asnumpy().tobytes())"

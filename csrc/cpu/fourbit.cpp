@@ -35,6 +35,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/linear_kernels.h"
 #include "cpu/parallel.h"
+#include "cpu/scratch.h"
 #include "cpu/simd_convert.h"
 
 namespace bnb_ms {
@@ -302,6 +303,15 @@ BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512i nibbles16_avx512(const uint8_t *p) {
   const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(hi), lo, 1);
   const __m512i perm = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
   return _mm512_permutexvar_epi32(perm, both);
+}
+
+// The 32 nibbles of p[0..15] in element order as two vectors of vpermps indices (only an index's low 4 bits
+// count, so byte j itself indexes its low nibble, element 2j+1): 2.5 shuffle-port ops per 16 (nibbles16: 4).
+BNB_MS_TARGET_AVX512 BNB_MS_INLINE void nibbles32_avx512(const uint8_t *p, __m512i *i0, __m512i *i1) {
+  const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+  const __m512i h = _mm512_srli_epi32(d, 4);
+  *i0 = _mm512_permutex2var_epi32(h, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), d);
+  *i1 = _mm512_permutex2var_epi32(h, _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31), d);
 }
 
 template <class T>
@@ -795,19 +805,34 @@ BNB_MS_TARGET_AVX2 void decode_row_avx2(const float *code, const uint8_t *q, con
   for (int64_t k = K; k < K16; ++k) w[k] = 0.0f;
 }
 
-BNB_MS_TARGET_AVX512 void decode_row_avx512(const float *code, const uint8_t *q, const float *am, int64_t blk_off,
-                                            int64_t n, int64_t K, int64_t K16, int64_t bs, float *w) {
-  const int64_t r0 = n * K;
-  for (int64_t b = r0 / bs, s = r0; s < r0 + K; ++b) {
-    const int64_t e = std::min((b + 1) * bs, r0 + K);
+// Elements [s0, s0 + len) of the flat weight (any start: a row or a K slice of one) dequantized into w.
+BNB_MS_TARGET_AVX512 void decode_span_avx512(const float *code, const uint8_t *q, const float *am, int64_t blk_off,
+                                             int64_t s0, int64_t len, int64_t bs, float *w) {
+  const int64_t end = s0 + len;
+  for (int64_t b = s0 / bs, s = s0; s < end; ++b) {
+    const int64_t e = std::min((b + 1) * bs, end);
     const float sc = am[b - blk_off];
     const __m512 tab = _mm512_mul_ps(_mm512_loadu_ps(code), _mm512_set1_ps(sc));
     int64_t i = s;
-    if (i & 1) { w[i - r0] = code[nib_at(q, i)] * sc; ++i; }
-    for (; i + 16 <= e; i += 16) _mm512_storeu_ps(w + (i - r0), _mm512_permutexvar_ps(nibbles16_avx512(q + (i >> 1)), tab));
-    for (; i < e; ++i) w[i - r0] = code[nib_at(q, i)] * sc;
+    if (i & 1) { w[i - s0] = code[nib_at(q, i)] * sc; ++i; }
+    for (; i + 32 <= e; i += 32) {
+      __m512i i0, i1;
+      nibbles32_avx512(q + (i >> 1), &i0, &i1);
+      _mm512_storeu_ps(w + (i - s0), _mm512_permutexvar_ps(i0, tab));
+      _mm512_storeu_ps(w + (i - s0) + 16, _mm512_permutexvar_ps(i1, tab));
+    }
+    if (i + 16 <= e) {
+      _mm512_storeu_ps(w + (i - s0), _mm512_permutexvar_ps(nibbles16_avx512(q + (i >> 1)), tab));
+      i += 16;
+    }
+    for (; i < e; ++i) w[i - s0] = code[nib_at(q, i)] * sc;
     s = e;
   }
+}
+
+BNB_MS_TARGET_AVX512 void decode_row_avx512(const float *code, const uint8_t *q, const float *am, int64_t blk_off,
+                                            int64_t n, int64_t K, int64_t K16, int64_t bs, float *w) {
+  decode_span_avx512(code, q, am, blk_off, n * K, K, bs, w);
   for (int64_t k = K; k < K16; ++k) w[k] = 0.0f;
 }
 
@@ -859,63 +884,93 @@ BNB_MS_TARGET_AVX512 BNB_MS_INLINE float reduce16_avx512(__m512 a) {
   return reduce16_avx2(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
 }
 
-BNB_MS_TARGET_AVX512 void dot_rows_avx512(const float *w, const float *x, int64_t M, int64_t K16, float *r) {
-  int64_t m = 0;
-  for (; m + 8 <= M; m += 8) {
-    __m512 a[8];
-    for (int j = 0; j < 8; ++j) a[j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K16; k += kLanes) {
-      const __m512 wv = _mm512_loadu_ps(w + k);
-      for (int j = 0; j < 8; ++j) a[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (m + j) * K16 + k), a[j]);
-    }
-    for (int j = 0; j < 8; ++j) r[m + j] = reduce16_avx512(a[j]);
-  }
-  for (; m < M; ++m) {
-    __m512 a0 = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K16; k += kLanes)
-      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + m * K16 + k), a0);
-    r[m] = reduce16_avx512(a0);
-  }
-}
-
-// kW decoded weight rows (w + j * K16) against every padded A row: r[m * kW + j].  Tiles of kW weight rows x 6
-// A rows (24 zmm accumulators, 4 + 6 loads per 24 fmas; dot_rows_avx512 does 1 x 8 with 9 loads per 8); each
-// (row, m) is the same 16-lane chain as dot_rows_*, so the bits do not change.
+// AVX-512, more than one A row: the weight is decoded and multiplied in K slices of kKc values, so that a
+// slice of A (kMc rows) and of the weight panel stay in L1 while every pair of them is multiplied; without the
+// slicing each 4 x 6 tile streamed whole rows of both from L2 and ran at L2 speed.  Tiles of kW weight rows x 6 A
+// rows (24 zmm accumulators, 4 + 6 loads per 24 fmas); a tile's 16-lane chains are kept in a buffer between
+// slices (an exact fp32 store and reload), so each (row, m) is the same chain, in the same order, as dot_rows_*,
+// and the bits do not change.
 constexpr int kW = 4;
+constexpr int64_t kKc = 512;  // K slice (floats): 2 KB per row
+constexpr int64_t kMc = 12;   // A rows per L1 block (24 KB at kKc)
+constexpr int64_t kPanel = 8;  // weight rows decoded per slice (16 KB at kKc)
 
+// acc: the tile's chains, acc[(i * kW + j) * 16 + lane]; first: start from zero; last: reduce into r[i * ldr + j].
 template <int MR>
-BNB_MS_TARGET_AVX512 BNB_MS_INLINE void dot_tile4_avx512(const float *w, const float *x, int64_t m, int64_t K16,
-                                                         float *r) {
+BNB_MS_TARGET_AVX512 BNB_MS_INLINE void dot_tile4_avx512(const float *w, const float *x, int64_t kc, float *acc,
+                                                         bool first, bool last, float *r, int64_t ldr) {
   __m512 a[kW][MR];
 #pragma GCC unroll 4
   for (int j = 0; j < kW; ++j)
 #pragma GCC unroll 6
-    for (int i = 0; i < MR; ++i) a[j][i] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K16; k += kLanes) {
+    for (int i = 0; i < MR; ++i) a[j][i] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + (i * kW + j) * kLanes);
+  for (int64_t k = 0; k < kc; k += kLanes) {
     __m512 wv[kW];
 #pragma GCC unroll 4
-    for (int j = 0; j < kW; ++j) wv[j] = _mm512_loadu_ps(w + j * K16 + k);
+    for (int j = 0; j < kW; ++j) wv[j] = _mm512_loadu_ps(w + j * kc + k);
 #pragma GCC unroll 6
     for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_loadu_ps(x + (m + i) * K16 + k);
+      const __m512 xv = _mm512_loadu_ps(x + i * kc + k);
 #pragma GCC unroll 4
       for (int j = 0; j < kW; ++j) a[j][i] = _mm512_fmadd_ps(wv[j], xv, a[j][i]);
     }
   }
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < kW; ++j) r[(m + i) * kW + j] = reduce16_avx512(a[j][i]);
+    for (int j = 0; j < kW; ++j) {
+      if (last) r[i * ldr + j] = reduce16_avx512(a[j][i]);
+      else _mm512_storeu_ps(acc + (i * kW + j) * kLanes, a[j][i]);
+    }
 }
 
-BNB_MS_TARGET_AVX512 void dot_rows4_avx512(const float *w, const float *x, int64_t M, int64_t K16, float *r) {
+BNB_MS_TARGET_AVX512 void dot_tiles4_avx512(const float *w, const float *x, int64_t rows, int64_t kc, float *acc,
+                                            bool first, bool last, float *r, int64_t ldr) {
   int64_t m = 0;
-  for (; m + 6 <= M; m += 6) dot_tile4_avx512<6>(w, x, m, K16, r);
-  switch (M - m) {
-    case 5: dot_tile4_avx512<5>(w, x, m, K16, r); break;
-    case 4: dot_tile4_avx512<4>(w, x, m, K16, r); break;
-    case 3: dot_tile4_avx512<3>(w, x, m, K16, r); break;
-    case 2: dot_tile4_avx512<2>(w, x, m, K16, r); break;
-    case 1: dot_tile4_avx512<1>(w, x, m, K16, r); break;
+  for (; m + 6 <= rows; m += 6)
+    dot_tile4_avx512<6>(w, x + m * kc, kc, acc + m * kW * kLanes, first, last, r + m * ldr, ldr);
+  x += m * kc, acc += m * kW * kLanes, r += m * ldr;
+  switch (rows - m) {
+    case 5: dot_tile4_avx512<5>(w, x, kc, acc, first, last, r, ldr); break;
+    case 4: dot_tile4_avx512<4>(w, x, kc, acc, first, last, r, ldr); break;
+    case 3: dot_tile4_avx512<3>(w, x, kc, acc, first, last, r, ldr); break;
+    case 2: dot_tile4_avx512<2>(w, x, kc, acc, first, last, r, ldr); break;
+    case 1: dot_tile4_avx512<1>(w, x, kc, acc, first, last, r, ldr); break;
     default: break;
+  }
+}
+
+// A (M x K, any T) in fp32, zero-padded to K16 and laid out by K slice: slice s (width kc_s) holds M rows of kc_s
+// values at xs + s * kKc * M, so a slice of kMc rows is one contiguous block.
+template <class T>
+void pack_slices(const T *A, int64_t M, int64_t K, int64_t K16, float *xs) {
+  for (int64_t k0 = 0; k0 < K16; k0 += kKc) {
+    const int64_t kc = std::min(kKc, K16 - k0);
+    float *dst = xs + k0 * M;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < kc; ++k) dst[m * kc + k] = k0 + k < K ? to_f32(A[m * K + k0 + k]) : 0.0f;
+  }
+}
+
+// Weight rows [n0, n1) against the sliced A: res[m * kPanel + (n - n0)] for n1 - n0 <= kPanel.
+BNB_MS_TARGET_AVX512 void gemm4_panel_avx512(const float *code, const uint8_t *q, const float *am, int64_t off,
+                                             const float *xs, int64_t M, int64_t K, int64_t K16, int64_t bs, int64_t n0,
+                                             int64_t n1, float *wpan, float *acc, float *res) {
+  const int64_t R = n1 - n0, G = (R + kW - 1) / kW;
+  for (int64_t k0 = 0; k0 < K16; k0 += kKc) {
+    const int64_t kc = std::min(kKc, K16 - k0), kv = std::max<int64_t>(0, std::min(kc, K - k0));
+    const bool first = k0 == 0, last = k0 + kc >= K16;
+    for (int64_t r = 0; r < G * kW; ++r) {  // rows past n1 (a short last group) are zeros; their results are dropped
+      float *w = wpan + r * kc;
+      int64_t done = 0;
+      if (r < R) decode_span_avx512(code, q, am, off, (n0 + r) * K + k0, done = kv, bs, w);
+      for (int64_t k = done; k < kc; ++k) w[k] = 0.0f;
+    }
+    const float *xk = xs + k0 * M;
+    for (int64_t m0 = 0; m0 < M; m0 += kMc) {
+      const int64_t rows = std::min(kMc, M - m0);
+      for (int64_t g = 0; g < G; ++g)
+        dot_tiles4_avx512(wpan + g * kW * kc, xk + m0 * kc, rows, kc, acc + (g * M + m0) * kW * kLanes, first, last,
+                          res + m0 * kPanel + g * kW, kPanel);
+    }
   }
 }
 
@@ -963,9 +1018,32 @@ BNB_MS_TARGET_AVX2 void dot_rows2_avx2(const float *w, const float *x, int64_t M
 }
 
 template <class T>
+void gemm4_avx512(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out,
+                  int64_t M, int64_t N, int64_t K, int64_t bs) {
+  const int64_t K16 = (K + kLanes - 1) / kLanes * kLanes;
+  static thread_local Scratch<float> xsl;
+  float *xs = xsl.get((size_t)(M * K16));
+  pack_slices(A, M, K, K16, xs);
+  gemv4_parallel_rows(N, K * std::max<int64_t>(1, M / 4), [&](int64_t n0, int64_t n1) {
+    static thread_local Scratch<float> wpan, acc, res;
+    int64_t off;
+    const float *am = amx.rows(n0, n1, K, bs, &off);
+    float *wp = wpan.get((size_t)(kPanel * kKc)), *ap = acc.get((size_t)(kPanel * M * kLanes));
+    float *rp = res.get((size_t)(kPanel * M));
+    for (int64_t n = n0; n < n1; n += kPanel) {
+      const int64_t e = std::min(n1, n + kPanel);
+      gemm4_panel_avx512(code, q, am, off, xs, M, K, K16, bs, n, e, wp, ap, rp);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = n; j < e; ++j) out[m * N + j] = with_bias(from_f32<T>(rp[m * kPanel + (j - n)]), bias, j);
+    }
+  }, kW);
+}
+
+template <class T>
 void gemm4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out, int64_t M,
            int64_t N, int64_t K, int64_t bs) {
   const SimdLevel lvl = simd_level();
+  if (lvl >= SimdLevel::avx512) return gemm4_avx512<T>(code, q, amx, A, bias, out, M, N, K, bs);
   const int64_t K16 = (K + kLanes - 1) / kLanes * kLanes;
   static thread_local std::vector<float> xpad;  // A in fp32, rows zero-padded to K16
   xpad.assign((size_t)(M * K16), 0.0f);
@@ -976,17 +1054,10 @@ void gemm4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, 
     static thread_local std::vector<float> wrow, res;
     int64_t off;
     const float *am = amx.rows(n0, n1, K, bs, &off);
-    wrow.resize((size_t)(kW * K16));
-    res.resize((size_t)(kW * M));
+    wrow.resize((size_t)(kW2 * K16));
+    res.resize((size_t)(kW2 * M));
     int64_t n = n0;
-    if (lvl >= SimdLevel::avx512) {
-      for (; n + kW <= n1; n += kW) {
-        for (int j = 0; j < kW; ++j) decode_row_avx512(code, q, am, off, n + j, K, K16, bs, wrow.data() + j * K16);
-        dot_rows4_avx512(wrow.data(), xp, M, K16, res.data());
-        for (int64_t m = 0; m < M; ++m)
-          for (int j = 0; j < kW; ++j) out[m * N + n + j] = with_bias(from_f32<T>(res[m * kW + j]), bias, n + j);
-      }
-    } else if (lvl >= SimdLevel::avx2) {
+    if (lvl >= SimdLevel::avx2) {
       for (; n + kW2 <= n1; n += kW2) {
         for (int j = 0; j < kW2; ++j) decode_row_avx2(code, q, am, off, n + j, K, K16, bs, wrow.data() + j * K16);
         dot_rows2_avx2(wrow.data(), xp, M, K16, res.data());
@@ -995,10 +1066,7 @@ void gemm4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, 
       }
     }
     for (; n < n1; ++n) {
-      if (lvl >= SimdLevel::avx512) {
-        decode_row_avx512(code, q, am, off, n, K, K16, bs, wrow.data());
-        dot_rows_avx512(wrow.data(), xp, M, K16, res.data());
-      } else if (lvl >= SimdLevel::avx2) {
+      if (lvl >= SimdLevel::avx2) {
         decode_row_avx2(code, q, am, off, n, K, K16, bs, wrow.data());
         dot_rows_avx2(wrow.data(), xp, M, K16, res.data());
       } else {
