@@ -375,13 +375,20 @@ class Linear4bit(torch.nn.Linear):
         _check_linear_input(self, x)
         w = self.weight
         qs = getattr(w, "quant_state", None)
-        if qs is not None and self.compute_type_is_set and x.dtype == (self.compute_dtype or x.dtype):
+        if qs is not None and self.compute_type_is_set:
             plan = qs.__dict__.get("_linear_plan")
             if plan is not None and plan.matches(qs) and _hostcall.active() and isinstance(w, Params4bit):
-                # the lean form of the fused call below (its weight and bias seen before, nothing moved)
-                res = plan.fast(x, w, self.bias, _F.LINEAR_4BIT_MAX_ROWS)
-                if res is not None:
-                    return res
+                # the lean forms of the fused calls below (their weight and bias seen before, nothing moved)
+                cdt, b = self.compute_dtype, self.bias
+                if x.dtype == (cdt or x.dtype):
+                    res = plan.fast(x, w, b, _F.LINEAR_4BIT_MAX_ROWS)
+                    if res is not None:
+                        return res
+                elif (x.dtype == _ms.float32 and cdt in (_ms.bfloat16, _ms.float16)
+                      and (b is None or b.dtype == cdt)):  # (the full path below casts an fp32 bias once)
+                    res = plan.fast_compute(x, w, b, cdt, _F.LINEAR_4BIT_MAX_ROWS)
+                    if res is not None:
+                        return res
         K = int(qs.shape[1]) if qs is not None and qs.shape is not None else int(self.in_features)
         if x.shape[-1] != K:  # (x has a dimension: _check_linear_input)  # never matmul_4bit's deprecated [K, N] branch: the weight is [N, K]
             raise ValueError(f"{type(self).__name__}: `x` must have last dimension {K} (in_features); got shape "
