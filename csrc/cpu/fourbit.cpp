@@ -1384,31 +1384,32 @@ void linear4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, co
                      int64_t M, int64_t N, int64_t K, int64_t bs) {
   const bool native = bf16dot_native();
   const int64_t K32 = (K + kChunk - 1) / kChunk * kChunk;
-  static thread_local std::vector<uint16_t> xb;  // x as flushed bf16, rows zero-padded to K32
-  xb.assign((size_t)(M * K32), 0);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k) xb[m * K32 + k] = to_bf16_flushed(to_f32(A[m * K + k]));
-  const uint16_t *xp = xb.data();
+  static thread_local Scratch<uint16_t> xb;  // x as flushed bf16, rows zero-padded to K32
+  uint16_t *xbp = xb.get((size_t)(M * K32));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) xbp[m * K32 + k] = to_bf16_flushed(to_f32(A[m * K + k]));
+    for (int64_t k = K; k < K32; ++k) xbp[m * K32 + k] = 0;
+  }
+  const uint16_t *xp = xbp;
   if (bf16_gemv_applies(M, K, bs)) {  // one row: the kernel above (its own arithmetic, see there)
     gemv4_bf16dot<T>(code, q, amx, xp, bias, out, N, K, bs);
     return;
   }
   gemv4_parallel_rows(N, K * std::max<int64_t>(1, M / 4), absmax_runs(amx, K, bs, kRowGroup, [&](int64_t n0, int64_t n1, const float *am, int64_t off) {
-    static thread_local std::vector<uint16_t> wrows;  // kRowGroup decoded weight rows (native: K slices)
-    static thread_local std::vector<float> res, acc;
-    wrows.resize((size_t)(kRowGroup * (native ? kSliceK : K32) + kChunk));
+    static thread_local Scratch<uint16_t> wrows;  // kRowGroup decoded weight rows (native: K slices)
+    static thread_local std::vector<float> res;
+    static thread_local Scratch<float> acc;  // the native kernel's chains
+    uint16_t *wr = wrows.get((size_t)(kRowGroup * (native ? kSliceK : K32) + kChunk));
     res.resize((size_t)(M * kRowGroup));
-    if (native) acc.resize((size_t)(M * kRowGroup * kLanes + kLanes));
-    // 64-byte aligned chain buffer for the native kernel
-    float *accp = (float *)(((uintptr_t)acc.data() + 63) & ~(uintptr_t)63);
+    float *accp = native ? acc.get((size_t)(M * kRowGroup * kLanes)) : nullptr;
     for (int64_t n = n0; n < n1; n += kRowGroup) {
       const int R = (int)std::min<int64_t>(kRowGroup, n1 - n);
       if (native) {
-        dot_rows_bf16_avx512(code, q, am, off, n, R, K, bs, xp, M, K32, wrows.data(), accp, res.data());
+        dot_rows_bf16_avx512(code, q, am, off, n, R, K, bs, xp, M, K32, wr, accp, res.data());
       } else {
         const uint16_t *wp[kRowGroup];
         for (int j = 0; j < R; ++j) {
-          uint16_t *wj = wrows.data() + j * K32;
+          uint16_t *wj = wr + j * K32;
           decode_row_bf16_portable(code, q, am, off, n + j, K, K32, bs, wj);
           wp[j] = wj;
         }
