@@ -60,12 +60,19 @@ def _from_pretrained(model_name_or_path, bnb_config):
     # kernel, and the layers that stay unquantized, lm_head and attention, run in the model dtype): float32.
     # A config that loads nothing in 4 or 8 bits ("16bit") is not passed (transformers would still run its
     # bitsandbytes quantizer); that is the unquantized model, as upstream intends.
+    # PORT: the model is kept off bitsandbytes_ms' fused decoder (on by default for quantized models), which runs
+    # the decoder layers natively instead of through Linear4bit.forward: test_pi counts the layers' kernel calls.
+    # tests/test_fused_auto.py covers the fused path of the same transformers loading.
+    from bitsandbytes_ms.integrations import fuse
+
     quantized = bnb_config.load_in_4bit or bnb_config.load_in_8bit
-    return transformers.AutoModelForCausalLM.from_pretrained(
+    model = transformers.AutoModelForCausalLM.from_pretrained(
         model_name_or_path,
         quantization_config=bnb_config if quantized else None,
         torch_dtype=torch.float32,
     ).eval()
+    fuse(model, False)
+    return model
 
 
 def get_prompt_for_generation_eval(text, add_roles=True):

@@ -241,6 +241,7 @@ def _model(cfg, quant=True, **qkw):
         p.data.copy_(torch.tensor((rng.randn(*p.shape) * 0.1).astype(np.float32)))
     if quant:
         quant_4bit(m, quant_type=qkw.pop("quant_type", "nf4"), compute_dtype="fp32", progress=False, **qkw)
+        unfuse(m)  # quant_4bit fuses on the first forward by itself: these tests compare against the unfused path
     return m
 
 
@@ -349,6 +350,7 @@ def _int8_model(family, threshold):
     m = _model(_cfg(family), quant=False)
     _boost_norms(m)
     quant_8bit(m, threshold=threshold, progress=False)
+    unfuse(m)
     return m
 
 
@@ -442,6 +444,7 @@ def _model_16(family, mode, dtype, values_of=None):
         quant_8bit(m, threshold=6.0, progress=False, modules_to_not_convert=KEEP_16)
     elif mode == "nf4":
         quant_4bit(m, compute_dtype=cd, progress=False, modules_to_not_convert=KEEP_16)
+    unfuse(m)
     return m
 
 

@@ -65,7 +65,9 @@ MODES = ["fp32", "int8", "int8-t0", "nf4", "fp4"]
 DEFAULT_MODES = ["fp32", "int8", "nf4", "fp4"]  # int8-t0 on request (--modes)
 MODELS = ["smollm2", "qwen2-0.5b"]
 DEFAULT_MODELS = ["smollm2"]  # qwen2-0.5b on request (--models smollm2,qwen2-0.5b): ~2x the run time
-SYSTEMS = ["ours", "upstream", "llamacpp"]
+SYSTEMS = ["ours", "hf-bf16", "hf-fp32", "upstream", "llamacpp"]
+#: this package: the CLI's path (load fp32, quant_8bit / quant_4bit, fuse) and transformers' (BitsAndBytesConfig)
+OURS = ("ours", "hf-bf16", "hf-fp32")
 QWEN05_CFG = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                   intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
                   rms_norm_eps=1e-6, tie_word_embeddings=True)
@@ -146,7 +148,7 @@ def worker_torch(spec: dict) -> dict:
     system, mode, threads = spec["system"], spec["mode"], spec["threads"]
     res = {"system": system, "mode": mode, "model": spec["model"]}
     t0 = time.perf_counter()
-    if system == "ours":
+    if system in OURS:
         import mindspore as ms
 
         ms.set_device("CPU")
@@ -168,6 +170,8 @@ def worker_torch(spec: dict) -> dict:
         res["kernel_path"] = cextension.simd_level()
         if cextension.BNB_BACKEND == "CPU":
             res["int8_gemm_path"] = f"{cextension.int8_gemm_path()} ({cextension.int8_gemm_path(1)} below 8 rows)"
+        if system != "ours":  # transformers' own path, the tutorial's config: quantized while loading, no fuse()
+            return _hf_path(spec, res, t0)
         model = AutoModelForCausalLM.from_pretrained(spec["model_dir"])
         model.eval()
         res["load_s"] = time.perf_counter() - t0
@@ -217,6 +221,50 @@ def worker_torch(spec: dict) -> dict:
 
         def to_np(t):
             return t.float().numpy()
+
+    return _measure(spec, res, model, to_np, t0)
+
+
+def _hf_path(spec: dict, res: dict, t0: float) -> dict:
+    """ours through transformers' path as bitsandbytes users write it: ``bnb.register()``, then
+    ``from_pretrained(quantization_config=BitsAndBytesConfig(...))`` with no ``dtype`` (transformers then loads
+    the rest of the model in fp16) and no call to ``fuse`` (the fused decoder comes by itself). nf4/fp4: double
+    quant, compute dtype bf16 (``hf-bf16``, the tutorials' config) or fp32 (``hf-fp32``)."""
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    import bitsandbytes_ms
+    from bitsandbytes_ms.integrations import evaluate as ev
+    from bitsandbytes_ms.integrations import is_fused
+
+    bitsandbytes_ms.register()
+    mode = spec["mode"]
+    if mode in ("int8", "int8-t0"):
+        cfg = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=6.0 if mode == "int8" else 0.0)
+    elif mode in ("nf4", "fp4"):
+        cfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=mode, bnb_4bit_use_double_quant=True,
+                                 bnb_4bit_compute_dtype=torch.bfloat16 if spec["system"] == "hf-bf16" else torch.float32)
+    else:
+        raise ValueError(f"{spec['system']}: mode {mode} (int8, int8-t0, nf4, fp4)")
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], quantization_config=cfg)
+    model.eval()
+    res["load_s"] = time.perf_counter() - t0  # includes quantization (done at load)
+    res["quantize_s"] = None
+    res["weight_bytes"] = ev.weight_memory(model)
+    res["model_dtype"] = str(model.dtype)
+
+    def to_np(t):
+        return t.float().asnumpy()
+
+    res = _measure(spec, res, model, to_np, t0)
+    res["fused"] = is_fused(model)  # fused by itself on the first forward
+    return res
+
+
+def _measure(spec: dict, res: dict, model, to_np, t0: float) -> dict:
+    """decode, perplexity and prefill of a loaded model (any system but llama.cpp)."""
+    import numpy as np
+    import torch
 
     lin = [type(m).__name__ for n, m in model.named_modules() if n.endswith("q_proj")]
     res["layer_class"] = lin[0] if lin else "?"
@@ -587,11 +635,11 @@ def run_config(python: str, spec: dict, timeout: int) -> dict:
         path = f.name
     env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), MKL_NUM_THREADS=str(spec["threads"]),
                TORCHDYNAMO_DISABLE="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               DIFFUSERS_VERBOSITY="error", PYTHONPATH=str(ROOT) if spec["system"] == "ours" else "")
+               DIFFUSERS_VERBOSITY="error", PYTHONPATH=str(ROOT) if spec["system"] in OURS else "")
     t0 = time.perf_counter()
     try:
         p = subprocess.run([python, str(Path(__file__).resolve()), "--worker", path], capture_output=True, text=True,
-                           env=env, timeout=timeout, cwd=str(ROOT) if spec["system"] == "ours" else "/tmp")
+                           env=env, timeout=timeout, cwd=str(ROOT) if spec["system"] in OURS else "/tmp")
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s", **{k: spec[k] for k in ("system", "mode", "model")}}
     finally:
@@ -657,7 +705,7 @@ def main(argv=None) -> int:
     t_run = time.perf_counter()
     started = datetime.datetime.now(datetime.timezone.utc)
     load_start = loadavg()
-    pythons = {"ours": sys.executable}
+    pythons = {s: sys.executable for s in OURS}
     if "upstream" in systems:
         log("upstream env")
         pythons["upstream"] = upstream_python()
@@ -710,7 +758,7 @@ def main(argv=None) -> int:
         # alternate: for each mode, ours then upstream; llama.cpp's GGUF types interleaved between the modes
         ll_types = list(ggufs)
         for i, mode in enumerate(modes):
-            for system in ("ours", "upstream"):
+            for system in ("ours", "hf-bf16", "hf-fp32", "upstream"):
                 if system not in systems:
                     continue
                 log(f"{model} {system} {mode} (load {loadavg()})")
@@ -845,6 +893,9 @@ def render(meta: dict, results: list) -> str:
 
         for mode in ("nf4", "fp4", "int8", "int8-t0"):
             row(f"ours {mode} / ours fp32", ("ours", mode), ("ours", "fp32"))
+        for hf in ("hf-bf16", "hf-fp32"):  # transformers' path (tutorial config) against the CLI's
+            for mode in ("nf4", "fp4", "int8", "int8-t0"):
+                row(f"{hf} {mode} / ours {mode}", (hf, mode), ("ours", mode))
         for mode in ("nf4", "fp4", "int8", "int8-t0"):
             row(f"upstream {mode} / upstream fp32", ("upstream", mode), ("upstream", "fp32"))
         for mode in MODES:

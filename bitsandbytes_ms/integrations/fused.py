@@ -74,10 +74,11 @@ from . import mindtorch_patches as _mindtorch_patches  # noqa: F401  (registers 
 from .. import functional as F
 from .patches import registry
 
-__all__ = ["fuse", "unfuse", "is_fused", "set_enabled", "unsupported_reason", "FUSED_PATCHES"]
+__all__ = ["fuse", "unfuse", "is_fused", "auto_fuse", "set_enabled", "unsupported_reason", "FUSED_PATCHES"]
 
 _enabled = os.environ.get("BNB_MS_FUSED", "1") != "0"
 _PLAN = "_bnb_fused_plan"
+_AUTO = "_bnb_fused_auto"  # None (not looked at) | "pending" | "tried" | "no" (no quantized layer) | "off" (fuse(m, False))
 _KV = "_bnb_fused_kv"
 _SPEC_NONE = (None, None, None, None, None, None, None, 64, 256)
 _FLOAT = (ms.float32, ms.float16, ms.bfloat16)
@@ -131,7 +132,7 @@ def _signature(model) -> list:
 
     def add(t):
         if t is not None and hasattr(t, "_data_ptr"):
-            sig.append((id(t), t._data_ptr()))
+            sig.append((id(t), t._data_ptr(), t.dtype, tuple(t.shape)))  # a cast in place may keep the address
 
     for p in model.parameters():
         add(p)
@@ -169,9 +170,9 @@ def _linear_spec(mod, name: str, N: int, K: int, keep: Dict[int, np.ndarray], dt
         qs = getattr(w, "quant_state", None)
         if not isinstance(w, Params4bit) or qs is None:
             raise _Unsupported(f"{name} is a Linear4bit whose weight is not quantized")
-        if mod.compute_dtype not in (None, ms.float32, dtype):
-            raise _Unsupported(f"{name} computes in {mod.compute_dtype} (the fused path computes in float32; "
-                               f"fused: compute dtype float32 or the model's {dtype})")
+        # any float compute dtype: the fused path computes in float32 (wider than fp16 / bf16; module docstring)
+        if mod.compute_dtype is not None and mod.compute_dtype not in _FLOAT:
+            raise _Unsupported(f"{name} computes in {mod.compute_dtype} (fused: float32, float16 or bfloat16)")
         if tuple(qs.shape) != (N, K):
             raise _Unsupported(f"{name} has shape {tuple(qs.shape)}, expected {(N, K)}")
         plan = F._plan_4bit(qs, "fuse")
@@ -309,6 +310,7 @@ class _Plan:
         self.norm_call = _hostcall.entry("crms_norm_fp32").bind(dummy_x, self.norm_w, self.norm_eps, dummy_x)
         self.vocab = cfg.vocab_size
         self.sig = _signature(model)  # after the views above (they give unallocated tensors a buffer)
+        self.auto = False  # made by auto_fuse on a first forward, not by the user's fuse()
 
 
 def unsupported_reason(model) -> Optional[str]:
@@ -343,9 +345,17 @@ def _build(model):
     return None, reason
 
 
-def fuse(model) -> bool:
+def fuse(model, enable: bool = True) -> bool:
     """Installs the fused forward on ``model`` (a quantized Llama/Qwen2/Mistral causal LM). Returns True when
-    fused; otherwise warns once with the reason and leaves the model on its unfused path."""
+    fused; otherwise warns once with the reason and leaves the model on its unfused path.
+
+    A model holding quantized layers is fused by itself on its first inference forward (see :func:`auto_fuse`);
+    ``fuse(model, False)`` removes the fused forward and keeps the model off it for good (``fuse(model)`` again
+    turns it back on)."""
+    if not enable:
+        unfuse(model)
+        return False
+    model.__dict__.pop(_AUTO, None)
     if not _hostcall.active() and not _hostcall._enabled:
         _warn_once(("fuse", id(model), "hostcall"), "bitsandbytes_ms.fuse: host calls are off "
                    "(BNB_MS_HOSTCALL=0 or not the CPU library); the model keeps the unfused path")
@@ -361,8 +371,44 @@ def fuse(model) -> bool:
 
 
 def unfuse(model) -> None:
-    """Removes the fused forward from ``model`` (the patches stay installed and do nothing for it)."""
+    """Removes the fused forward from ``model`` and keeps it off (no automatic fusing either) until ``fuse(model)``;
+    the patches stay installed and do nothing for it."""
     model.__dict__.pop(_PLAN, None)
+    object.__setattr__(model, _AUTO, "off")
+
+
+def auto_fuse(model) -> None:
+    """Marks ``model`` (just quantized by quant_4bit / quant_8bit, or loaded through transformers'
+    ``from_pretrained(quantization_config=...)``) to be fused on its first inference forward, and installs the
+    forward patches that do it. A model the user took off the fused path (``fuse(model, False)``) stays off."""
+    if model.__dict__.get(_AUTO) != "off":
+        object.__setattr__(model, _AUTO, "pending")
+    registry.apply(FUSED_PATCHES)
+
+
+def _has_quantized_layers(model) -> bool:
+    from ..nn.modules import Linear4bit, Linear8bitLt
+
+    return any(isinstance(m, (Linear4bit, Linear8bitLt)) for m in model.modules())
+
+
+def _auto_plan(model, kw):
+    """The plan of a model fused by itself on this forward, or None (the unfused path runs). Decided once per
+    model: a model whose first fused attempt fails keeps the unfused path (with fuse's one warning naming the
+    reason). Forwards that cannot be fused anyway (training, gradients, graph mode, ...) defer the attempt
+    without a warning: a QLoRA loop on a quantized model is not a fused-path user."""
+    mark = model.__dict__.get(_AUTO)
+    if mark is None:  # a model quantized by hand (replace_with_bnb_linear, our layers): fused like the others
+        mark = "pending" if _has_quantized_layers(model) else "no"
+        object.__setattr__(model, _AUTO, mark)
+    if mark != "pending" or _runtime_reason(model, kw) is not None:
+        return None
+    object.__setattr__(model, _AUTO, "tried")
+    if not fuse(model):
+        return None
+    plan = model.__dict__[_PLAN]
+    plan.auto = True
+    return plan
 
 
 def is_fused(model) -> bool:
@@ -424,11 +470,16 @@ _FWD_ARGS = ("input_ids", "attention_mask", "position_ids", "past_key_values", "
              "use_cache", "cache_position", "logits_to_keep")
 
 
+_NO_HOSTCALL, _TRAINING = "gradients are being recorded, graph mode, or host calls are off", "training mode"
+#: reasons an automatically fused model runs unfused without a warning (training a quantized model, e.g. QLoRA)
+_QUIET_REASONS = (_NO_HOSTCALL, _TRAINING)
+
+
 def _runtime_reason(model, kw) -> Optional[str]:
     if not _hostcall.active():
-        return "gradients are being recorded, graph mode, or host calls are off"
+        return _NO_HOSTCALL
     if model.training:
-        return "training mode"
+        return _TRAINING
     for k in ("output_attentions", "output_hidden_states"):
         if kw.get(k):
             return f"{k}=True"
@@ -559,26 +610,35 @@ def _fused_forward(model, plan: _Plan, kw):
 
 
 def _causal_lm_forward(wrapped, instance, args, kwargs):
-    plan = instance.__dict__.get(_PLAN) if instance is not None else None
-    if plan is None or not _enabled:
+    if instance is None or not _enabled:
         return wrapped(*args, **kwargs)
+    plan = instance.__dict__.get(_PLAN)
     kw = dict(zip(_FWD_ARGS, args))
     kw.update(kwargs)
+    if plan is None:
+        if instance.__dict__.get(_AUTO) in ("tried", "no", "off"):  # the usual unfused model: one dict lookup
+            return wrapped(*args, **kwargs)
+        plan = _auto_plan(instance, kw)
+        if plan is None:
+            return wrapped(*_tensors(args), **_tensors(kwargs))
     reason = _runtime_reason(instance, kw)
     if reason is not None:
         pkv = kw.get("past_key_values")
         if pkv is not None and pkv.__dict__.get(_KV) is not None:
             raise RuntimeError(f"bitsandbytes_ms fused forward: this cache was filled by the fused path, which "
                                f"cannot continue here: {reason}")
-        _warn_once(("run", reason), f"bitsandbytes_ms fused forward: the unfused path runs: {reason}")
+        if not (plan.auto and reason in _QUIET_REASONS):
+            _warn_once(("run", reason), f"bitsandbytes_ms fused forward: the unfused path runs: {reason}")
         return wrapped(*_tensors(args), **_tensors(kwargs))
     if _state_of(kw.get("past_key_values")) is None and _signature(instance) != plan.sig:
         # a new generation on weights that changed since the plan was made: read them again
+        auto = plan.auto
         plan, reason = _build(instance)
         if plan is None:
             unfuse(instance)
             _warn_once(("rebuild", reason), f"bitsandbytes_ms fused forward: the unfused path runs: {reason}")
             return wrapped(*_tensors(args), **_tensors(kwargs))
+        plan.auto = auto
         object.__setattr__(instance, _PLAN, plan)
     unknown = set(kw) - set(_FWD_ARGS) - {"return_dict", "output_attentions", "output_hidden_states"}
     if unknown:

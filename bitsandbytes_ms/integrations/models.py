@@ -167,6 +167,9 @@ def _convert(model, make_layer, modules_to_not_convert, converted, skipped, prog
         from ..nn.linear_fp import use_fast_fp_layers
 
         use_fast_fp_layers(model, keep)
+    from .fused import auto_fuse
+
+    auto_fuse(model)  # the fused decoder on the first inference forward (fuse(model, False) keeps it off)
     return model
 
 
