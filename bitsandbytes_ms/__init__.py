@@ -3,6 +3,9 @@ optimizers) for MindSpore and MindSpore NLP. ``import bitsandbytes_ms as bnb`` g
 bitsandbytes users know."""
 
 from . import cextension, functional, utils  # noqa: F401  (cextension warns once if the native library is missing)
+from . import _hints  # noqa: E402
+
+_hints.install()  # one-line hints: `import torch` before mindnlp; transformers' bitsandbytes path before register()
 
 #: The upstream bitsandbytes release whose API and numerics this package follows. ``__version__`` is that
 #: release too, as ``importlib.metadata.version("bitsandbytes")`` is after ``register()``: clients (transformers,

@@ -42,7 +42,7 @@ from mindspore import Tensor
 from mindspore import context as _ms_context
 from mindspore.common.api import _pynative_executor
 
-from . import _ms_threads, _native_table, cextension
+from . import _launch_blocking, _ms_threads, _native_table, cextension
 
 _ARGTYPES = [ct.c_int, ct.POINTER(ct.c_void_p), ct.POINTER(ct.c_int), ct.POINTER(ct.POINTER(ct.c_int64)),
              ct.POINTER(ct.c_char_p), ct.c_void_p, ct.c_void_p]
@@ -87,12 +87,13 @@ class DeviceView:
     Callers take the activation's host copy first (``asnumpy`` runs everything queued before it), so
     in-place updates of the weight made before the call have landed."""
 
-    __slots__ = ("ref", "ptr", "array")
+    __slots__ = ("ref", "ptr", "array", "kind")
 
     def __init__(self):
         self.ref = None  # weak: a replaced weight is not kept alive by the cache
         self.ptr = 0
         self.array = None
+        self.kind = None  # (dtype, shape) the array was made for
 
     def get(self, t) -> Optional[np.ndarray]:
         if not t.is_contiguous() or t.storage_offset() != 0:
@@ -101,16 +102,19 @@ class DeviceView:
         ptr = t._data_ptr() if same else 0
         if not ptr:
             ptr = _ms_threads.quiet_ptr(t.data_ptr)
-        if ptr != self.ptr or not same or self.array is None:
+        # the same object at the same address may hold other data: ``p.data = p.data.to(fp16)`` (Linear4bit's
+        # bias cast) can land in the buffer just freed, so the dtype and shape are part of the key
+        kind = (t.dtype, tuple(t.shape))
+        if ptr != self.ptr or not same or self.array is None or kind != self.kind:
             if not ptr:
                 return None
             t.wait_pipeline()
             dtype = np_dtype(t.dtype)
-            shape = tuple(int(s) for s in t.shape)
+            shape = tuple(int(s) for s in kind[1])
             n = int(math.prod(shape))
             buf = (ct.c_char * max(n * dtype.itemsize, 1)).from_address(ptr)
             self.array = np.frombuffer(buf, dtype=dtype, count=n).reshape(shape)
-            self.ref, self.ptr = weakref.ref(t), ptr
+            self.ref, self.ptr, self.kind = weakref.ref(t), ptr, kind
         return self.array
 
 
@@ -201,6 +205,7 @@ class Bound:
 
     def __init__(self, fn, name: str, args):
         _ms_threads.ensure()  # MindSpore's idle workers stop yield-spinning over our calls (see _ms_threads)
+        _launch_blocking.ensure()  # MindSpore's async CPU mode: ~6x slower (see _launch_blocking)
         self._fn, self._name, self._n = fn, name, len(args)
         self._params = (ct.c_void_p * self._n)()
         self._ndims = (ct.c_int * self._n)()

@@ -233,8 +233,8 @@ def optimizer_update_8bit_blockwise(name, g, p, state1, state2, beta1, beta2, be
     """Returns (p, state1 u8, state2 u8 | None, absmax1, absmax2 | None) after one 8-bit blockwise update:
     dequantize (blocksize 256), update in float32, requantize with :func:`quantize_blockwise`.
 
-    An element whose gradient is inf or NaN is skipped, as upstream's CUDA blockwise kernels do: its
-    parameter keeps its value and its states become 0 (they do not enter the block's absmax)."""
+    An element whose gradient is inf or NaN updates its parameter as upstream's CPU rule computes it (NaN
+    stays NaN) and its states become 0 (they do not enter the block's absmax)."""
     bs = OPTIM_BLOCKSIZE
     shape = np.shape(p)
     n = int(np.prod(shape))
@@ -252,7 +252,6 @@ def optimizer_update_8bit_blockwise(name, g, p, state1, state2, beta1, beta2, be
         newp, s1, s2, _ = _optim_core(name, g32, p32, s1, s2, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr,
                                       gnorm_scale, True)
     if bad.any():
-        newp[bad] = p32[bad]
         s1[..., bad] = 0.0
         if s2 is not None:
             s2[bad] = 0.0

@@ -33,6 +33,7 @@ reads one where a result must be trusted; upstream-style calls (``get_ptr`` argu
 from __future__ import annotations
 
 import ctypes as ct
+import math
 import os
 import re
 from pathlib import Path
@@ -352,6 +353,10 @@ class NativeFunction:
         results = self(*inputs)
         if not isinstance(results, (tuple, list)):
             results = (results,)
+        for name, res in zip(op.outputs, results):  # every output buffer checked before any is written
+            target = named.get(name)
+            if isinstance(target, TensorPointer):
+                _check_out_buffer(op.name, name, target.tensor, res)
         for name, res in zip(op.outputs, results):
             target = named.get(name)
             if isinstance(target, TensorPointer):
@@ -361,6 +366,16 @@ class NativeFunction:
                 target.tensor.copy_(res)
         # upstream's cigemmlt_32 returns its has_error (its callers raise on nonzero): so does the same call here
         return int(results[-1].asnumpy().reshape(-1)[0]) if op.has_error else 0
+
+
+def _check_out_buffer(fn: str, name: str, buf, res) -> None:
+    """An output buffer of a bitsandbytes-style call must take the result as it is: same dtype, same number of
+    elements (upstream's kernel would write that many bytes of that type through the pointer)."""
+    if buf.dtype != res.dtype:
+        raise TypeError(f"lib.{fn}: output `{name}` must have dtype {res.dtype}; got {buf.dtype}")
+    want, have = math.prod(res.shape), math.prod(buf.shape)
+    if want != have:
+        raise ValueError(f"lib.{fn}: output `{name}` must have {want} elements; got shape {tuple(buf.shape)}")
 
 
 _AOT_STATUS = re.compile(r"Return value from \w+ AOT kernel\(.*?\)'s function\(\w+\) is (-?\d+)")

@@ -512,7 +512,11 @@ def quantize_blockwise(A: Tensor, code: Optional[Tensor] = None, absmax: Optiona
     else:
         state = QuantState(absmax=amax, code=code.copy(), blocksize=blocksize, dtype=A.dtype, shape=A.shape)
     q = _write(out, q, fn)
-    if absmax is not None:
+    if absmax is not None and nested:
+        # the buffer receives the block absmax it is declared for (fp32 [nblocks]); the state keeps its nested
+        # uint8 codes (upstream copies those codes into the float buffer and makes it the state's absmax)
+        _write(absmax, amax, fn, "absmax")
+    elif absmax is not None:
         state.absmax = _write(absmax, state.absmax, fn, "absmax")
     return q, state
 
@@ -1089,7 +1093,7 @@ class _Linear4bitPlan:
             if not (converted_bias and t is bias) and not any(
                     isinstance(b, np.ndarray) and b.ctypes.data == v.ptr for b in bound):
                 return None
-            watch.append((t, v.ptr))
+            watch.append((t, v.ptr, t.dtype))
         return (B, bias, tuple(watch))
 
     def _lean_entry(self, dtype, bf16_dot, rows: int, slot: int, B: Tensor, bias: Optional[Tensor]):
@@ -1105,7 +1109,7 @@ class _Linear4bitPlan:
         # A new tensor over the same bytes at the same address: ``matmul_4bit(x, w.t())`` (upstream's Linear4bit
         # forward, and code ported from it) makes a fresh [1, n] view of the packed [n, 1] weight every call,
         # the same bytes in the same order. Its memory is read where it is now, so it is never stale.
-        w0, p0 = f[2][0]
+        w0, p0, _ = f[2][0]
         if (isinstance(B, Tensor) and B.is_contiguous() and B.storage_offset() == 0 and B.dtype == w0.dtype
                 and _numel(B) == _numel(w0) and B._data_ptr() == p0):
             return entry
@@ -1172,9 +1176,10 @@ def _lean_rows(A: Tensor, K: int, max_rows: int = 1 << 62) -> tuple:
 
 
 def _unmoved(watch) -> bool:
-    """True when every (tensor, address) a lean call reads in place still has that address."""
-    for t, ptr in watch:
-        if t._data_ptr() != ptr:
+    """True when every (tensor, address, dtype) a lean call reads in place still has that address and dtype
+    (a parameter cast in place, ``p.data = p.data.to(dt)``, can get the address its old buffer had)."""
+    for t, ptr, dt in watch:
+        if t._data_ptr() != ptr or t.dtype != dt:
             return False
     return True
 
@@ -1815,7 +1820,7 @@ class Int8LinearPlan:
             watch = [(t, v) for t, v in zip((self.CB, self.SCB, bias), self.views) if t is not None]
             scratch = np.empty(self.K, np.uint8)
             call.set(6, scratch)  # the lean call's flags for threshold 0 (nobody reads them), bound from now on
-            entry[5] = (bias, tuple((t, v.ptr) for t, v in watch), scratch) if all(
+            entry[5] = (bias, tuple((t, v.ptr, t.dtype) for t, v in watch), scratch) if all(
                 v.ref is not None and v.ref() is t and v.array is not None and a is not None
                 and a.ctypes.data == v.ptr for (t, v), a in zip(watch, (cb, scb, b))) else None
             return _hostcall.wrap(out), flags

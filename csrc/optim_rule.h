@@ -1,7 +1,7 @@
 // optim_rule.h -- the per-element update rule of the fused optimizers, written once for the CPU library
 // (csrc/cpu/optim.cpp, g++) and the CUDA kernels (csrc/cuda/optim.cu, nvcc): Adam, AdEMAMix, Momentum,
-// Lion, RMSprop, Adagrad with 32-bit state, upstream's 8-bit blockwise variant of each rule, the skip of
-// a non-finite gradient in 8-bit state, and the LAMB/LARS (max_unorm) trust-ratio step.
+// Lion, RMSprop, Adagrad with 32-bit state, upstream's 8-bit blockwise variant of each rule, the state
+// reset of a non-finite gradient element in 8-bit state, and the LAMB/LARS (max_unorm) trust-ratio step.
 //
 // Numerics (upstream bitsandbytes 0.50's CPU implementation; csrc/cpu/optim.cpp's header says where it
 // differs from upstream's CUDA kernels): the hyper-parameter expressions are evaluated on the host in
@@ -121,18 +121,16 @@ BNB_MS_RULE void update_elem(const OptConsts &k, float g, float &p, float &s1, f
 }
 
 // One element of an 8-bit blockwise update (states already dequantized). A non-finite gradient (inf
-// or NaN) is skipped as upstream's CUDA blockwise kernels skip it: p keeps its value and the element's
-// states are reset to 0, so they stay out of the block's new absmax (an inf state would make absmax
-// inf, and the next dequantization code * inf would turn the block's 255 other elements into NaN).
-// Returns whether p was updated.
+// or NaN) updates p as upstream 0.50.2's CPU rule computes it (a NaN gradient gives a NaN parameter, never
+// a silently finite one; Lion's sign(inf) is a finite step, as there), and the element's states are reset
+// to 0, so they stay out of the block's new absmax (an inf/NaN state would make absmax non-finite, and
+// the next dequantization code * absmax would turn the block's 255 other elements into NaN).
 template <Opt O>
-BNB_MS_RULE bool update_elem8(const OptConsts &k, float g, float &p, float &s1, float &s1b, float &s2) {
+BNB_MS_RULE void update_elem8(const OptConsts &k, float g, float &p, float &s1, float &s1b, float &s2) {
+  update_elem<O, true, false>(k, g, p, s1, s1b, s2, nullptr);
   if (!opt_finite(g)) {
     s1 = 0.0f; s1b = 0.0f; s2 = 0.0f;
-    return false;
   }
-  update_elem<O, true, false>(k, g, p, s1, s1b, s2, nullptr);
-  return true;
 }
 
 // ---- the max_unorm (LAMB / LARS trust ratio) step of the 32-bit optimizers ----------------------------

@@ -507,7 +507,10 @@ def optim8(name, dtype, n, special, seed, step, lr, absmax_delta):
     rp, rq1, rq2, ra1, ra2 = R.optimizer_update_8bit_blockwise(
         name, G.astype(ms.float32).asnumpy(), pv, s1.reshape(S1.shape), s2, 0.9, 0.999, 0.5, 2.0, 1e-8, step, lr,
         q1.asnumpy(), q2.asnumpy() if two else None, a1.reshape(A1.shape), a2, 0.01, 1.0, p_dtype=dtype)
-    return outcome(differ(to_np(P).astype(np.float32), np.asarray(rp).astype(np.float32), "p"),
+    got = to_np(P).astype(np.float32)
+    swallowed = np.isnan(G.astype(ms.float32).asnumpy()) & np.isfinite(got)  # issue 34: never a finite update
+    return outcome("p finite where the gradient is NaN" if swallowed.any() else None,
+                   differ(got, np.asarray(rp).astype(np.float32), "p"),
                    differ(S1.asnumpy(), rq1, "state1"), differ(A1.asnumpy(), ra1, "absmax1"),
                    None if s2 is None else differ(S2.asnumpy(), rq2, "state2"))
 
@@ -951,3 +954,32 @@ def _cli_setup(setup: str, tmp: Path) -> None:
     elif setup == "file_in_the_way":
         (tmp / "blocker").write_text("x")
 
+
+
+# ---------------------------------------------------------------------------------------------
+# state across calls (issue 34): one layer called with a sequence of input dtypes
+# ---------------------------------------------------------------------------------------------
+@case
+def linear4bit_dtype_sequence(dtypes, bias_dtype, compute_dtype, rows, seed):
+    """Linear4bit called with inputs of the dtypes in turn: every call against the unfused formula from the
+    dequantized weight and the bias the layer holds after the call (upstream casts the bias in place)."""
+    rng = np.random.default_rng(seed)
+    K, N = 64, 24
+    m = bnb.nn.LinearNF4(K, N, bias=True, compute_dtype=None if compute_dtype == "none" else ms_dtype(compute_dtype))
+    m.weight = bnb.nn.Params4bit(torch.tensor(values((N, K), seed) * 0.1), requires_grad=False, quant_type="nf4")
+    m.bias = torch.nn.Parameter(torch.tensor(values((N,), seed + 1)).to(ms_dtype(bias_dtype)), requires_grad=False)
+    m = m.to("cpu").eval()
+    W = F.dequantize_4bit(m.weight, m.weight.quant_state).asnumpy().astype(np.float64)
+    tol = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 6e-2}
+    for i, dt in enumerate(dtypes):
+        x = ms.Tensor(values((rows, K), seed + 2 + i)).astype(ms_dtype(dt))
+        y = must(call(lambda: m(x)))
+        cdt = m.compute_dtype or x.dtype
+        xr = x.astype(cdt).astype(ms.float32).asnumpy().astype(np.float64)
+        b = m.bias.astype(ms.float32).asnumpy().astype(np.float64)
+        ref, scale = xr @ W.T + b, np.abs(xr) @ np.abs(W).T + np.abs(b)
+        worst = max((tol[d] for d in (dt, str(cdt).split(".")[-1]) if d in tol), default=1e-4)
+        err = float(np.max(np.abs(to_np(y).astype(np.float64) - ref) / scale))
+        if y.dtype != x.dtype or not err < worst:
+            return "wrong", f"call {i} ({dt} input after {dtypes[:i]}): dtype {y.dtype}, relative error {err:.3g}"
+    return "ok", ""

@@ -40,3 +40,15 @@ def test_fuzz_linear_layers(fuzz_pool):
 def test_fuzz_embeddings(fuzz_pool):
     (params,) = collect((embedding_params, 160))
     run_area(fuzz_pool, "nn", [("embedding", p) for p in params])
+
+
+def linear_dtype_sequence_params():
+    # issue 34: caches keyed on the first call's dtype must follow every later call's
+    return st.fixed_dictionaries(dict(
+        dtypes=st.lists(st.sampled_from(FLOATS), min_size=2, max_size=7), bias_dtype=st.sampled_from(FLOATS),
+        compute_dtype=st.sampled_from(("none",) + FLOATS), rows=st.sampled_from([1, 3, 40]), seed=seeds))
+
+
+def test_fuzz_linear_state_across_calls(fuzz_pool):
+    (cases,) = collect((linear_dtype_sequence_params, 40))
+    run_area(fuzz_pool, "nn", [("linear4bit_dtype_sequence", p) for p in cases])

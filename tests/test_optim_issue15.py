@@ -100,10 +100,10 @@ def test_8bit_nonfinite_gradient_stays_in_its_element(cls, kw, bad):
     before = p.asnumpy().copy()
     for i, g in enumerate(gs):
         opt.step(grads=[Tensor(g)])
-        if i == 0:
-            assert p.asnumpy()[1, 5] == before[1, 5]  # the bad element is skipped, not updated
+        if i == 0 and np.isnan(bad):
+            assert np.isnan(p.asnumpy()[1, 5])  # a NaN gradient is never turned into a finite update (issue 34)
     out = p.asnumpy()
-    assert np.isfinite(out).all()
+    assert np.isfinite(np.delete(out.reshape(-1), 69)).all()  # the other elements of its block stay finite
     st = opt.state[p]
     assert np.isfinite(st["absmax1"].asnumpy()).all()
     # the kernel agrees with the numpy reference step by step (same bytes)
@@ -117,10 +117,11 @@ def test_8bit_nonfinite_gradient_stays_in_its_element(cls, kw, bad):
     a2 = np.zeros(2, np.float32) if two else None
     q1, q2 = st["qmap1"].asnumpy(), st["qmap2"].asnumpy() if two else None
     for step, g in enumerate(gs, 1):
-        rp, s1, s2, a1, a2 = R.optimizer_update_8bit_blockwise(
-            name, g.reshape(-1), rp, s1, s2, b[0], b[1], b[2] if len(b) > 2 else 0.0,
-            opt.param_groups[0].get("alpha", 0.0), opt.param_groups[0]["eps"], step, opt.param_groups[0]["lr"],
-            q1, q2, a1, a2, opt.param_groups[0]["weight_decay"])
+        with np.errstate(invalid="ignore"):
+            rp, s1, s2, a1, a2 = R.optimizer_update_8bit_blockwise(
+                name, g.reshape(-1), rp, s1, s2, b[0], b[1], b[2] if len(b) > 2 else 0.0,
+                opt.param_groups[0].get("alpha", 0.0), opt.param_groups[0]["eps"], step, opt.param_groups[0]["lr"],
+                q1, q2, a1, a2, opt.param_groups[0]["weight_decay"])
     np.testing.assert_array_equal(out.reshape(-1), rp)
     np.testing.assert_array_equal(st["absmax1"].asnumpy().reshape(-1), np.asarray(a1).reshape(-1))
 

@@ -26,7 +26,7 @@ from typing import Dict, Optional
 import numpy as np
 
 #: bumped when the conversion's output changes, so cached conversions are redone
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3  # 3: no token_type_ids, a pad token other than eos
 
 _ARCHES = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2")}
 
@@ -153,11 +153,13 @@ def read_config(reader) -> dict:
         cfg["head_dim"] = head_dim
         cfg["attention_bias"] = "blk.0.attn_q.bias" in names
         cfg["mlp_bias"] = False
-    for key, name in (("bos_token_id", "tokenizer.ggml.bos_token_id"), ("eos_token_id", "tokenizer.ggml.eos_token_id"),
-                      ("pad_token_id", "tokenizer.ggml.padding_token_id")):
+    for key, name in (("bos_token_id", "tokenizer.ggml.bos_token_id"), ("eos_token_id", "tokenizer.ggml.eos_token_id")):
         v = _field(reader, name)
         if v is not None:
             cfg[key] = int(v)
+    pad = pad_token_id(reader)
+    if pad is not None:
+        cfg["pad_token_id"] = pad
     scaling = _field(reader, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none") or "rope_freqs.weight" in names:
         raise GGUFConversionError(f"GGUF rope scaling ({scaling or 'rope_freqs'}) is not supported")
@@ -180,6 +182,40 @@ def read_weights(reader, config: dict) -> Dict[str, np.ndarray]:
             w = reverse_permute(w, n_kv)
         out[name] = w
     return out
+
+
+#: vocabulary entries taken as the padding token (when special) where the file's own is missing or is eos
+PAD_NAMES = ("<|pad|>", "<pad>", "[PAD]", "<|padding|>", "<|finetune_right_pad_id|>", "<|endoftext|>")
+_SPECIAL_TYPES = (2, 3, 4)  # gguf TokenType UNKNOWN, CONTROL, USER_DEFINED
+
+
+def pad_token_id(reader) -> Optional[int]:
+    """The padding token of the converted checkpoint, never the eos or bos token: the file's
+    ``tokenizer.ggml.padding_token_id`` when it is neither (llama.cpp conversions often set it to eos, which
+    makes pad == eos), else the first special token named in :data:`PAD_NAMES`, else the unknown token, else None:
+    the tokenizer then has no pad token (as Llama's own) and ``generation_config.json`` sets ``pad_token_id`` to
+    eos, what ``generate`` would pick anyway, so that it does not warn on every call."""
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    if tokens is None:
+        return None
+    tokens = list(tokens)
+    types = _field(reader, "tokenizer.ggml.token_type")
+    avoid = {int(v) for v in (_field(reader, "tokenizer.ggml.eos_token_id"), _field(reader, "tokenizer.ggml.bos_token_id"))
+             if v is not None}
+
+    def usable(i):
+        return i is not None and 0 <= int(i) < len(tokens) and int(i) not in avoid
+
+    own = _field(reader, "tokenizer.ggml.padding_token_id")
+    if usable(own):
+        return int(own)
+    index = {t: i for i, t in enumerate(tokens)}
+    for name in PAD_NAMES:
+        i = index.get(name)
+        if usable(i) and (types is None or int(types[i]) in _SPECIAL_TYPES):
+            return i
+    unk = _field(reader, "tokenizer.ggml.unknown_token_id")
+    return int(unk) if usable(unk) else None
 
 
 def _import_transformers_safely():
@@ -239,10 +275,14 @@ def build_tokenizer(reader):
         raise GGUFConversionError(f"GGUF tokenizer type {kind!r} is not supported (supported: gpt2, llama)")
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
               "model_max_length": int(_field(reader, f"{_field(reader, 'general.architecture')}.context_length", 2048))}
-    for k, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("unk_token", "unknown_token_id"),
-                   ("pad_token", "padding_token_id")):
+    for k, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("unk_token", "unknown_token_id")):
         if tok_id(key) is not None:
             config[k] = tok_id(key)
+    pad = pad_token_id(reader)
+    if pad is not None:
+        config["pad_token"] = tokens[pad]
+    # a causal LM takes no token_type_ids (PreTrainedTokenizerFast returns them by default, and generate() rejects them)
+    config["model_input_names"] = ["input_ids", "attention_mask"]
     template = _field(reader, "tokenizer.chat_template")
     if template:
         config["chat_template"] = template
@@ -273,6 +313,8 @@ def gguf_to_hf(gguf_path, out_dir) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
+    if "pad_token_id" not in gen and "eos_token_id" in gen:  # what generate() would pick, without its per-call warning
+        gen["pad_token_id"] = gen["eos_token_id"]
     (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     tk, tok_config = tokenizer
     tk.save(str(out_dir / "tokenizer.json"))

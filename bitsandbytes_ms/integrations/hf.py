@@ -97,6 +97,12 @@ def register(patches: bool = True) -> None:
         from .patches import registry
 
         registry.apply()
+    # transformers caches is_bitsandbytes_available(): an attempt made before register() (the hint's own case: a
+    # notebook that tried first) would keep answering False
+    import_utils = sys.modules.get("transformers.utils.import_utils")
+    cache_clear = getattr(getattr(import_utils, "is_bitsandbytes_available", None), "cache_clear", None)
+    if cache_clear is not None:
+        cache_clear()
 
 
 def unregister() -> None:

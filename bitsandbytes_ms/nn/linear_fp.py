@@ -35,19 +35,22 @@ from mindspore import context as _ms_context
 from mindspore.common.api import _pynative_executor
 
 from .. import _hostcall as _H
+from .. import _launch_blocking
 from ..backends import native as _native
 from .. import functional as _F
 from ..utils import dtype_name as _dtype_name
+from .modules import _CudaGuard
 
 _FLOAT = (_ms.float32, _ms.float16, _ms.bfloat16)
 _ctx, _MODE = _ms_context._context, _ms_context.ms_ctx_param.mode
 
 
-class LinearFP(torch.nn.Linear):
+class LinearFP(_CudaGuard, torch.nn.Linear):
     """``nn.Linear`` with the native full-precision GEMV/GEMM forward (see the module docstring).
 
     Same constructor, parameters and state dict as ``torch.nn.Linear``; :meth:`from_linear` converts an
-    existing layer in place."""
+    existing layer in place. Without a CUDA device ``.cuda()`` / ``.to("cuda")`` raise one ``RuntimeError``
+    saying so (as every layer in :mod:`bitsandbytes_ms.nn`)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
@@ -76,6 +79,8 @@ class LinearFP(torch.nn.Linear):
         return state
 
     def forward(self, x):
+        if not _launch_blocking._state["done"]:
+            _launch_blocking.ensure()  # MindSpore's async CPU mode: ~6x slower generation (see _launch_blocking)
         w = self.weight
         dt = x.dtype
         if dt != w.dtype:  # torch: "mat1 and mat2 must have the same dtype"; MindSpore's dense: a C++ error

@@ -16,7 +16,7 @@ import mindspore as _ms
 import mindtorch as torch
 from mindspore import ops as _msops
 
-from .. import _hostcall
+from .. import _hostcall, _launch_blocking
 from .. import functional as _F
 from ..autograd import _functions as _autograd
 from .._ops import tag as _tag_device
@@ -53,6 +53,37 @@ def _parse_to(args, kwargs):
         elif isinstance(a, _ms.dtype.Type):
             dtype = a
     return _device_type(device), dtype
+
+
+def _asks_cuda(args, kwargs) -> bool:
+    """Whether a ``.to(...)`` call names a CUDA device as a str or ``torch.device`` (an int index is accepted as
+    mindtorch's own modules accept it: MindSpore places tensors by its device target)."""
+    devices = [kwargs.get("device")] + [a for a in args if isinstance(a, (str, torch.device))]
+    return any(d is not None and _device_type(d) == "cuda" for d in devices)
+
+
+def _refuse_cuda(obj, call: str) -> None:
+    """On a machine without a CUDA device (MindSpore's device target is not GPU), ``.cuda()`` / ``.to("cuda")`` of
+    any layer or parameter here raises this one ``RuntimeError``, before anything is moved or quantized, as torch
+    does without CUDA (mindtorch's own error was a MindSpore C++ stack, and some layers accepted the call)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{type(obj).__name__}.{call}: no CUDA device is available (MindSpore's device target is "
+                           f"{_ms.get_context('device_target')}); use .cpu() or .to('cpu'), which quantize the weight "
+                           f"here as .cuda() does upstream")
+
+
+class _CudaGuard:
+    """Mixin for the layers here (before ``torch.nn.Linear`` in the bases): ``.cuda()`` and ``.to(<cuda device>)``
+    raise :func:`_refuse_cuda`'s error where no CUDA device is available; otherwise they are ``nn.Module``'s."""
+
+    def cuda(self, device=None):
+        _refuse_cuda(self, "cuda()")
+        return super().cuda(device)
+
+    def to(self, *args, **kwargs):
+        if _asks_cuda(args, kwargs):
+            _refuse_cuda(self, "to(...)")
+        return super().to(*args, **kwargs)
 
 
 # ---- 4-bit (Params4bit, Linear4bit, LinearFP4, LinearNF4) ----
@@ -190,6 +221,8 @@ class Params4bit(torch.nn.Parameter):
     _quantize = quantize  # upstream's private name (takes a device there)
 
     def to(self, *args, **kwargs):
+        if _asks_cuda(args, kwargs):
+            _refuse_cuda(self, "to(...)")
         dev_type, dtype = _parse_to(args, kwargs)
         if dev_type is not None and dev_type != "meta" and not self.bnb_quantized:
             return self.quantize()
@@ -204,6 +237,7 @@ class Params4bit(torch.nn.Parameter):
         return self.to("cpu")
 
     def cuda(self, device=None, non_blocking=False):
+        _refuse_cuda(self, "cuda()")
         return self.to("cuda" if device is None else device)
 
     def xpu(self, device=None, non_blocking=False):
@@ -275,11 +309,13 @@ def fix_4bit_weight_quant_state_from_module(module) -> None:
         module.weight.quant_state = getattr(module, "quant_state", None)
 
 
-class Linear4bit(torch.nn.Linear):
+class Linear4bit(_CudaGuard, torch.nn.Linear):
     """4-bit quantized linear layer (upstream ``bnb.nn.Linear4bit``; QLoRA, arXiv 2305.14314).
 
     The weight is a :class:`Params4bit`; it is quantized on ``.to(device)`` / ``.cuda()`` / ``.cpu()``,
-    on :meth:`Params4bit.quantize`, or (unlike upstream, which fails) on the first forward.
+    on :meth:`Params4bit.quantize`, or (unlike upstream, which fails) on the first forward. Without a CUDA device
+    (MindSpore's CPU target) ``.cuda()`` / ``.to("cuda")`` raise one ``RuntimeError`` saying so, as every layer
+    and parameter here does; ``.cpu()`` / ``.to("cpu")`` quantize.
     ``forward`` computes ``x @ W.T + b`` in ``compute_dtype`` (default: the input's dtype when it is
     fp32/bf16) through :func:`bitsandbytes_ms.matmul_4bit` and returns the input's dtype.
 
@@ -372,6 +408,8 @@ class Linear4bit(torch.nn.Linear):
         return errs + [f"size mismatch: {e}" for e in _F._4bit_size_errors(qs, nbytes, wkey, keys=keys)]
 
     def forward(self, x):
+        if not _launch_blocking._state["done"]:
+            _launch_blocking.ensure()  # MindSpore's async CPU mode: ~6x slower generation (see _launch_blocking)
         _check_linear_input(self, x)
         w = self.weight
         qs = getattr(w, "quant_state", None)
@@ -380,7 +418,7 @@ class Linear4bit(torch.nn.Linear):
             if plan is not None and plan.matches(qs) and _hostcall.active() and isinstance(w, Params4bit):
                 # the lean forms of the fused calls below (their weight and bias seen before, nothing moved)
                 cdt, b = self.compute_dtype, self.bias
-                if x.dtype == (cdt or x.dtype):
+                if x.dtype == (cdt or x.dtype) and (b is None or b.dtype == x.dtype):  # else: the bias is cast below
                     res = plan.fast(x, w, b, _F.LINEAR_4BIT_MAX_ROWS)
                     if res is not None:
                         return res
@@ -463,7 +501,8 @@ class Int8Params(torch.nn.Parameter):
     is quantized, then the int8 ``CB`` as its data with float32 row scales ``SCB``.
 
     Quantizes exactly once: on ``.to(device)``/``.cpu()``/``.cuda()`` (as upstream) or an explicit
-    :meth:`quantize` (the CPU way), and never re-quantizes int8 data. Extra keyword arguments (the
+    :meth:`quantize` (the CPU way), and never re-quantizes int8 data. Without a CUDA device ``.cuda()`` /
+    ``.to("cuda")`` raise one ``RuntimeError`` saying so (as every layer here). Extra keyword arguments (the
     ``_device``/``meta``/``_requires_grad`` that transformers passes from ``old_param.__dict__``) are
     accepted and ignored.
     """
@@ -522,12 +561,15 @@ class Int8Params(torch.nn.Parameter):
         return self.to("cpu")
 
     def cuda(self, device=None, non_blocking=False):
+        _refuse_cuda(self, "cuda()")
         return self.to("cuda" if device is None else device)
 
     def xpu(self, device=None, non_blocking=False):
         return _to_xpu(self, device)
 
     def to(self, *args, **kwargs):
+        if _asks_cuda(args, kwargs):
+            _refuse_cuda(self, "to(...)")
         dev_type, dtype = _parse_to(args, kwargs)
         if dev_type is not None and dev_type != "meta" and not self.is_quantized and not self.has_fp16_weights:
             return self.quantize()
@@ -545,7 +587,7 @@ def _rebuild_int8params(data, requires_grad, has_fp16_weights, has_cb, SCB):
     return p
 
 
-class Linear8bitLt(torch.nn.Linear):
+class Linear8bitLt(_CudaGuard, torch.nn.Linear):
     """LLM.int8() linear layer (upstream ``bnb.nn.Linear8bitLt``): ``y = x @ W.T + b`` with W stored as
     int8 rows plus float32 row scales (``weight.SCB``), activations quantized row-wise per call, and
     (``threshold > 0``) outlier feature columns multiplied in float32.
@@ -558,7 +600,8 @@ class Linear8bitLt(torch.nn.Linear):
         device: accepted (MindSpore places tensors by context).
 
     The weight is quantized by ``.to(device)``/``.cpu()`` (as upstream), :meth:`quantize`, or lazily by
-    the first forward. ``state_dict`` holds ``weight`` (int8), ``SCB`` (float32 [out]) and
+    the first forward. Without a CUDA device ``.cuda()`` / ``.to("cuda")`` raise one ``RuntimeError`` saying so
+    (as every layer here). ``state_dict`` holds ``weight`` (int8), ``SCB`` (float32 [out]) and
     ``weight_format`` (uint8 0 = "row"); such a dict loads into a fresh module (quantized or not).
     """
 
@@ -584,7 +627,8 @@ class Linear8bitLt(torch.nn.Linear):
         res = super().to(*args, **kwargs)
         dev_type, _ = _parse_to(args, kwargs)
         if dev_type is not None and isinstance(self.weight, Int8Params):
-            self.weight.to(dev_type)
+            # Int8Params.to only quantizes (MindSpore places tensors by context); _CudaGuard checked the device
+            self.weight.to("meta" if dev_type == "meta" else "cpu")
         return res
 
     def init_8bit_state(self):
@@ -669,6 +713,8 @@ class Linear8bitLt(torch.nn.Linear):
                 unexpected_keys.remove(key)
 
     def forward(self, x):
+        if not _launch_blocking._state["done"]:
+            _launch_blocking.ensure()  # MindSpore's async CPU mode: ~6x slower generation (see _launch_blocking)
         st = self.state
         plan = st.__dict__.get("_int8_linear_plan")
         if plan is not None and not self.training:

@@ -19,10 +19,10 @@
 // upstream's.  The SIMD paths compute the grid indices in vectors and look codes up as blockwise.cpp does
 // (AVX2: scalar loads, dequantization through a per-block table of code * absmax; AVX-512: gathers).
 //
-// Non-finite gradients. 8-bit state: an element whose gradient is inf or NaN is skipped (p kept,
-// its states reset to 0, so they do not enter the block's absmax), as upstream's CUDA blockwise
-// 2-state kernels do; here every 8-bit rule does it, so one bad element cannot turn its 255
-// neighbours' states into NaN (upstream's CPU path lets absmax become inf and code * inf = NaN).
+// Non-finite gradients. 8-bit state: an element whose gradient is inf or NaN updates its parameter as
+// upstream 0.50.2's CPU path does (a NaN gradient gives a NaN parameter), and its states are reset to 0,
+// so they do not enter the block's absmax: one bad element cannot turn its 255 neighbours' states into
+// NaN (upstream's CPU path lets absmax become inf/NaN and code * absmax = NaN on the next step).
 // 32-bit state: the float32 rules run unguarded, as upstream's and torch's, and NaN propagates to
 // that element's parameter (Lion's sign(NaN) is NaN, as torch.sign).
 //

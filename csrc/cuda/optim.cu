@@ -226,7 +226,8 @@ opt8(OptConsts k, const T *__restrict__ g, T *__restrict__ p, uint8_t *__restric
       if (O == ADEMAMIX) mb = __fmul_rn(c1[s1[n + i]], scb);
       if (two_state(O)) v = __fmul_rn(c2[s2[i]], sc2);
       pv = to_float(p[i]);
-      if (update_elem8<O>(k, to_float(g[i]), pv, m, mb, v)) p[i] = from_float<T>(pv);
+      update_elem8<O>(k, to_float(g[i]), pv, m, mb, v);
+      p[i] = from_float<T>(pv);
     } else {
       m = mb = v = 0.0f;
     }
@@ -402,7 +403,8 @@ opt8_warp(OptConsts k, const T *__restrict__ g, T *__restrict__ p, uint8_t *__re
         if (O == ADEMAMIX) mb[e] = __fmul_rn(c1[((e < 4 ? qbw.x : qbw.y) >> sh) & 0xffu], scb);
         if (two_state(O)) v[e] = __fmul_rn(c2[((e < 4 ? q2w.x : q2w.y) >> sh) & 0xffu], sc2);
         float pv = raw_to_float<T>(praw[e]);
-        if (update_elem8<O>(k, raw_to_float<T>(graw[e]), pv, m[e], mb[e], v[e])) praw[e] = float_to_raw<T>(pv);
+        update_elem8<O>(k, raw_to_float<T>(graw[e]), pv, m[e], mb[e], v[e]);
+        praw[e] = float_to_raw<T>(pv);
       }
     }
     store8<T>(p, i0, n, praw);

@@ -1,0 +1,139 @@
+"""Where one decode step of a quantized model goes, to the microsecond: every native call (by entry point) and
+every Python / framework function between them, per generated token (issue 32 item 1).
+
+    .venv/bin/python tools/profile_decode.py --model DIR [--mode nf4|int8|fp4] [--tokens 32] [--path cli|hf]
+
+``--path cli``: fp32 load + quant_4bit / quant_8bit (as ``bnb-ms quantize``); ``--path hf``: transformers'
+``from_pretrained(quantization_config=BitsAndBytesConfig(...))`` with the tutorials' config (bf16 compute, double
+quant, no dtype). Both fuse by themselves on the first forward. After a warm-up generation, a greedy generation of
+``--tokens`` tokens runs twice: once plain (the step time), once under cProfile (the breakdown; cProfile's own
+overhead inflates the Python rows, so the table also gives each row's share of the profiled total, and the plain
+step time to scale by). Native calls are timed by wrapping ``_hostcall.Bound.__call__`` / ``run_as`` (per entry).
+Prints a Markdown table (rows above 0.5% of the step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import collections
+import os
+import pstats
+import sys
+import time
+
+
+def _load(args):
+    import mindspore as ms
+
+    ms.set_device("CPU")
+    ms.runtime.launch_blocking()
+    import mindnlp  # noqa: F401
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    import bitsandbytes_ms as bnb
+    from bitsandbytes_ms.integrations import quant_4bit, quant_8bit
+
+    transformers.logging.set_verbosity_error()
+    if args.path == "hf":
+        bnb.register()
+        if args.mode == "int8":
+            cfg = BitsAndBytesConfig(load_in_8bit=True)
+        else:
+            cfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=args.mode, bnb_4bit_use_double_quant=True,
+                                     bnb_4bit_compute_dtype=torch.bfloat16)
+        m = AutoModelForCausalLM.from_pretrained(args.model, quantization_config=cfg)
+    else:
+        m = AutoModelForCausalLM.from_pretrained(args.model)
+        if args.mode == "int8":
+            quant_8bit(m, progress=False)
+        else:
+            quant_4bit(m, quant_type=args.mode, compute_dtype="fp32", compress_statistics=False, progress=False)
+    return m.eval()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--mode", default="nf4", choices=["nf4", "fp4", "int8"])
+    ap.add_argument("--path", default="cli", choices=["cli", "hf"])
+    ap.add_argument("--tokens", type=int, default=32)
+    args = ap.parse_args(argv)
+    m = _load(args)
+    import torch
+
+    from bitsandbytes_ms import _hostcall
+    from bitsandbytes_ms.integrations import is_fused
+
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 314]], dtype=torch.int64)
+    kw = dict(max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False, pad_token_id=0,
+              attention_mask=torch.ones_like(ids))
+    with torch.no_grad():
+        m.generate(ids, **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
+        t = time.perf_counter()
+        m.generate(ids, **kw)
+        plain = (time.perf_counter() - t) / args.tokens
+        native = collections.defaultdict(lambda: [0, 0.0])
+        call, run_as = _hostcall.Bound.__call__, _hostcall.Bound.run_as
+
+        def timed_call(self, *a, **k):
+            t0 = time.perf_counter()
+            try:
+                return call(self, *a, **k)
+            finally:
+                e = native[self._name]
+                e[0] += 1
+                e[1] += time.perf_counter() - t0
+
+        def timed_run_as(self, other, *a, **k):
+            t0 = time.perf_counter()
+            try:
+                return run_as(self, other, *a, **k)
+            finally:
+                e = native[getattr(other, "name", None) or getattr(other, "_name", "?") + "*"]
+                e[0] += 1
+                e[1] += time.perf_counter() - t0
+
+        _hostcall.Bound.__call__, _hostcall.Bound.run_as = timed_call, timed_run_as
+        try:
+            t = time.perf_counter()
+            m.generate(ids, **kw)
+            timed = (time.perf_counter() - t) / args.tokens
+        finally:
+            _hostcall.Bound.__call__, _hostcall.Bound.run_as = call, run_as
+        prof = cProfile.Profile()
+        prof.enable()
+        t = time.perf_counter()
+        m.generate(ids, **kw)
+        profiled = (time.perf_counter() - t) / args.tokens
+        prof.disable()
+    n = args.tokens
+    print(f"# decode step profile: {args.model} ({args.mode}, {args.path} path, fused {is_fused(m)}), "
+          f"{n} tokens, {os.cpu_count()} cores\n")
+    print(f"step time: {plain * 1e3:.3f} ms plain ({1 / plain:.1f} tok/s), {timed * 1e3:.3f} ms with native calls "
+          f"timed, {profiled * 1e3:.3f} ms under cProfile\n")
+    print("## native calls (per token)\n\n| entry | calls | us | share of the plain step |\n|---|---|---|---|")
+    tot_native = 0.0
+    for name, (c, s) in sorted(native.items(), key=lambda kv: -kv[1][1]):
+        tot_native += s
+        print(f"| {name} | {c / n:.1f} | {s / n * 1e6:.1f} | {s / n / plain:.1%} |")
+    print(f"| **all native calls** | | {tot_native / n * 1e6:.1f} | {tot_native / n / plain:.1%} |")
+    print(f"| **everything else** (Python, mindtorch ops, generate) | | {(plain - tot_native / n) * 1e6:.1f} | "
+          f"{1 - tot_native / n / plain:.1%} |\n")
+    st = pstats.Stats(prof)
+    total = sum(v[2] for v in st.stats.values())  # tottime of every function
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])
+    print("## everything, by function, under cProfile (own time per token; share of the profiled step)\n")
+    print("| function | calls/token | own us/token | share |\n|---|---|---|---|")
+    for (fn, line, name), (cc, nc, tt, ct, _) in rows:
+        if tt / total < 0.005:
+            break
+        where = f"{os.path.basename(fn)}:{line}" if fn != "~" else "builtin"
+        print(f"| {name} ({where}) | {nc / n:.1f} | {tt / n * 1e6:.1f} | {tt / total:.1%} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
