@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import importlib.metadata
 import math
@@ -241,45 +242,69 @@ def quantize_job(args) -> int:
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         except Exception as e:  # noqa: BLE001
             raise CliError(f"--model {model_dir}: cannot load its tokenizer ({_first_line(e)})") from e
+        from bitsandbytes_ms.integrations import loading
+
         try:
-            model, info = AutoModelForCausalLM.from_pretrained(str(model_dir), output_loading_info=True)
+            facts = loading.checkpoint_facts(model_dir, config)
         except Exception as e:  # noqa: BLE001
-            raise CliError(f"--model {model_dir}: cannot load the model weights ({_error_summary(e)})") from e
-        _check_loaded(model, info, model_dir)
-        model.eval()
+            raise CliError(f"--model {model_dir}: cannot build the model from its config.json "
+                           f"({_first_line(e)})") from e
+        # the fp32 reference ("before" columns) only where it fits: never an OOM kill on a big checkpoint
+        fits, need, avail = loading.reference_fits(facts.fp32_bytes)
+        model = None
+        if args.reference == "always" or (args.reference == "auto" and fits):
+            try:
+                model, info = AutoModelForCausalLM.from_pretrained(str(model_dir), output_loading_info=True)
+            except Exception as e:  # noqa: BLE001
+                raise CliError(f"--model {model_dir}: cannot load the model weights ({_error_summary(e)})") from e
+            _check_loaded(model, info, model_dir)
+            model.eval()
         bar.update(1)
+    reference_note = (f"fp32 model evaluated (needs {_gb(need)}, {_gb(avail)} free)" if model is not None
+                      else "skipped (--reference never)" if args.reference == "never"
+                      else f"skipped: needs {_gb(need)}, {_gb(avail)} free (--reference always forces it)")
 
     from bitsandbytes_ms.integrations import evaluate as ev
     from bitsandbytes_ms.integrations import quant_4bit, quant_8bit
 
     eval_text = (Path(__file__).resolve().parent / "default_model" / "heldout.txt").read_text() \
         if args.eval_file is None else Path(args.eval_file).read_text(encoding="utf-8")
-    max_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    max_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if max_pos and args.eval_window > max_pos:
         raise CliError(f"--eval-window {args.eval_window}: longer than the model's context ({max_pos} tokens)")
     windows = ev.eval_windows(tokenizer, eval_text, args.eval_window, args.eval_windows)
     if not windows or sum(len(w) - 1 for w in windows) < 16:
         raise CliError("the evaluation text is too short: it needs at least 17 tokens (--eval-file)")
-    n_params = ev.parameter_count(model)
-    mem_before = ev.weight_memory(model)
+    n_params = facts.n_params
+    mem_before = ev.weight_memory(model) if model is not None else facts.fp32_bytes
     fp16_bytes = 2 * n_params
 
-    ref = ev.run_windows(model, windows, progress=lambda w: tqdm(w, desc="evaluating (original)", leave=False))
-    if ref.nonfinite_positions:
-        raise CliError(f"--model {model_dir}: the unquantized model computes NaN/inf logits at "
-                       f"{_nonfinite(ref)}: its weights hold NaN/inf or its activations overflow, so there is no "
-                       f"perplexity to compare with")
-    gen_before = ev.generate_timed(model, tokenizer, args.prompt, args.max_new_tokens)
+    ref = gen_before = None
+    if model is not None:
+        ref = ev.run_windows(model, windows, progress=lambda w: tqdm(w, desc="evaluating (original)", leave=False))
+        if ref.nonfinite_positions:
+            raise CliError(f"--model {model_dir}: the unquantized model computes NaN/inf logits at "
+                           f"{_nonfinite(ref)}: its weights hold NaN/inf or its activations overflow, so there is no "
+                           f"perplexity to compare with")
+        gen_before = ev.generate_timed(model, tokenizer, args.prompt, args.max_new_tokens)
+        del model  # the reference is done: free it before the quantized model is loaded
+        gc.collect()
 
-    converted: list = []
-    skipped: list = []
+    model, load_seconds = _load_quantized(args, model_dir, facts)
     skip = [] if args.quantize_lm_head else None  # None: lm_head (and tied layers) stay in full precision
-    if args.mode == "int8":
-        quant_8bit(model, threshold=args.threshold, modules_to_not_convert=skip, converted=converted,
-                   skipped=skipped, progress=True)
-    else:
-        quant_4bit(model, quant_type=args.mode, compute_dtype=args.compute_dtype, compress_statistics=args.double_quant,
-                   modules_to_not_convert=skip, converted=converted, skipped=skipped, progress=True)
+    if args.quantize_lm_head:  # the output layer (possibly tied to the input embedding) after loading
+        if args.mode == "int8":
+            quant_8bit(model, threshold=args.threshold, modules_to_not_convert=[], progress=False)
+        else:
+            quant_4bit(model, quant_type=args.mode, compute_dtype=args.compute_dtype,
+                       compress_statistics=args.double_quant, modules_to_not_convert=[], progress=False)
+    from bitsandbytes_ms.integrations.models import find_linear_layers
+    from bitsandbytes_ms.nn import Linear4bit, Linear8bitLt
+    from bitsandbytes_ms.nn.linear_fp import use_fast_fp_layers
+
+    converted = [n for n, m in model.named_modules() if isinstance(m, (Linear4bit, Linear8bitLt))]
+    skipped = find_linear_layers(model, [])[0]  # the linear layers left in full precision
+    use_fast_fp_layers(model, skipped)
     if not converted:
         raise CliError(f"--model {model_dir}: no linear layers to quantize (all {len(skipped)} kept in full precision)")
 
@@ -299,7 +324,7 @@ def quantize_job(args) -> int:
     lin_params = sum(_layer_params(model.get_submodule(n)) for n in converted)
     lin_after = sum(ev.weight_memory(model.get_submodule(n)) for n in converted)
     new = ev.run_windows(model, windows, progress=lambda w: tqdm(w, desc="evaluating (quantized)", leave=False))
-    cmp = ev.compare_logits(ref, new)
+    cmp = ev.compare_logits(ref, new) if ref is not None else None
     gen_after = ev.generate_timed(model, tokenizer, args.prompt, args.max_new_tokens)
     text = gen_after.text
 
@@ -307,6 +332,9 @@ def quantize_job(args) -> int:
     print(f"model             {model_dir}{gguf_note} ({type(model).__name__}, {n_params / 1e6:.2f} M parameters)")
     print(f"mode              {args.mode}" + (f" (threshold {args.threshold})" if args.mode == "int8" else
                                               f" (compute_dtype {args.compute_dtype}, double quant {args.double_quant})"))
+    print(f"reference         {reference_note}")
+    print(f"loading           quantized while loading in {load_seconds:.1f} s ({_shards(facts)}, {facts.dtype}; "
+          f"each linear weight quantized as it arrives)")
     print(f"layers converted  {len(converted)}: {_abbrev(converted)}")
     print(f"layers skipped    {len(skipped)}: {_abbrev([_kept(model, n) for n in skipped])}")
     out_name = _output_layer(model)
@@ -318,19 +346,29 @@ def quantize_job(args) -> int:
     print(f"quantized layers  {2 * lin_params / mib:.2f} MiB as fp16 -> {lin_after / mib:.2f} MiB "
           f"(x{lin_after / (2 * lin_params):.3f}); embeddings, norms"
           f"{'' if out_name in converted else ' and ' + (out_name or 'lm_head')} stay in full precision")
+    ppl_before = "-" if ref is None else f"{ref.perplexity:.3f}"
     if new.nonfinite_positions:
-        print(f"perplexity        {ref.perplexity:.3f} -> {new.perplexity:.3f} (NaN/inf logits at "
+        print(f"perplexity        {ppl_before} -> {new.perplexity:.3f} (NaN/inf logits at "
               f"{_nonfinite(new)} of the quantized model)")
+    elif ref is None:
+        print(f"perplexity        - -> {new.perplexity:.3f} on {new.n_tokens} held-out tokens (no fp32 reference)")
     else:
         print(f"perplexity        {ref.perplexity:.3f} -> {new.perplexity:.3f} "
               f"({100 * (new.perplexity / ref.perplexity - 1):+.2f}%) on {ref.n_tokens} held-out tokens")
-    print(f"top-1 agreement   {100 * cmp['top1_agreement']:.2f}% with the unquantized model")
-    print(f"logit error       max {cmp['max_abs_logit_err']:.4f}, mean {cmp['mean_abs_logit_err']:.4f}")
-    print(f"prefill tok/s     {_rate(ref.prefill_tokens_per_second)} -> {_rate(new.prefill_tokens_per_second)} "
+    if cmp is None:
+        print("top-1 agreement   - (no fp32 reference)")
+        print("logit error       - (no fp32 reference)")
+    else:
+        print(f"top-1 agreement   {100 * cmp['top1_agreement']:.2f}% with the unquantized model")
+        print(f"logit error       max {cmp['max_abs_logit_err']:.4f}, mean {cmp['mean_abs_logit_err']:.4f}")
+    print(f"prefill tok/s     {_rate(ref and ref.prefill_tokens_per_second)} -> {_rate(new.prefill_tokens_per_second)} "
           f"(forward over {len(windows[-1])}-token held-out windows, median of {max(len(windows) - 1, 1)})")
-    print(f"decode tok/s      {_rate(gen_before.decode_tokens_per_second)} -> {_rate(gen_after.decode_tokens_per_second)} "
-          f"(greedy, new tokens after the first: {max(gen_before.new_tokens - 1, 0)} -> {max(gen_after.new_tokens - 1, 0)})")
-    print(f"tokens/s          {gen_before.new_tokens / gen_before.seconds:.1f} -> {gen_after.new_tokens / gen_after.seconds:.1f} "
+    new_before = "-" if gen_before is None else max(gen_before.new_tokens - 1, 0)
+    print(f"decode tok/s      {_rate(gen_before and gen_before.decode_tokens_per_second)} -> "
+          f"{_rate(gen_after.decode_tokens_per_second)} "
+          f"(greedy, new tokens after the first: {new_before} -> {max(gen_after.new_tokens - 1, 0)})")
+    print(f"tokens/s          {_rate(gen_before and gen_before.new_tokens / gen_before.seconds)} -> "
+          f"{gen_after.new_tokens / gen_after.seconds:.1f} "
           f"(greedy, {args.max_new_tokens} new tokens, end to end incl. the prompt)")
     print(f"prompt            {args.prompt!r}")
     print(f"continuation      {text!r}")
@@ -353,12 +391,40 @@ def quantize_job(args) -> int:
                 bnb_4bit_compute_dtype=DTYPE_OF_SUFFIX[args.compute_dtype],
                 llm_int8_skip_modules=skip)
         try:
-            _save_atomically(save_dir, lambda d: (model.save_pretrained(str(d), safe_serialization=True),
+            from bitsandbytes_ms.integrations.loading import save_quantized
+
+            # streamed, one tensor at a time (save_pretrained holds another copy of the model)
+            _save_atomically(save_dir, lambda d: (save_quantized(model, d),
                                                   tokenizer.save_pretrained(str(d))))
-        except OSError as e:
-            raise CliError(f"--save {save_dir}: saving failed ({_first_line(e)}); nothing was written there") from e
+        except Exception as e:  # noqa: BLE001  (safetensors raises its own error types; any failure is one line)
+            raise CliError(f"--save {save_dir}: saving failed ({_first_line(e)}); {save_dir} was left as it was") from e
         print(f"saved             {save_dir}")
     return 0
+
+
+def _load_quantized(args, model_dir, facts):
+    """The quantized model, read shard by shard with each linear weight quantized as it arrives
+    (bitsandbytes_ms.integrations.loading); (model, seconds)."""
+    from bitsandbytes_ms.integrations import loading
+
+    t0 = time.perf_counter()
+    try:
+        model, info = loading.load_quantized(model_dir, loading.bnb_config(args.mode, args.threshold,
+                                             args.compute_dtype, args.double_quant), facts.dtype)
+    except Exception as e:  # noqa: BLE001
+        raise CliError(f"--model {model_dir}: cannot load the model weights ({_error_summary(e)})") from e
+    _check_loaded(model, info, model_dir)
+    return model, time.perf_counter() - t0
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def _shards(facts) -> str:
+    if facts.shards == 0:
+        return "not safetensors: read whole"
+    return f"{facts.shards} safetensors shard{'s' if facts.shards > 1 else ''}"
 
 
 def _nonfinite(stats) -> str:
@@ -398,6 +464,7 @@ def _save_atomically(save_dir, write) -> None:
     old = None
     try:
         write(tmp)
+        _check_saved(tmp)  # a writer that failed without raising must not be reported as a save
         if save_dir.exists():
             old = save_dir.with_name(f".{save_dir.name}.old-{os.getpid()}")
             save_dir.rename(old)
@@ -409,6 +476,42 @@ def _save_atomically(save_dir, write) -> None:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_saved(d) -> None:
+    """Raises OSError unless ``d`` holds a complete checkpoint: config.json and the weights (model.safetensors,
+    or an index and every shard it names), each safetensors file as long as its header says."""
+    import json
+    from pathlib import Path
+
+    d = Path(d)
+    if not (d / "config.json").is_file():
+        raise OSError("config.json was not written")
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    for name in files:
+        _check_safetensors(d / name)
+
+
+def _check_safetensors(path) -> None:
+    import json
+    import struct
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n)) if 0 < n <= size - 8 else None
+    except (OSError, ValueError, struct.error) as e:
+        raise OSError(f"the weights file {path.name} was not written ({_first_line(e)})") from e
+    if not isinstance(header, dict):
+        raise OSError(f"the weights file {path.name} is incomplete (no valid header)")
+    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    if size != 8 + n + end:
+        raise OSError(f"the weights file {path.name} is incomplete ({size} bytes; its header needs {8 + n + end})")
 
 
 def _check_loaded(model, info, model_dir) -> None:
@@ -426,8 +529,11 @@ def _check_loaded(model, info, model_dir) -> None:
     mismatched = list(info.get("mismatched_keys") or [])
     if mismatched:
         raise CliError(f"--model {model_dir}: tensors of the wrong shape: {_abbrev([str(m) for m in mismatched], 3)}")
-    bad = sorted({str(p.dtype).replace("mindspore.", "") for _, p in model.named_parameters()
-                  if not p.dtype.is_floating_point})
+    from bitsandbytes_ms.nn import Linear4bit, Linear8bitLt
+
+    bad = sorted({str(p.dtype).replace("mindspore.", "") for m in model.modules()
+                  if not isinstance(m, (Linear4bit, Linear8bitLt))  # quantized while loading: int codes
+                  for p in m.parameters(recurse=False) if not p.dtype.is_floating_point})
     if bad:
         raise CliError(f"--model {model_dir}: weights of dtype {', '.join(bad)}; a full-precision (float32/float16/"
                        f"bfloat16) checkpoint is expected")
@@ -502,6 +608,10 @@ def main(argv=None) -> int:
     q.add_argument("--no-fuse", action="store_true",
                    help="keep mindnlp's own decoder forward (default: fuse each quantized decoder layer into 2 native "
                         "calls where the architecture is supported: Llama/Qwen2/Qwen3/Mistral with 4-bit or fp32 layers)")
+    q.add_argument("--reference", choices=("auto", "always", "never"), default="auto",
+                   help="evaluate the full-precision (fp32) model first, for the 'before' columns: auto (default) only "
+                        "where its weights + 20%% fit in the available memory; the quantized model is always "
+                        "quantized while loading, shard by shard, and never needs it")
     q.add_argument("--eval-file", help="text for the perplexity evaluation (default: the embedded held-out text)")
     q.add_argument("--eval-window", type=int, default=128, help="tokens per evaluation window")
     q.add_argument("--eval-windows", type=int, default=8, help="number of evaluation windows")

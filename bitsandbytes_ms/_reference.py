@@ -119,6 +119,10 @@ def quantize_blockwise(A: np.ndarray, code: np.ndarray, blocksize: int):
     with np.errstate(invalid="ignore", over="ignore"):
         scaled = ((blocks * pre[:, None]).astype(np.float32) * inv[:, None]).astype(np.float32)
     q = quantize_lut(code)[grid_index(scaled)]
+    # in a block of subnormals an exact 0 takes the code entry nearest 0, so it dequantizes to 0 (the kernels'
+    # lut->zero; its grid bin's code times a subnormal absmax would round to a nonzero subnormal)
+    tiny = (absmax < np.finfo(np.float32).tiny)[:, None]
+    q[tiny & (blocks == 0)] = np.argmin(np.abs(np.asarray(code, np.float32)))
     q[absmax == 0] = 0
     return q.reshape(-1)[:n].reshape(np.shape(A)), absmax
 

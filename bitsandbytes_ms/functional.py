@@ -153,6 +153,17 @@ def empty_like(A: Tensor, dtype=None) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 # code maps (upstream values, bit for bit)
 # ---------------------------------------------------------------------------------------------
+def _check_code_range(values: np.ndarray, fn: str, arg: str, value, expected: str) -> np.ndarray:
+    """A code's entries must be finite and in [-1, 1] (quantize_blockwise maps x/absmax onto them): else a
+    ValueError naming the argument that produced them."""
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(values) | (np.abs(values) > 1)
+    if bad.any():
+        raise ValueError(f"{fn}: `{arg}` must be {expected}; got {value!r}, which gives entries outside [-1, 1] "
+                         f"or non-finite ones (e.g. {values[bad][0]})")
+    return values
+
+
 def create_linear_map(signed: bool = True, total_bits: int = 8, add_zero: bool = True) -> Tensor:
     """A linear code of ``2**total_bits`` values on [-1, 1] (signed) or [0, 1], padded with zeros
     in the middle to 256 entries. Same values as ``bitsandbytes.functional.create_linear_map``."""
@@ -175,6 +186,9 @@ def create_normal_map(offset: float = 0.9677083, use_extra_value: bool = True) -
     Needs scipy. Same values as upstream's ``create_normal_map``."""
     from scipy.stats import norm
 
+    if not (isinstance(offset, (int, float, np.floating)) and 0.5 < offset < 1):
+        raise ValueError(f"create_normal_map: `offset` must be a number in (0.5, 1) (a quantile of N(0, 1) above "
+                         f"the median); got {offset!r}")
     pos = norm.ppf(_reference.torch_linspace_f32(offset, 0.5, 9 if use_extra_value else 8)[:-1])
     neg = -norm.ppf(_reference.torch_linspace_f32(offset, 0.5, 8)[:-1])
     zeros = np.zeros(256 - (15 if use_extra_value else 14))
@@ -206,8 +220,11 @@ def create_fp8_map(signed: bool = True, exponent_bits: int = 5, precision_bits: 
             if signed:
                 values.append(-v)
     values += [0.0] * (256 - len(values)) if total_bits < 8 else []
-    code = np.array(sorted(values), dtype=np.float32)
-    code = code / code.max()
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        code = np.array(sorted(values), dtype=np.float32)
+        code = code / code.max()
+    _check_code_range(code, "create_fp8_map", "exponent_bits",  # 0 (and no precision bits) or >= 8 (overflows)
+                      exponent_bits, "in [1, 7] (and exponent_bits + precision_bits >= 1)")
     return Tensor(code.astype(np.float32))
 
 
@@ -239,7 +256,9 @@ def create_dynamic_map(signed: bool = True, max_exponent_bits: int = 7, total_bi
     if len(data) != 2**total_bits:
         raise ValueError("create_dynamic_map: inconsistent max_exponent_bits/total_bits")
     data += [0.0] * (256 - len(data))
-    return Tensor(np.array(sorted(data), dtype=np.float32))
+    code = _check_code_range(np.array(sorted(data), dtype=np.float32), "create_dynamic_map", "max_exponent_bits",
+                             max_exponent_bits, ">= 1 (0 scales the last run by 10)")
+    return Tensor(code)
 
 
 _FOUR_BIT_TYPES = {

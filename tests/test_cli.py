@@ -208,8 +208,15 @@ def test_failed_save_leaves_the_directory_as_it_was(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]  # no temporary directory left
     assert sorted(p.name for p in target.iterdir()) == ["model.safetensors"]
     assert (target / "model.safetensors").read_text() == "old weights"
-    _save_atomically(target, lambda d: (d / "config.json").write_text('{"new": 1}'))
-    assert sorted(p.name for p in target.iterdir()) == ["config.json"]
+    def full_write(d):
+        from safetensors.numpy import save_file
+        import numpy as np
+
+        (d / "config.json").write_text('{"new": 1}')
+        save_file({"w": np.zeros(3, np.float32)}, str(d / "model.safetensors"))
+
+    _save_atomically(target, full_write)
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]
 
 

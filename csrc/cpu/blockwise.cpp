@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -47,6 +48,10 @@ const QuantLut *get_quant_lut(const float *code) {
     slot->table[i] = (uint8_t)c;
   }
   std::memset(slot->table + kQuantLut, 0, 4);
+  int z = 0;
+  for (int i = 1; i < kQuantCode; ++i)
+    if (std::fabs(code[i]) < std::fabs(code[z])) z = i;
+  slot->zero = (uint8_t)z;
   return slot.get();
 }
 
@@ -54,6 +59,17 @@ namespace {
 
 BNB_MS_INLINE uint32_t grid_index(float v) { return quant_grid_index(v); }
 const QuantLut *get_lut(const float *code) { return get_quant_lut(code); }
+
+// In a block of subnormals (absmax < 2^-126) an exact 0 takes the code entry nearest 0, so it dequantizes to 0:
+// its grid bin (2^-16 above 0) gives code 2.1e-5 of the dynamic map, which times a subnormal absmax rounds to a
+// nonzero subnormal (upstream: 0 * inf = NaN -> code 0 = -absmax where 1/absmax overflows). Other blocks keep
+// upstream's bytes.
+template <class T>
+BNB_MS_INLINE void zeros_of_tiny_block(const QuantLut *lut, float amax, const T *a, uint8_t *o, int64_t len) {
+  if (!(amax < FLT_MIN)) return;
+  for (int64_t i = 0; i < len; ++i)
+    if (to_f32(a[i]) == 0.0f) o[i] = lut->zero;
+}
 
 // ---- portable path ------------------------------------------------------------------------------
 template <class T>
@@ -70,6 +86,7 @@ BNB_MS_INLINE void quantize_blocks_generic(const QuantLut *lut, const T *A, floa
     }
     const QuantScale k = quant_block_scale(amax);
     for (int64_t i = s; i < e; ++i) out[i] = lut->table[grid_index(to_f32(A[i]) * k.pre * k.inv)];
+    zeros_of_tiny_block(lut, amax, A + s, out + s, e - s);
   }
 }
 
@@ -128,6 +145,7 @@ BNB_MS_TARGET_AVX2 void quantize_blocks_avx2(const QuantLut *lut, const T *A, fl
       lut_codes<kGroup8>(lut->table, idx, o + i);
     }
     for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * k.pre * k.inv)];
+    zeros_of_tiny_block(lut, amax, a, o, len);
   }
 }
 
@@ -182,6 +200,7 @@ BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A
       _mm_storeu_si128((__m128i *)(o + i),
                        lut_gather16(lut, quant_grid_index16(_mm512_mul_ps(_mm512_mul_ps(load16<T>(a + i), vpre), vinv))));
     for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * k.pre * k.inv)];
+    zeros_of_tiny_block(lut, amax, a, o, len);
   }
 }
 

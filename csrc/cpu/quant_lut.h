@@ -30,6 +30,7 @@ constexpr int kQuantLut = 65536;
 struct QuantLut {
   float code[kQuantCode];
   alignas(64) uint8_t table[kQuantLut + 4];
+  uint8_t zero;  // the entry nearest 0 (lowest index on ties): an exact 0 in a block of subnormals
 };
 
 // The table for `code` (256 floats), built on first use and cached by the code's contents

@@ -59,6 +59,19 @@ __device__ __forceinline__ uint8_t quant_one(const uint8_t *lut, float x, QuantS
   return lut[grid_index(quant_block_scaled(x, k))];
 }
 
+// The code entry nearest 0 (lowest index on ties; cpu/quant_lut.h's QuantLut::zero): an exact 0 in a block of
+// subnormals (absmax < 2^-126) takes it, so it dequantizes to 0 (other blocks keep upstream's grid bytes).
+constexpr float kFltMin = 1.17549435e-38f;
+__device__ inline uint8_t code_zero(const float *__restrict__ code) {
+  int z = 0;
+  for (int i = 1; i < kCode; ++i)
+    if (fabsf(code[i]) < fabsf(code[z])) z = i;
+  return (uint8_t)z;
+}
+__device__ __forceinline__ uint8_t quant_tiny(const uint8_t *lut, float x, QuantScale k, uint8_t zero) {
+  return x == 0.0f ? zero : quant_one(lut, x, k);
+}
+
 // ---- quantize: fast path ------------------------------------------------------------------------
 // TEAM lanes (power of two <= 32) or TEAM == 0 (the whole block) own one quantization block of
 // bs = TEAM_SIZE * ITEMS * VEC elements.
@@ -133,7 +146,8 @@ quantize_fast(const float *__restrict__ code, const T *__restrict__ A, float *__
       if (t == 0) absmax[b] = amax;
       const QuantScale inv = amax == 0.0f ? QuantScale{1.0f, 0.0f} : quant_block_scale(amax);
       // uniform per team: an all-zero block codes 0; the 2^64 pre-scale only where 1/absmax overflows
-      const int how = amax == 0.0f ? 0 : (inv.pre == 1.0f ? 1 : 2);
+      const int how = amax == 0.0f ? 0 : (amax >= kFltMin ? 1 : 2);  // 2: a block of subnormals
+      const uint8_t zero = how == 2 ? code_zero(code) : (uint8_t)0;
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t off = base + (int64_t)(t + k * TS) * V;
@@ -143,7 +157,7 @@ quantize_fast(const float *__restrict__ code, const T *__restrict__ A, float *__
           for (int e = 0; e < V; ++e) c[e] = lut[grid_index(__fmul_rn(elem<T>(x[g][k], e), inv.inv))];
         } else {
 #pragma unroll
-          for (int e = 0; e < V; ++e) c[e] = how == 0 ? (uint8_t)0 : quant_one(lut, elem<T>(x[g][k], e), inv);
+          for (int e = 0; e < V; ++e) c[e] = how == 0 ? (uint8_t)0 : quant_tiny(lut, elem<T>(x[g][k], e), inv, zero);
         }
         if (off + V <= n) {
           store_codes<T>(out + off, c);
@@ -176,8 +190,10 @@ quantize_generic(const float *__restrict__ code, const T *__restrict__ A, float 
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     if (lane == 0) absmax[b] = amax;
     const QuantScale inv = amax == 0.0f ? QuantScale{1.0f, 0.0f} : quant_block_scale(amax);
+    const bool tiny = amax != 0.0f && amax < kFltMin;  // a block of subnormals: its exact 0 keeps a zero code
+    const uint8_t zero = tiny ? code_zero(code) : (uint8_t)0;
     for (int64_t i = s + lane; i < e; i += 32)
-      out[i] = amax == 0.0f ? (uint8_t)0 : quant_one(lut, to_float(A[i]), inv);
+      out[i] = amax == 0.0f ? (uint8_t)0 : tiny ? quant_tiny(lut, to_float(A[i]), inv, zero) : quant_one(lut, to_float(A[i]), inv);
   }
 }
 
