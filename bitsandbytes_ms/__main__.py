@@ -309,7 +309,11 @@ def quantize_job(args) -> int:
         raise CliError(f"--model {model_dir}: no linear layers to quantize (all {len(skipped)} kept in full precision)")
 
     fused_note = "off (--no-fuse)"
-    if not args.no_fuse:
+    if args.no_fuse:
+        from bitsandbytes_ms.integrations import fuse
+
+        fuse(model, False)  # a quantized model fuses by itself on its first forward otherwise
+    else:
         import warnings
 
         from bitsandbytes_ms.integrations import fuse

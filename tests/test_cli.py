@@ -282,3 +282,19 @@ def test_perplexity_of_nonfinite_and_overflowing_nll():
     assert math.isnan(LogitStats(nll_sum=float("nan"), n_tokens=3).perplexity)
     assert LogitStats(nll_sum=3 * 800.0, n_tokens=3).perplexity == float("inf")  # exp(800): no OverflowError
     assert abs(LogitStats(nll_sum=3 * 2.0, n_tokens=3).perplexity - 7.38905609893065) < 1e-12
+
+
+def test_no_fuse_keeps_the_unfused_forward(monkeypatch, capsys):
+    """--no-fuse: a model that would fuse by itself on its first forward (transformers' path) stays unfused."""
+    from bitsandbytes_ms import __main__ as cli
+    from bitsandbytes_ms.integrations import fused as FU
+
+    n0 = FU.stats["fused_forwards"]
+    rc = cli.main(["quantize", "--mode", "nf4", "--max-new-tokens", "2", "--eval-windows", "1", "--no-fuse"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "fused decoder     off (--no-fuse)" in out
+    assert FU.stats["fused_forwards"] == n0
+    n0 = FU.stats["fused_forwards"]
+    assert cli.main(["quantize", "--mode", "nf4", "--max-new-tokens", "2", "--eval-windows", "1"]) == 0
+    assert FU.stats["fused_forwards"] > n0  # the control: without the flag the forwards are fused

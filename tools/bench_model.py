@@ -172,14 +172,23 @@ def worker_torch(spec: dict) -> dict:
             res["int8_gemm_path"] = f"{cextension.int8_gemm_path()} ({cextension.int8_gemm_path(1)} below 8 rows)"
         if system != "ours":  # transformers' own path, the tutorial's config: quantized while loading, no fuse()
             return _hf_path(spec, res, t0)
-        model = AutoModelForCausalLM.from_pretrained(spec["model_dir"])
-        model.eval()
-        res["load_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        if mode in ("int8", "int8-t0"):
-            quant_8bit(model, threshold=6.0 if mode == "int8" else 0.0, progress=False)
-        elif mode in ("nf4", "fp4"):
-            quant_4bit(model, quant_type=mode, compute_dtype="fp32", compress_statistics=False, progress=False)
+        if mode == "fp32" or spec.get("fp32_load"):
+            model = AutoModelForCausalLM.from_pretrained(spec["model_dir"])
+            model.eval()
+            res["load_s"] = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            if mode in ("int8", "int8-t0"):
+                quant_8bit(model, threshold=6.0 if mode == "int8" else 0.0, progress=False)
+            elif mode in ("nf4", "fp4"):
+                quant_4bit(model, quant_type=mode, compute_dtype="fp32", compress_statistics=False, progress=False)
+        else:  # as `bnb-ms quantize` loads: quantized while loading, the rest in the checkpoint's dtype
+            from bitsandbytes_ms.integrations import loading
+
+            cfg = loading.bnb_config("int8" if mode.startswith("int8") else mode,
+                                     threshold=0.0 if mode == "int8-t0" else 6.0, compute_dtype="fp32")
+            model, _ = loading.load_quantized(spec["model_dir"], cfg, loading.checkpoint_dtype(spec["model_dir"]))
+            res["load_s"] = time.perf_counter() - t0  # includes quantization (done at load)
         res["fused"] = False
         if mode != "fp32" and spec.get("fuse", True):  # as `bnb-ms quantize` does by default
             import warnings

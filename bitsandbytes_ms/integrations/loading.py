@@ -106,7 +106,9 @@ def bnb_config(mode: str, threshold: float = 6.0, compute_dtype: str = "fp32", d
     from transformers import BitsAndBytesConfig
 
     from ..utils import DTYPE_OF_SUFFIX
+    from .hf import register
 
+    register()  # BitsAndBytesConfig asks importlib.metadata for bitsandbytes' version
     if mode == "int8":
         return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=threshold)
     if mode not in ("nf4", "fp4"):
