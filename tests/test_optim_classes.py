@@ -114,7 +114,12 @@ def test_p_grad_style_and_zero_grad():
     opt.zero_grad()
     assert all(getattr(p, "grad", None) is None for p in ps)
     after = ps[0].asnumpy().copy()
-    opt.step()  # no grads: no change
+    # no grads at all: an error naming what happened (issue 33: never a silent no-op), and no change
+    with pytest.raises(RuntimeError, match=r"Adam8bit\.step\(\): no parameter has a gradient .*opt\.step\(grads=grads\)"):
+        opt.step()
+    np.testing.assert_array_equal(ps[0].asnumpy(), after)
+    with pytest.raises(RuntimeError, match=r"every entry of `grads` is None"):
+        opt.step(grads=[None] * len(ps))
     np.testing.assert_array_equal(ps[0].asnumpy(), after)
 
 

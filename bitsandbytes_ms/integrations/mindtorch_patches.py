@@ -3,6 +3,7 @@ torch API). Each is registered with :data:`bitsandbytes_ms.integrations.patches.
 :func:`bitsandbytes_ms.register`, and has a test in tests/test_integration_patches.py."""
 
 from . import distributed as _distributed  # noqa: F401  (registers the torch.distributed patches)
+from . import backward as _backward  # noqa: F401  (registers loss.backward(): mindtorch-tensor-backward)
 from .patches import registry
 
 

@@ -1,10 +1,11 @@
 """Optimizer base classes and GlobalOptimManager (upstream ``bitsandbytes.optim.optimizer``, 0.50).
 
-The optimizers work on mindspore / mindtorch (mindnlp's ``torch``) parameters. mindtorch's
-``loss.backward()`` does not fill ``p.grad``; gradients come from ``mindspore.value_and_grad`` or
-``torch.autograd.value_and_grad``. So ``step()`` takes them two ways:
+The optimizers work on mindspore / mindtorch (mindnlp's ``torch``) parameters and are mindtorch
+``torch.optim.Optimizer`` instances. mindtorch's own ``loss.backward()`` fills no ``p.grad``; after
+``bitsandbytes_ms.register()`` it does (``integrations/backward.py``), or gradients come from
+``mindspore.value_and_grad`` / ``torch.autograd.value_and_grad``. So ``step()`` takes them two ways:
 
-* ``p.grad = g`` for each parameter, then ``opt.step()`` (torch style), or
+* ``p.grad`` (from ``loss.backward()`` or set by hand), then ``opt.step()`` (torch style), or
 * ``opt.step(grads=grads)`` with ``grads`` a sequence in parameter order (all groups, in order;
   ``None`` entries skip a parameter) or a dict ``{param: grad}``.
 
@@ -21,6 +22,7 @@ their state in ordinary host memory and behave exactly as the unpaged ones.
 from __future__ import annotations
 
 import math
+import weakref
 from collections import abc as container_abcs
 from collections import defaultdict
 from copy import deepcopy
@@ -29,6 +31,9 @@ from typing import Any, Dict, Optional
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor
+# mindnlp's `torch.optim.Optimizer` (the same class once `import mindnlp` makes `torch` mindtorch); importing it
+# does not import mindnlp or transformers (measured: +0.1 s over `import mindspore`)
+from mindtorch.optim import Optimizer as _TorchOptimizer
 
 from .. import functional as F
 from ..utils import ITEMSIZES, NP_DTYPES, Singleton
@@ -75,6 +80,7 @@ class GlobalOptimManager(Singleton):
             key_value_dict = {key: value}
         if key_value_dict is None:
             raise ValueError("override_config: `key`/`value` or `key_value_dict` is required")
+        _check_hyper_values(key_value_dict, "override_config")
         for p in parameters:
             if id(p) in self.pid2config:
                 self.pid2config[id(p)].update(key_value_dict)
@@ -107,10 +113,17 @@ def _numel(t) -> int:
     return int(math.prod(t.shape))
 
 
-class Optimizer8bit:
-    """Base class: param groups, state, ``zero_grad``, ``step``, ``state_dict`` / ``load_state_dict``
-    (torch.optim.Optimizer's interface, implemented here because mindtorch's optimizer base cannot
-    run on CPU)."""
+#: every live optimizer of ours: the `loss.backward()` patch (integrations/backward.py) records a forward only for
+#: a module whose trainable parameters one of them holds
+LIVE_OPTIMIZERS: "weakref.WeakSet[Optimizer8bit]" = weakref.WeakSet()
+
+
+class Optimizer8bit(_TorchOptimizer):
+    """Base class: param groups, state, ``zero_grad``, ``step``, ``state_dict`` / ``load_state_dict``.
+
+    A ``torch.optim.Optimizer`` (mindtorch's, as upstream's subclasses torch's), so LR schedulers
+    (``torch.optim.lr_scheduler.*``, transformers' ``get_*_schedule_*``), step hooks and HF Trainer accept it;
+    state handling and stepping are ours (fused native kernels, 8-bit state, checked ``load_state_dict``)."""
 
     def __init__(self, params, defaults, optim_bits=32, is_paged=False):
         self.defaults = defaults
@@ -125,13 +138,10 @@ class Optimizer8bit:
                                          "state2", "gnorm_vec", "absmax1", "absmax2", "unorm_vec"}
         if optim_bits == 8:
             self.fill_qmap()
-        param_groups = list(params)
-        if len(param_groups) == 0:
-            raise ValueError("optimizer got an empty parameter list")
-        if not isinstance(param_groups[0], dict):
-            param_groups = [{"params": param_groups}]
-        for group in param_groups:
-            self.add_param_group(group)
+        # torch's init: step hooks, then add_param_group (ours) for each group; it sets `state`,
+        # `param_groups` and `defaults` as above
+        _TorchOptimizer.__init__(self, params, defaults)
+        LIVE_OPTIMIZERS.add(self)
 
     # -- torch.optim.Optimizer interface ------------------------------------------------------------
     def add_param_group(self, param_group):
@@ -139,6 +149,7 @@ class Optimizer8bit:
         param_group["params"] = [params] if isinstance(params, Tensor) else list(params)
         for name, default in self.defaults.items():
             param_group.setdefault(name, default)
+        _check_hyper_values(param_group, type(self).__name__)
         ids = [id(p) for p in param_group["params"]]
         if len(set(ids)) != len(ids):
             first = next(i for i, x in enumerate(ids) if ids.index(x) != i)
@@ -154,7 +165,7 @@ class Optimizer8bit:
         return {"defaults": self.defaults, "state": self.state, "param_groups": self.param_groups}
 
     def __setstate__(self, state):
-        self.__dict__.update(state)
+        _TorchOptimizer.__setstate__(self, state)  # also restores torch's hook dicts
 
     def zero_grad(self, set_to_none: bool = True):
         for group in self.param_groups:
@@ -311,7 +322,8 @@ class Optimizer8bit:
     def step(self, closure=None, grads=None):
         """Performs one optimization step. ``grads``: optional gradients (sequence in parameter
         order or ``{param: grad}``); otherwise ``p.grad`` is used. Parameters without a gradient are
-        skipped."""
+        skipped (as upstream); a step in which no parameter has one raises RuntimeError (:func:`_no_grad_error`)
+        instead of returning without an update."""
         loss = None
         if closure is not None:
             loss = closure()
@@ -319,11 +331,13 @@ class Optimizer8bit:
             self.check_overrides()
             self.initialized = True
         by_id = self._grads_by_id(grads)
+        stepped = 0
         for gindex, group in enumerate(self.param_groups):
             for pindex, p in enumerate(group["params"]):
                 g = by_id.get(id(p)) if by_id is not None else getattr(p, "grad", None)
                 if g is None:
                     continue
+                stepped += 1
                 if not isinstance(g, Tensor):
                     g = Tensor(np.asarray(g))
                 if g.dtype != p.dtype:
@@ -333,6 +347,8 @@ class Optimizer8bit:
                     self.init_state(group, p, gindex, pindex)
                 self.prefetch_state(p)
                 self.update_step(group, p, gindex, pindex, g)
+        if stepped == 0:
+            raise _no_grad_error(type(self).__name__, grads is not None)
         return loss
 
     def get_config(self, gindex, pindex, group):
@@ -357,6 +373,20 @@ class Optimizer8bit:
 
     def update_step(self, group, p, gindex, pindex, g):
         raise NotImplementedError
+
+
+def _no_grad_error(owner: str, grads_given: bool) -> RuntimeError:
+    """The error of a step that would update nothing (the silent no-op of issue 33)."""
+    if grads_given:
+        what = "every entry of `grads` is None"
+    else:
+        what = ("no parameter has a gradient (every .grad is None) and no `grads=` was given; mindtorch's own "
+                "loss.backward() fills no .grad")
+    return RuntimeError(
+        f"{owner}.step(): {what}, so this step would update nothing. On MindSpore either call "
+        "bitsandbytes_ms.register() before the forward and run it with the model in training mode (model.train()) so "
+        "that loss.backward() fills .grad, or compute gradients with torch.autograd.value_and_grad(loss_fn, params, "
+        "attach_grads=False) (or mindspore.value_and_grad) and call opt.step(grads=grads).")
 
 
 #: upstream's words for each hyper-parameter in its "Invalid ..." errors
@@ -397,6 +427,15 @@ def _check_betas(betas, count: int, owner: str) -> tuple:
         if not 0.0 <= b < 1.0:
             raise ValueError(f"Invalid beta parameter at index {i}: {b} ({owner}: `betas` must be in [0, 1))")
     return betas
+
+
+def _check_hyper_values(values: dict, owner: str) -> None:
+    """The checks the constructors make, for hyper-parameters given per parameter group (or by override_config):
+    lr, eps, weight_decay, momentum >= 0 and betas in [0, 1), with torch's messages (issue 34)."""
+    _check_nonnegative(owner, **{k: values[k] for k in _HYPER_WORDS if k in values})
+    b = values.get("betas")
+    if b is not None:
+        values["betas"] = _check_betas(b, len(b) if isinstance(b, (tuple, list)) else 2, owner)
 
 
 def _blocks(n: int) -> int:
