@@ -22,9 +22,6 @@ supported_devices = {"cpu", "cuda"}
 supported_torch_devices = supported_devices
 
 
-# ---- optim ----
-from . import optim  # noqa: E402,F401
-
 # ---- int8 ----
 from .autograd._functions import MatmulLtState, matmul  # noqa: E402,F401
 
@@ -43,9 +40,11 @@ def register(patches: bool = True) -> None:
 
 
 def __getattr__(name):
-    # `bnb.nn` works right after `import bitsandbytes_ms as bnb`, as upstream, without making the plain
-    # import pay for mindnlp (which `nn` needs: its layers are mindtorch modules).
-    if name in ("nn", "integrations"):
+    # `bnb.nn` / `bnb.optim` work right after `import bitsandbytes_ms as bnb`, as upstream, without making the
+    # plain import pay for mindnlp / mindtorch (`nn`'s layers are mindtorch modules, `optim`'s classes mindtorch
+    # Optimizers; importing mindtorch replaces MindSpore Tensor methods with ones that refuse the untagged tensors
+    # of MindSpore-only code using `functional`).
+    if name in ("nn", "integrations", "optim"):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)

@@ -105,9 +105,11 @@ def block_scale(absmax: np.ndarray):
     return pre, inv
 
 
-def quantize_blockwise(A: np.ndarray, code: np.ndarray, blocksize: int):
+def quantize_blockwise(A: np.ndarray, code: np.ndarray, blocksize: int, tiny_zeros: bool = True):
     """Returns (uint8 codes shaped like A, float32 absmax[ceil(n/blocksize)]). absmax ignores NaN (as the
-    kernels' and upstream's max(absmax, |x|)); NaN takes code 0 as in the kernels."""
+    kernels' and upstream's max(absmax, |x|)); NaN takes code 0 as in the kernels. ``tiny_zeros=False``: the 8-bit
+    optimizers' requantization, which keeps the grid's code for a 0 in a block of subnormals as well (it
+    dequantizes to ~2e-5 x that subnormal absmax; the CPU and CUDA optimizer kernels were left so)."""
     flat = np.asarray(A, dtype=np.float32).reshape(-1)
     n = flat.size
     nblocks = -(-n // blocksize)
@@ -121,8 +123,9 @@ def quantize_blockwise(A: np.ndarray, code: np.ndarray, blocksize: int):
     q = quantize_lut(code)[grid_index(scaled)]
     # in a block of subnormals an exact 0 takes the code entry nearest 0, so it dequantizes to 0 (the kernels'
     # lut->zero; its grid bin's code times a subnormal absmax would round to a nonzero subnormal)
-    tiny = (absmax < np.finfo(np.float32).tiny)[:, None]
-    q[tiny & (blocks == 0)] = np.argmin(np.abs(np.asarray(code, np.float32)))
+    if tiny_zeros:
+        tiny = (absmax < np.finfo(np.float32).tiny)[:, None]
+        q[tiny & (blocks == 0)] = np.argmin(np.abs(np.asarray(code, np.float32)))
     q[absmax == 0] = 0
     return q.reshape(-1)[:n].reshape(np.shape(A)), absmax
 
@@ -260,15 +263,15 @@ def optimizer_update_8bit_blockwise(name, g, p, state1, state2, beta1, beta2, be
         if s2 is not None:
             s2[bad] = 0.0
     if name == "ademamix":
-        qs = [quantize_blockwise(s1[i], qmap1, bs) for i in range(2)]
+        qs = [quantize_blockwise(s1[i], qmap1, bs, tiny_zeros=False) for i in range(2)]
         q1 = np.stack([q for q, _ in qs]).reshape(np.shape(state1))
         a1 = np.stack([a for _, a in qs])
     else:
-        q1, a1 = quantize_blockwise(s1, qmap1, bs)
+        q1, a1 = quantize_blockwise(s1, qmap1, bs, tiny_zeros=False)
         q1 = q1.reshape(np.shape(state1))
     q2 = a2 = None
     if s2 is not None:
-        q2, a2 = quantize_blockwise(s2, qmap2, bs)
+        q2, a2 = quantize_blockwise(s2, qmap2, bs, tiny_zeros=False)
         q2 = q2.reshape(np.shape(state2))
     return cast_out(newp, p_dtype).reshape(shape), q1, q2, a1, a2
 
