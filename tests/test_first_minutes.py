@@ -259,15 +259,7 @@ gguf = pytest.importorskip("gguf")
 HIDDEN, INTER, HEADS = 32, 64, 2
 
 
-def _bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
+from test_gguf import _bytes_to_unicode  # noqa: E402  (GPT-2's byte table, written once)
 
 
 def _write_gguf(path, extra_tokens=(), pad=None, unk=None):

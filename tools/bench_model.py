@@ -485,12 +485,7 @@ def requantized_gguf(src: Path, qtype_name: str) -> Path:
             w.add_tensor(t.name, data, raw_dtype=None if qtype_name == "F16" else qt)
         else:
             w.add_tensor(t.name, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(str(out) + ".part", out)
-    return out
+    return _finish_gguf(w, out)
 
 
 def qwen05_hf() -> Path:
@@ -604,6 +599,16 @@ def llama7b_hf() -> Path:
     return d
 
 
+def _finish_gguf(w, out: Path) -> Path:
+    """Writes a GGUFWriter opened on ``out.part`` and moves it to ``out`` (a stopped run leaves no half file)."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(str(out) + ".part", out)
+    return out
+
+
 def _llama_permute(w, n_head: int):
     """llama.cpp's q/k row order (convert_hf_to_gguf's permute; the inverse of integrations.gguf.reverse_permute)."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -674,12 +679,7 @@ def llama7b_gguf(hf_dir: Path, qtype_name: str = "Q4_0") -> Path:
                     w.add_tensor(g, a)
                 else:
                     w.add_tensor(g, quants.quantize(a, t), raw_dtype=t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(str(out) + ".part", out)
-    return out
+    return _finish_gguf(w, out)
 
 
 def qwen05_gguf(hf_dir: Path, qtype_name: str = "Q4_1") -> Path:
@@ -739,12 +739,7 @@ def qwen05_gguf(hf_dir: Path, qtype_name: str = "Q4_1") -> Path:
             w.add_tensor(g, a.astype(np.float32))
         else:
             w.add_tensor(g, quants.quantize(a, t), raw_dtype=t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(str(out) + ".part", out)
-    return out
+    return _finish_gguf(w, out)
 
 
 # ---------------------------------------------------------------------------------------------------------------
