@@ -302,13 +302,14 @@ class NativeFunction:
         return prim
 
     def __call__(self, *args, **kwargs):
-        if any(isinstance(a, (TensorPointer, ct._SimpleCData)) for a in args):
-            return self._call_bnb(*args)
+        if any(isinstance(a, (TensorPointer, ct._SimpleCData)) for a in (*args, *kwargs.values())):
+            return self._call_bnb(*args, **kwargs)
         op = self.op
-        if len(args) + len(kwargs) != len(op.inputs):
-            raise TypeError(f"lib.{op.name} takes inputs {op.inputs}, got {len(args) + len(kwargs)} arguments")
-        values = dict(zip(op.inputs, args))
-        values.update(kwargs)
+        values = _bind(op.name, op.inputs, args, kwargs, "inputs")
+        for n, v in values.items():  # a numpy array or list would fail inside MindSpore without naming the input
+            if not isinstance(v, _INPUT_TYPES):
+                raise TypeError(f"lib.{op.name}: input `{n}` must be a Tensor, a Python scalar or None; got "
+                                f"{_type_name(v)} (wrap arrays with mindspore.Tensor(...))")
         static = {k: values[k] for k in op.static}
         for k, v in static.items():  # they size the outputs: checked here, not as a failure inside MindSpore
             if isinstance(v, Tensor) and v.ndim == 0 and v.dtype in (ms.int32, ms.int64):
@@ -332,24 +333,32 @@ class NativeFunction:
             raise status_error(op.name, int(m.group(1)), op, inputs) from None
         if op.has_error and _CHECK_ERRORS:
             check_status(out[-1] if isinstance(out, (tuple, list)) else out, f"lib.{op.name}")
-        return out  # plain MindSpore tensors: the op layer (bitsandbytes_ms._ops) tags what it returns
+        # mindtorch's Tensor methods (.float(), .to(), .all()) raise "Tensor must have device" on a tensor without
+        # its device tag: the results carry the inputs' device (mindtorch's CPU device once it is imported)
+        return _tag_device(out, inputs)
 
-    def _call_bnb(self, *args):
+    def _call_bnb(self, *args, **kwargs):
         op = self.op
         if op.bnb_args is None:
             raise TypeError(f"lib.{op.name} has no bitsandbytes-style signature")
-        if len(args) != len(op.bnb_args):
-            raise TypeError(f"lib.{op.name} takes {len(op.bnb_args)} arguments {op.bnb_args}, got {len(args)}")
-        named = dict(zip(op.bnb_args, args))
+        named = _bind(op.name, op.bnb_args, args, kwargs, "arguments")
+        for n in op.outputs:  # anything but a get_ptr handle would silently receive nothing
+            if n in named and named[n] is not None and not isinstance(named[n], TensorPointer):
+                raise TypeError(f"lib.{op.name}: output `{n}` must be get_ptr(tensor) or None; got "
+                                f"{_type_name(named[n])}")
 
-        def value(a):
+        def value(n, a):
             if isinstance(a, TensorPointer):
                 return a.tensor
             if isinstance(a, ct._SimpleCData):
                 return a.value
+            if not isinstance(a, _INPUT_TYPES):
+                raise TypeError(f"lib.{op.name}: argument `{n}` must be get_ptr(tensor), a ctypes scalar or None; "
+                                f"got {_type_name(a)}")
             return a
 
-        inputs = [value(named[n]) for n in op.inputs]
+        inputs = [value(n, named[n]) for n in op.inputs]
+        self._check_out_buffers_before(named, inputs)
         results = self(*inputs)
         if not isinstance(results, (tuple, list)):
             results = (results,)
@@ -366,6 +375,62 @@ class NativeFunction:
                 target.tensor.copy_(res)
         # upstream's cigemmlt_32 returns its has_error (its callers raise on nonzero): so does the same call here
         return int(results[-1].asnumpy().reshape(-1)[0]) if op.has_error else 0
+
+    def _check_out_buffers_before(self, named, inputs) -> None:
+        """Checks the output buffers against the table row's output shapes and dtypes before native code runs (a
+        short buffer would otherwise fail in MindSpore's reshape with a C++ stack). Inputs the row cannot size are
+        left to the call itself, which names them."""
+        op = self.op
+        values = dict(zip(op.inputs, inputs))
+        try:
+            static = {k: int(values[k]) for k in op.static}
+            shapes = op.infer({n: _shape_of(getattr(a, "shape", None)) for n, a in values.items()}, {}, static)
+            dtypes = op.infer(_DummyShapes(), values, static)
+        except Exception:  # noqa: BLE001 - reported by the call with the inputs named
+            return
+        for name, (shape, _), (_, dtype) in zip(op.outputs, shapes, dtypes):
+            target = named.get(name)
+            if isinstance(target, TensorPointer):
+                _check_out_buffer(op.name, name, target.tensor, _Expected(tuple(shape), dtype))
+
+
+#: What an input of a MindSpore-style call may be (the C ABI table's inputs are tensors or scalars).
+_INPUT_TYPES = (Tensor, type(None), bool, int, float, np.integer, np.floating, np.bool_)
+
+
+def _type_name(v) -> str:
+    t = type(v)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__name__}"
+
+
+def _bind(fn: str, names: Tuple[str, ...], args, kwargs, what: str) -> Dict[str, Any]:
+    """Binds positional and keyword arguments to the table row's ``names``; a wrong count, an unknown or repeated
+    keyword, or a missing name is a TypeError naming it (not a KeyError deep in the bridge)."""
+    if len(args) > len(names):
+        raise TypeError(f"lib.{fn} takes {len(names)} {what} {names}, got {len(args)} positional")
+    bound = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k not in names:
+            raise TypeError(f"lib.{fn}: unknown keyword argument `{k}`; its {what} are {names}")
+        if k in bound:
+            raise TypeError(f"lib.{fn}: argument `{k}` given both by position and by keyword")
+        bound[k] = v
+    missing = [n for n in names if n not in bound]
+    if missing:
+        raise TypeError(f"lib.{fn}: missing argument `{missing[0]}` (its {what} are {names})")
+    return bound
+
+
+def _tag_device(out, inputs):
+    from ._ops import tag  # here: _ops imports this module
+    return tag(out, inputs)
+
+
+class _Expected:
+    """An output's expected shape and dtype (what _check_out_buffer compares a buffer with)."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = shape, dtype
 
 
 def _check_out_buffer(fn: str, name: str, buf, res) -> None:
