@@ -599,6 +599,24 @@ def llama7b_hf() -> Path:
     return d
 
 
+def _gguf_writer(out: Path, arch: str, name: str, c: dict, context: int, qtype_name: str):
+    """A GGUFWriter on ``out.part`` with the model-shape keys of config ``c`` (see _finish_gguf)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(out) + ".part", arch)
+    w.add_name(name)
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(context)
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_rope_freq_base(c["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_file_type({"F32": 0, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}[qtype_name])
+    return w
+
+
 def _finish_gguf(w, out: Path) -> Path:
     """Writes a GGUFWriter opened on ``out.part`` and moves it to ``out`` (a stopped run leaves no half file)."""
     w.write_header_to_file()
@@ -635,17 +653,7 @@ def llama7b_gguf(hf_dir: Path, qtype_name: str = "Q4_0") -> Path:
             vocab.append((t["content"], t["id"]))
     tokens = [t for t, _ in vocab] + [f"[PAD{i}]" for i in range(c["vocab_size"] - len(vocab))]
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"].get("merges", [])]
-    w = gguf.GGUFWriter(str(out) + ".part", "llama")
-    w.add_name("llama7b-shaped-random")
-    w.add_block_count(c["num_hidden_layers"])
-    w.add_context_length(c["max_position_embeddings"])
-    w.add_embedding_length(c["hidden_size"])
-    w.add_feed_forward_length(c["intermediate_size"])
-    w.add_head_count(c["num_attention_heads"])
-    w.add_head_count_kv(c["num_key_value_heads"])
-    w.add_rope_freq_base(c["rope_theta"])
-    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    w.add_file_type({"F32": 0, "Q4_0": 2, "Q8_0": 7}[qtype_name])
+    w = _gguf_writer(out, "llama", "llama7b-shaped-random", c, c["max_position_embeddings"], qtype_name)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
@@ -696,17 +704,7 @@ def qwen05_gguf(hf_dir: Path, qtype_name: str = "Q4_1") -> Path:
     log(f"writing {out.name}")
     c = QWEN05_CFG
     src = gguf.GGUFReader(str(smollm2_gguf()))
-    w = gguf.GGUFWriter(str(out) + ".part", "qwen2")
-    w.add_name("qwen2-0.5b-random")
-    w.add_block_count(c["num_hidden_layers"])
-    w.add_context_length(4096)
-    w.add_embedding_length(c["hidden_size"])
-    w.add_feed_forward_length(c["intermediate_size"])
-    w.add_head_count(c["num_attention_heads"])
-    w.add_head_count_kv(c["num_key_value_heads"])
-    w.add_rope_freq_base(c["rope_theta"])
-    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    w.add_file_type({"F32": 0, "Q4_1": 3, "Q8_0": 7}[qtype_name])
+    w = _gguf_writer(out, "qwen2", "qwen2-0.5b-random", c, 4096, qtype_name)
     tokens = list(src.fields["tokenizer.ggml.tokens"].contents())
     types = list(src.fields["tokenizer.ggml.token_type"].contents())
     pad_n = c["vocab_size"] - len(tokens)

@@ -613,11 +613,11 @@ def _causal_lm_forward(wrapped, instance, args, kwargs):
     if instance is None or not _enabled:
         return wrapped(*args, **kwargs)
     plan = instance.__dict__.get(_PLAN)
+    if plan is None and instance.__dict__.get(_AUTO) in ("tried", "no", "off"):  # the usual unfused model
+        return wrapped(*args, **kwargs)
     kw = dict(zip(_FWD_ARGS, args))
     kw.update(kwargs)
     if plan is None:
-        if instance.__dict__.get(_AUTO) in ("tried", "no", "off"):  # the usual unfused model: one dict lookup
-            return wrapped(*args, **kwargs)
         plan = _auto_plan(instance, kw)
         if plan is None:
             return wrapped(*_tensors(args), **_tensors(kwargs))
