@@ -679,17 +679,35 @@ def gemm_weight_only(A: np.ndarray, q: np.ndarray, scale: np.ndarray, bits: int,
 # ---- fused decoder layers (cdecoder_*_fp32, crms_norm_fp32) ----
 # A linear spec is (W, absmax, code, absmax2, code2, offset, bias, blocksize, blocksize2) as in _native_table.LINEAR_SPEC:
 # W fp32 [N, K], or the packed 4-bit bytes with fp32 absmax or double-quant codes.
+def _spec_absmax(spec) -> np.ndarray:
+    """A 4-bit linear spec's fp32 absmax per block (the double-quant codes decoded as dequantize_blockwise + offset)."""
+    _W, absmax, _code, absmax2, code2, offset, _bias, _bs, bs2 = spec
+    if absmax2 is None:
+        return np.asarray(absmax, np.float32).reshape(-1)
+    q = np.asarray(absmax).reshape(-1)
+    return (np.asarray(code2, np.float32)[q] * np.asarray(absmax2, np.float32).reshape(-1)[
+        np.arange(q.size) // int(bs2)] + np.float32(offset)).astype(np.float32)
+
+
 def linear_spec_weight(spec, N: int, K: int) -> np.ndarray:
     """The fp32 [N, K] weight a linear spec stands for (fp32, fp16/bf16 widened, or 4-bit dequantized)."""
-    W, absmax, code, absmax2, code2, offset, _bias, bs, bs2 = spec
+    W, _absmax, code, _a2, _c2, _off, _bias, bs, _bs2 = spec
     W = np.asarray(W)
     if W.dtype.name in ("float32", "float16", "bfloat16"):  # (ml_dtypes' or MindSpore's bfloat16)
         return W.astype(np.float32).reshape(N, K)
-    if absmax2 is not None:
-        q = np.asarray(absmax).reshape(-1)
-        absmax = (np.asarray(code2, np.float32)[q] * np.asarray(absmax2, np.float32).reshape(-1)[
-            np.arange(q.size) // int(bs2)] + np.float32(offset)).astype(np.float32)
-    return dequantize_4bit(W, absmax, code, int(bs), N * K).reshape(N, K)
+    return dequantize_4bit(W, _spec_absmax(spec), code, int(bs), N * K).reshape(N, K)
+
+
+def linear_spec_bf16_gemv(x: np.ndarray, spec, N: int) -> np.ndarray:
+    """Twin of the fused decoder's one-row bf16 GEMV (a 4-bit spec through ``cdecoder_*_fp32_bf16dot`` at one row,
+    K a multiple of 128 and of the blocksize: csrc/cpu/fourbit.cpp ``linear4_bf16_gemv_f32``): x [K] rounded to
+    bf16 (flushed), :func:`_bf16_gemv_one_row`'s fp32 result, the bias added in fp32 (not rounded to bf16)."""
+    W, _absmax, code, _a2, _c2, _off, bias, bs, _bs2 = spec
+    xb = bf16_bits_f32(bf16_round_bits(np.asarray(x, np.float32).reshape(1, -1), flush=True))[0]
+    r = _bf16_gemv_one_row(xb, W, _spec_absmax(spec), code, int(bs), N)
+    if bias is not None:
+        r = (r + np.asarray(bias).astype(np.float32)).astype(np.float32)
+    return r
 
 
 def linear_spec(x: np.ndarray, spec, N: int) -> np.ndarray:

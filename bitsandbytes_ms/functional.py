@@ -164,9 +164,19 @@ def _check_code_range(values: np.ndarray, fn: str, arg: str, value, expected: st
     return values
 
 
+def _check_map_bits(fn: str, lo: int, hi: int, **bits) -> None:
+    """The code maps' bit counts: ints in [lo, hi] (a code has at most 256 entries), else an error naming them."""
+    for name, v in bits.items():
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{fn}: `{name}` must be an int; got {type(v).__name__} {v!r}")
+        if not lo <= v <= hi:
+            raise ValueError(f"{fn}: `{name}` must be in [{lo}, {hi}]; got {v}")
+
+
 def create_linear_map(signed: bool = True, total_bits: int = 8, add_zero: bool = True) -> Tensor:
     """A linear code of ``2**total_bits`` values on [-1, 1] (signed) or [0, 1], padded with zeros
     in the middle to 256 entries. Same values as ``bitsandbytes.functional.create_linear_map``."""
+    _check_map_bits("create_linear_map", 1, 8, total_bits=total_bits)
     sign = -1.0 if signed else 0.0
     total = 2**total_bits
     if add_zero or total_bits < 8:
@@ -205,9 +215,12 @@ def create_fp8_map(signed: bool = True, exponent_bits: int = 5, precision_bits: 
     Raises:
         ValueError: if ``exponent_bits + precision_bits + signed != total_bits``.
     """
+    _check_map_bits("create_fp8_map", 0, 8, exponent_bits=exponent_bits, precision_bits=precision_bits,
+                total_bits=total_bits)
     has_sign = 1 if signed else 0
     if exponent_bits + precision_bits != total_bits - has_sign:
-        raise ValueError("create_fp8_map: exponent_bits + precision_bits + sign bit must equal total_bits")
+        raise ValueError(f"create_fp8_map: `exponent_bits` + `precision_bits` + sign bit (`signed`) must equal "
+                         f"`total_bits`; got {exponent_bits} + {precision_bits} + {has_sign} != {total_bits}")
     bias = 2 ** (exponent_bits - 1)
     values = []
     for evalue in range(2**exponent_bits):
@@ -232,6 +245,7 @@ def create_dynamic_map(signed: bool = True, max_exponent_bits: int = 7, total_bi
     """The dynamic (tree) quantization code (Dettmers, "8-Bit Approximations for Parallelism in Deep
     Learning", arXiv 1511.04561): for exponent ``i`` a run of ``10**(i - max_exponent_bits + 1)``
     scaled bucket means, plus 0 and 1, sorted; 256 float32 entries. Same values as upstream."""
+    _check_map_bits("create_dynamic_map", 0, 8, max_exponent_bits=max_exponent_bits, total_bits=total_bits)
     data = []
     non_sign_bits = total_bits - 1
     additional_items = 2 ** (non_sign_bits - max_exponent_bits) - 1
@@ -254,7 +268,8 @@ def create_dynamic_map(signed: bool = True, max_exponent_bits: int = 7, total_bi
             data += (-scale * means).astype(np.float32).tolist()
     data += [0.0, 1.0]
     if len(data) != 2**total_bits:
-        raise ValueError("create_dynamic_map: inconsistent max_exponent_bits/total_bits")
+        raise ValueError(f"create_dynamic_map: `max_exponent_bits` ({max_exponent_bits}) and `total_bits` ({total_bits}) "
+                         f"must be consistent: {len(data)} values for 2**total_bits = {2**total_bits} codes")
     data += [0.0] * (256 - len(data))
     code = _check_code_range(np.array(sorted(data), dtype=np.float32), "create_dynamic_map", "max_exponent_bits",
                              max_exponent_bits, ">= 1 (0 scales the last run by 10)")
@@ -1247,7 +1262,8 @@ def set_bf16_dot(mode="auto") -> None:
     the dot kernels for 2+ rows and for one row where :func:`bf16_gemv_applies`, else the exact kernels),
     ``True``/``"on"`` (the bf16 dot-product kernel for every call; the portable one without the instruction), ``False``/``"off"``/``"exact"`` (always the exact
     fp32-accumulation kernels), or ``None`` (read ``BNB_MS_4BIT_BF16_DOT`` again). The fused decoder
-    (integrations.fused) follows the same switch for its 4-bit prefill (more than 8 rows), fp32 models too."""
+    (integrations.fused) follows the same switch for its 4-bit layers, fp32 models too: prefill (more than 8
+    rows) and the one-row decode step (:func:`bf16_dot_one_row`)."""
     global _bf16_dot_min_rows
     if mode is None:
         _bf16_dot_min_rows = None
@@ -1277,6 +1293,13 @@ def bf16_dot_enabled(rows: int = BF16_DOT_AUTO_MIN_ROWS, K: int = 0, blocksize: 
     ``blocksize``, which decide for one row) runs the bf16 dot-product kernels by default (see
     :func:`set_bf16_dot`)."""
     return _use_bf16_dot(None, rows, "bf16_dot_enabled", K, blocksize)
+
+
+def bf16_dot_one_row() -> bool:
+    """Whether one activation row runs the one-row bf16 kernel by default where its shape applies (see
+    :func:`bf16_gemv_applies`): "auto" on a CPU with AVX512-BF16, or the switch on. The fused decoder's decode
+    step follows it for its 4-bit layers (its native side checks each weight's shape)."""
+    return (_bf16_dot_min_rows if _bf16_dot_min_rows is not None else _bf16_dot_rows()) <= BF16_DOT_AUTO_MIN_ROWS
 
 
 def bf16_gemv_applies(K: int, blocksize: int) -> bool:

@@ -62,11 +62,39 @@ def test_bf16_prefill_linear_is_its_twin(mode, M, N, K):
     assert np.all(np.abs(got - exact) <= _bound(x, spec, N, K))
 
 
+@pytest.mark.parametrize("mode", ["nf4", "fp4", "dq"])
+@pytest.mark.parametrize("N, K", [(40, 128), (33, 256), (7, 384)])
+def test_bf16_decode_row_is_its_twin(mode, N, K):
+    """One row of a 4-bit weight (K a multiple of 128, blocksize 64) runs the one-row bf16 GEMV: the bytes of its
+    numpy twin (_reference.linear_spec_bf16_gemv), within the exact path's documented bound, and not its bytes."""
+    rng = np.random.RandomState(N + K)
+    spec = _spec(rng, N, K, mode, bias=True)
+    x = (rng.randn(1, K) * 2).astype(np.float32)
+    got, exact = np.empty((1, N), np.float32), np.empty((1, N), np.float32)
+    DOT(x, *spec, N, got)
+    EXACT(x, *spec, N, exact)
+    np.testing.assert_array_equal(got[0], R.linear_spec_bf16_gemv(x[0], spec, N))
+    assert not np.array_equal(got, exact)
+    assert np.all(np.abs(got - exact) <= _bound(x, spec, N, K))
+
+
+@pytest.mark.parametrize("mode, M, K", [("nf4", 2, 128), ("dq", 8, 256), ("nf4", 1, 96), ("dq", 1, 192)])
+def test_bf16_decode_other_rows_and_shapes_exact(mode, M, K):
+    """2-8 rows, and one row of a K the one-row kernel does not take (not a multiple of 128), run the exact GEMV."""
+    rng = np.random.RandomState(M + K)
+    spec = _spec(rng, 24, K, mode, bias=True)
+    x = rng.randn(M, K).astype(np.float32)
+    got, exact = np.empty((M, 24), np.float32), np.empty((M, 24), np.float32)
+    DOT(x, *spec, 24, got)
+    EXACT(x, *spec, 24, exact)
+    np.testing.assert_array_equal(got, exact)
+
+
 @pytest.mark.parametrize("mode, M", [("nf4", 1), ("dq", 8), ("fp32", 13), ("fp16", 40), ("bf16", 13),
                                      ("int8", 13), ("int8-t6", 40)])
 def test_bf16_prefill_leaves_decode_rows_and_other_weights_exact(mode, M):
-    """Up to 8 rows a 4-bit linear runs the GEMV kernel (the unfused layer's bits); fp32/fp16/bf16 and int8
-    weights run as in the exact entry at every row count."""
+    """Up to 8 rows a 4-bit linear of K not a multiple of 128 runs the GEMV kernel (the unfused layer's bits);
+    fp32/fp16/bf16 and int8 weights run as in the exact entry at every row count."""
     rng = np.random.RandomState(5)
     N, K = 48, 96
     spec = _spec(rng, N, K, mode, bias=True)
@@ -122,7 +150,8 @@ def test_bf16_prefill_simd_levels_agree():
         f"import sys; sys.path.insert(0, {here!r}); import hashlib, numpy as np;"
         "import test_fused_decoder as t; from bitsandbytes_ms import cextension as c, _hostcall as HC;"
         "h = hashlib.sha256(); rng = np.random.RandomState(4); lin = HC.entry('cdecoder_linear_fp32_bf16dot')"
-        "\nfor mode, M, N, K in (('nf4', 9, 40, 64), ('fp4', 23, 57, 77), ('dq', 40, 100, 130), ('nf4', 17, 7, 31)):"
+        "\nfor mode, M, N, K in (('nf4', 9, 40, 64), ('fp4', 23, 57, 77), ('dq', 40, 100, 130), ('nf4', 17, 7, 31),"
+        "\n                      ('nf4', 1, 40, 128), ('dq', 1, 33, 256)):"
         "\n  spec = t._spec(rng, N, K, mode, True); x = (rng.randn(M, K) * 3).astype(np.float32)"
         "\n  x[0, :3] = (1e-39, -1e-39, 3e38)  # an fp32 denormal (a flushed bf16 input) and a large value"
         "\n  out = np.empty((M, N), np.float32); lin(x, *spec, N, out); h.update(out.tobytes())"
@@ -158,16 +187,25 @@ def test_bf16_prefill_switch(dot_mode):
         on = prompt_logits()
         dot_mode("auto")
         auto = prompt_logits()
+        has_bf16 = "avx512_bf16" in cextension.cpu_features()
+        decode_rule = [FU._dot(1), FU._dot(5)]  # one decode row: the one-row kernel; 2-8 rows: exact natively
+        dot_mode("exact")
+        decode_rule += [FU._dot(1), FU._dot(24)]
+        dot_mode("on")
+        decode_rule += [FU._dot(1)]
     finally:
         unfuse(m)
+    assert decode_rule == [has_bf16, has_bf16, False, False, True]
     assert not np.array_equal(on, exact)
-    has_bf16 = "avx512_bf16" in cextension.cpu_features()
     np.testing.assert_array_equal(auto, on if has_bf16 else exact)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
-def test_fused_model_with_bf16_prefill_matches_unfused(family, dot_mode):
-    m = _model(_cfg(family), quant_type="fp4" if family == "mistral" else "nf4")
+@pytest.mark.parametrize("family, hidden", [("llama", 64), ("qwen2", 64), ("mistral", 64), ("qwen3", 64),
+                                            ("llama", 128), ("qwen2", 128)])
+def test_fused_model_with_bf16_prefill_matches_unfused(family, hidden, dot_mode):
+    """hidden 128 (intermediate 256): the decode steps' 4-bit layers run the one-row bf16 GEMV too."""
+    m = _model(_cfg(family, hidden_size=hidden, intermediate_size=2 * hidden),
+               quant_type="fp4" if family == "mistral" else "nf4")
     dot_mode("exact")
     ref = _outputs(m)  # the unfused model (its > 32-row prompt: dequantize + fp32 matmul)
     dot_mode("on")

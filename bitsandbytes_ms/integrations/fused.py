@@ -27,14 +27,18 @@ unfused path also runs when gradients are being recorded, in graph mode, in trai
 ``output_attentions``/``output_hidden_states`` are asked for, for a 4-D attention mask, or for a cache that the
 unfused path has already filled (one warning per reason).
 
-Numerics: decode (one token) runs the same 4-bit kernel as the unfused layers (bit-identical projections);
-RMSNorm, RoPE, softmax and the residual adds are fp32 like transformers' but in another order, so logits
-differ by rounding (tests/test_fused_decoder.py measures max|diff| / max|logit|). Prefill (more than 8 rows)
-multiplies the dequantized 4-bit weight in the packed-panel GEMM: exact fp32, or -- by default on a CPU with
-AVX512-BF16, as upstream's CPU 4-bit layers compute there; ``functional.set_bf16_dot`` / ``BNB_MS_4BIT_BF16_DOT``
-decide, read at every forward -- in bf16 through the ``cdecoder_*_fp32_bf16dot`` entries (x and the weight
-rounded to bf16, pairs accumulated in fp32; csrc/cpu/gemm_panel.h documents the order and the bound;
-tests/test_fused_bf16_prefill.py: same greedy tokens as the unfused model, logits within 1e-2 x max|logit|). An int8 layer runs the unfused
+Numerics: with the exact kernels (``BNB_MS_4BIT_BF16_DOT=0``, or a CPU without AVX512-BF16) decode (one token)
+runs the same 4-bit kernel as the unfused fp32 layers (bit-identical projections); RMSNorm, RoPE, softmax and the
+residual adds are fp32 like transformers' but in another order, so logits differ by rounding
+(tests/test_fused_decoder.py measures max|diff| / max|logit|). Prefill (more than 8 rows) multiplies the
+dequantized 4-bit weight in the packed-panel GEMM in exact fp32. By default on a CPU with AVX512-BF16 -- as
+upstream's CPU 4-bit layers compute there, and as the unfused Linear4bit's bf16 one-row kernel does;
+``functional.set_bf16_dot`` / ``BNB_MS_4BIT_BF16_DOT`` decide, read at every forward -- the 4-bit layers compute in
+bf16 through the ``cdecoder_*_fp32_bf16dot`` entries: prefill in gemm_panel.h's bf16 GEMM (x and the weight
+rounded to bf16, pairs accumulated in fp32; gemm_panel.h documents the order and the bound), the one-token decode
+step in fourbit.cpp's one-row bf16 kernel (x and bf16(code) multiplied in pairs, scaled by absmax per 128
+elements; bound there), which reads the weights ~1.4x faster than the exact GEMV (benchmarks/user_path_cpu.md).
+tests/test_fused_bf16_prefill.py: same greedy tokens as the unfused model, logits within 1e-2 x max|logit|. An int8 layer runs the unfused
 layer's own fused kernel (``cint8_linear_fp32``'s) at every row count: the same bytes on the same input (tested
 by replaying every Linear8bitLt call of an unfused generation). Between layers int8 amplifies rounding
 differences: a 1-ulp difference in an input can move one int8 code (1/127 of the row's absmax) or, with
@@ -502,6 +506,12 @@ def _host_int(t) -> np.ndarray:
     return _hostcall.host(t) if not isinstance(t, np.ndarray) else t
 
 
+def _dot(rows: int) -> bool:
+    """Whether this call's 4-bit layers compute in bf16 (functional.set_bf16_dot's switch): a prefill's GEMM, or one
+    row's GEMV; 2-8 rows stay on the exact GEMV on the native side."""
+    return F.bf16_dot_one_row() if rows == 1 else F.bf16_dot_enabled(rows)
+
+
 def _fused_forward(model, plan: _Plan, kw):
     import torch
     from transformers.cache_utils import DynamicCache
@@ -560,7 +570,7 @@ def _fused_forward(model, plan: _Plan, kw):
             mask[:, :L] = m != 0
     plan.past[...] = past
     key = (id(x), id(pos), id(mask), id(state))
-    dot = F.bf16_dot_enabled(B * T)  # 4-bit prefill in bf16 (the native side keeps <= 8 rows on the GEMV)
+    dot = _dot(B * T)
     for i, layer in enumerate(plan.layers):
         a = layer.attn
         if layer.bound != key or state.k[i] is not a._keep[3]:
@@ -592,7 +602,7 @@ def _fused_forward(model, plan: _Plan, kw):
         lc = plan.lm_call
         lc.set(0, hs)
         lc.set(11, logits)
-        if F.bf16_dot_enabled(int(np.prod(hs.shape[:-1]))):
+        if _dot(int(np.prod(hs.shape[:-1]))):
             lc.run_as(plan.lm_dot)
         else:
             lc()

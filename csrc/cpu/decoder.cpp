@@ -20,7 +20,8 @@
 // packed-panel fp32 GEMM of gemm_panel.h (4-bit weights dequantized into the panels first: the values of
 // dequantize_4bit; 16-bit ones widened), and from 6 query rows per sequence on the attention runs blocked on
 // packed K/V panels (attend_prefill).  The *_bf16dot entries (same params) run a 4-bit weight's prefill
-// through gemm_panel.h's bf16 variant instead (gemm_rows_bf16); everything else as in the exact entries.
+// through gemm_panel.h's bf16 variant instead (gemm_rows_bf16) and one row through fourbit.cpp's one-row bf16
+// GEMV (linear4_bf16_gemv_f32, where its shape applies); everything else as in the exact entries.
 // Every linear is given as 9 consecutive params ("linear spec"), by weight kind:
 //   slot        fp32 / fp16 / bf16       4-bit                         int8
 //   W           f|h|bf [N, K]            u8 packed >= (N*K+1)/2        i8 CB [N, K] (K <= 131071)
@@ -135,7 +136,7 @@ struct Lin {
   bool int8 = false;            // LLM.int8(): q8
   Int8Weight q8;
   Linear4Weight q4;             // 4-bit otherwise
-  bool bf16dot = false;         // 4-bit, prefill: the bf16 dot-product GEMM (the *_bf16dot entries)
+  bool bf16dot = false;         // 4-bit in bf16 (the *_bf16dot entries): prefill GEMM, one-row decode GEMV
   const float *bias = nullptr;  // fp32 [N]: in place, or bias_f32 (widened from fp16 / bf16)
   std::vector<float> bias_f32;
   int64_t N = 0, K = 0;
@@ -319,6 +320,7 @@ void apply_lin(const Lin &l, const float *x, float *out, int64_t M) {
   else if (M > kGemvMaxRows) gemm_rows(l, x, out, M);
   else if (l.dense) dense_linear_f32(x, l.W, DType::f32, l.bias, out, M, l.N, l.K);
   else if (l.W16) dense_linear_f32(x, l.W16, l.wdt, l.bias, out, M, l.N, l.K);
+  else if (M == 1 && l.bf16dot && linear4_bf16_gemv_f32(l.q4, x, l.bias, out, l.N, l.K)) return;
   else linear4_f32(l.q4, x, l.bias, out, M, l.N, l.K);
 }
 

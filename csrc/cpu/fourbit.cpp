@@ -1459,6 +1459,17 @@ void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, floa
   gemv4<float>(w.code, w.packed, absmax_of(w), A, bias, out, M, N, K, w.blocksize);
 }
 
+// One fp32 activation row through the one-row bf16 kernel ("bf16 compute, one activation row": x rounded to
+// bf16, the same bits as clinear_4bit_bf16dot_bf16 on that bf16 row, the result kept in fp32).  False where the
+// kernel does not apply to the shape (bf16_gemv_applies); the caller then runs linear4_f32.
+bool linear4_bf16_gemv_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t N,
+                           int64_t K) {
+  if (!bf16_gemv_applies(1, K, w.blocksize)) return false;
+  if (linear_without_products(bias, out, 1, N, K)) return true;
+  linear4_bf16dot<float>(w.code, w.packed, absmax_of(w), A, bias, out, 1, N, K, w.blocksize);
+  return true;
+}
+
 // Weight rows [n0, n1) dequantized to fp32 (row-major, K values each): code[nibble] * absmax of the block,
 // the bytes of dequantize_4bit.
 void decode4_rows_f32(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K, float *dst) {

@@ -46,6 +46,12 @@ struct Linear4Weight {
 void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
                  int64_t K);
 
+// One row (M = 1) in bf16 compute: fourbit.cpp's one-row bf16 kernel (x and bf16(code) multiplied as vdpbf16ps
+// does, scaled per 128-element unit; clinear_4bit_bf16dot_bf16's bits on bf16(A)), fp32 out.  Returns false, doing
+// nothing, where that kernel does not apply (K % 128, blocksize not a power of two >= 64).
+bool linear4_bf16_gemv_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t N,
+                           int64_t K);
+
 // Weight rows [n0, n1) of the 4-bit weight dequantized to fp32 into dst ((n1 - n0) x K, row-major): the
 // values dequantize_4bit gives (code[nibble] * the block's absmax, double quant decoded first).
 void decode4_rows_f32(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K, float *dst);
