@@ -230,3 +230,38 @@ def test_8bit_state_block_of_subnormals_keeps_its_zeros(opt):
     state = R.dequantize_blockwise(S1.asnumpy(), A1.asnumpy(), CODE1, 256)
     zeros = g == 0
     assert np.all(np.abs(state[zeros]) < 0.01 * np.repeat(a1, 256)[zeros])  # was -absmax
+
+
+@pytest.mark.parametrize("code_kind", ["dynamic", "unsigned", "linear", "sparse"])
+def test_8bit_requantization_of_every_grid_bin(code_kind):
+    """The optimizers' state requantization (on AVX-512 VBMI: the gather-free Grid256Vbmi of cpu/code256.h, whose
+    bucket tables are built per code) at, just below and just above every grid bin's value, against the numpy
+    reference: 8-bit Momentum's first step stores the gradient itself as its state (weight decay 0), in blocks of
+    256 whose absmax is exactly 1.  The codes give different bucket layouts: the dynamic map (3 levels, 4 dense
+    buckets), its unsigned form (6 and 2), the linear map (one change per bucket) and a code of few runs whose
+    changes jump by many codes (dense-bucket tables only)."""
+    if code_kind in ("dynamic", "unsigned"):
+        code = F.create_dynamic_map(code_kind == "dynamic").asnumpy()
+    elif code_kind == "linear":
+        code = F.create_linear_map(True).asnumpy()
+    else:
+        base = np.sort(np.random.RandomState(5).uniform(-1, 1, 9)).astype(np.float32)
+        code = np.sort(np.concatenate([base, np.full(247, base[3], np.float32)])).astype(np.float32)
+        code[-1] = 1.0
+    bins = (-1.0 + 2.0 * np.arange(65536, dtype=np.float32) / np.float32(65535)).astype(np.float32)
+    vals = np.concatenate([bins, np.nextafter(bins, np.float32(-2)), np.nextafter(bins, np.float32(2))])
+    vals = np.clip(vals, -1, 1).astype(np.float32)
+    vals = np.concatenate([vals, np.zeros((-len(vals)) % 255, np.float32)]).reshape(-1, 255)
+    g = np.concatenate([np.ones((len(vals), 1), np.float32), vals], axis=1).reshape(-1)
+    g[-1] = np.nan  # a NaN gradient (in the padding): its state is reset to 0, the block's absmax stays 1
+    n, nb = len(g), len(g) // 256
+    p = np.random.RandomState(6).randn(n).astype(np.float32)
+    S1, A1 = _t(np.zeros(n, np.uint8)), _t(np.zeros(nb, np.float32))
+    F.optimizer_update_8bit_blockwise("momentum", _t(g), _t(p), S1, None, 0.9, 0.0, 0.0, 0.0, 1e-8, 1, 1e-2,
+                                      ms.Tensor(code), None, A1, None)
+    _, q1, _, a1, _ = R.optimizer_update_8bit_blockwise("momentum", g, p, np.zeros(n, np.uint8), None, 0.9, 0.0, 0.0,
+                                                        0.0, 1e-8, 1, 1e-2, code, None, np.zeros(nb, np.float32), None)
+    assert np.all(a1 == 1.0)
+    np.testing.assert_array_equal(A1.asnumpy(), a1)
+    np.testing.assert_array_equal(S1.asnumpy(), q1)
+    assert len(np.unique(q1)) == len(np.unique(R.quantize_lut(code)))  # every code the table can give was taken

@@ -17,7 +17,9 @@
 // parameter and the state in float32, then requantize the block with the same 65536-bin lookup
 // table as quantize_blockwise (blockwise.cpp / upstream's CPU kernel), so the state bytes equal
 // upstream's.  The SIMD paths compute the grid indices in vectors and look codes up as blockwise.cpp does
-// (AVX2: scalar loads, dequantization through a per-block table of code * absmax; AVX-512: gathers).
+// (AVX2: scalar loads, dequantization through a per-block table of code * absmax; AVX-512: gathers), except that
+// with AVX-512 VBMI both lookups stay in registers: Code256Vbmi decodes, Grid256Vbmi (cpu/code256.h: the grid
+// table as per-bucket tables of 256 bytes, the same bytes) requantizes.
 //
 // Non-finite gradients. 8-bit state: an element whose gradient is inf or NaN updates its parameter as
 // upstream 0.50.2's CPU path does (a NaN gradient gives a NaN parameter), and its states are reset to 0,
@@ -57,6 +59,26 @@ constexpr int64_t kBlock = checks::kOptBlock;
 using OptLut = QuantLut;
 inline const OptLut *opt_lut(const float *code) { return get_quant_lut(code); }
 BNB_MS_INLINE uint8_t lut_quant(const OptLut *lut, float v) { return quant_lookup(lut, v); }
+
+// The VBMI form of a table (cpu/code256.h, Grid256Vbmi), built once per code (keyed by its contents) and kept:
+// entries are never evicted (a caller may still hold one), so past kGrids codes the gathers serve (null).
+const Grid256Vbmi *opt_grid(const OptLut *lut) {
+  constexpr int kGrids = 8;
+  static std::mutex mu;
+  static std::unique_ptr<Grid256Vbmi> grids[kGrids];
+  static float codes[kGrids][kQuantCode];
+  std::lock_guard<std::mutex> lock(mu);
+  for (int i = 0; i < kGrids; ++i) {
+    if (!grids[i]) {
+      std::unique_ptr<Grid256Vbmi> g(new Grid256Vbmi);
+      g->init(lut->table);
+      std::memcpy(codes[i], lut->code, sizeof(codes[i]));
+      grids[i] = std::move(g);
+    }
+    if (std::memcmp(codes[i], lut->code, sizeof(codes[i])) == 0) return grids[i]->ok ? grids[i].get() : nullptr;
+  }
+  return nullptr;
+}
 
 // ---- the update rule: optim_rule.h (shared with csrc/cuda/optim.cu) ---------------------------
 // K: the constants of one update (OptConsts); update_elem / update_elem8: one element, scalar.  The SIMD
@@ -212,6 +234,7 @@ template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v) { store8<T>(p
 constexpr int64_t kAhead = 4;
 struct StateCodes {  // no per-call tables here
   const void *c1 = nullptr, *c2 = nullptr;
+  const void *r1 = nullptr, *r2 = nullptr;
   explicit StateCodes(const State8 &) {}
 };
 struct StateSrc {
@@ -230,6 +253,12 @@ SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F pr
   for (int j = 0; j < 32; j += W)
     _mm256_store_si256((__m256i *)(idx + j), quant_grid_index8(vmul(vmul(load<float>(v + j), pre), inv)));
   lut_codes<32>(lut->table, idx, q);
+}
+SIMD_TARGET BNB_MS_INLINE int64_t requant_vec(const OptLut *lut, const void *, const float *v, int64_t len, float pre,
+                                              float inv, uint8_t *q) {
+  int64_t i = 0;
+  for (; i + 32 <= len; i += 32) requant32(lut, v + i, set1(pre), set1(inv), q + i);
+  return i;
 }
 SIMD_TARGET BNB_MS_INLINE float hmax(F v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -275,13 +304,16 @@ constexpr int64_t kAhead = 0;
 struct StateCodes {
   Code256Vbmi t1, t2;
   const Code256Vbmi *c1 = nullptr, *c2 = nullptr;
+  const Grid256Vbmi *r1 = nullptr, *r2 = nullptr;  // requantization without gathers (null: gathers)
   explicit StateCodes(const State8 &st) {
     if (!has_avx512vbmi()) return;
     t1.init(st.q1);
     c1 = &t1;
+    r1 = opt_grid(st.l1);
     if (st.q2) {
       t2.init(st.q2);
       c2 = &t2;
+      r2 = opt_grid(st.l2);
     }
   }
 };
@@ -308,6 +340,35 @@ struct StateSrc {
 SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F pre, F inv, uint8_t *q) {
   for (int j = 0; j < 32; j += W)
     _mm_storeu_si128((__m128i *)(q + j), lut_gather16(lut, quant_grid_index16(vmul(vmul(load<float>(v + j), pre), inv))));
+}
+// The codes of v[i] * pre * inv, 64 at a time, for i < len rounded down to 64 (returned). Not inlined: the VBMI
+// target is not the including loop's.  pre == 1 (every block but one of subnormals) skips that multiply: v * 1 is v,
+// a NaN included as far as the grid index goes (NaN -> 0 either way).
+template <bool PRE>
+BNB_MS_TARGET_AVX512VBMI BNB_MS_INLINE int64_t requant_grid_loop(const Grid256Vbmi &gr, const float *v, int64_t len,
+                                                                 float pre, float inv, uint8_t *q) {
+  const __m512 vp = _mm512_set1_ps(pre), vi = _mm512_set1_ps(inv);
+  int64_t i = 0;
+  for (; i + 64 <= len; i += 64) {
+    __m512i idx[4];
+    for (int j = 0; j < 4; ++j) {
+      __m512 x = _mm512_loadu_ps(v + i + 16 * j);
+      if (PRE) x = _mm512_mul_ps(x, vp);
+      idx[j] = quant_grid_index16(_mm512_mul_ps(x, vi));
+    }
+    _mm512_storeu_si512(q + i, gr.codes(idx));
+  }
+  return i;
+}
+BNB_MS_TARGET_AVX512VBMI int64_t requant_grid(const Grid256Vbmi &gr, const float *v, int64_t len, float pre, float inv,
+                                              uint8_t *q) {
+  return pre == 1.0f ? requant_grid_loop<false>(gr, v, len, pre, inv, q) : requant_grid_loop<true>(gr, v, len, pre, inv, q);
+}
+SIMD_TARGET BNB_MS_INLINE int64_t requant_vec(const OptLut *lut, const Grid256Vbmi *gr, const float *v, int64_t len,
+                                              float pre, float inv, uint8_t *q) {
+  int64_t i = gr ? requant_grid(*gr, v, len, pre, inv, q) : 0;
+  for (; i + 32 <= len; i += 32) requant32(lut, v + i, set1(pre), set1(inv), q + i);
+  return i;
 }
 SIMD_TARGET BNB_MS_INLINE float hmax(F v) { return _mm512_reduce_max_ps(v); }
 #include "cpu/optim_simd.inc"
