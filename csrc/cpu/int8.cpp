@@ -268,7 +268,7 @@ int vector_quant_entry(BNB_MS_AOT_ARGS) {
 //
 // Layout of the non-AMX paths: B stays int8 and is read in place. Work is split over N (B rows) in
 // chunks handed out dynamically to the threads (a thread that is descheduled on a busy machine does
-// not hold up the others); each chunk walks K in blocks of kKC and inside a block runs an MR x NR
+// not hold up the others); each chunk walks K in blocks of kKC (1-2 rows of A: all of K at once) and inside a block runs an MR x NR
 // register tile of int32 accumulators over all M.
 // ------------------------------------------------------------------------------------------------
 #define BNB_MS_TARGET_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
@@ -861,7 +861,10 @@ void int8_gemm_simd(GemmPath p, const int8_t *A, const int8_t *B, int32_t *C, in
   if (p == GemmPath::avx2 && M >= kI8PanelMinRows) return int8_gemm_panel_avx2(A, B, C, M, N, K);
   if (p == GemmPath::avx512vnni && M >= kV8PanelMinRows) return int8_gemm_panel_avx512vnni(A, B, C, M, N, K);
   const bool vnni = p == GemmPath::avx512vnni || p == GemmPath::avxvnni;
-  const int64_t nkb = (K + kKC - 1) / kKC;
+  // K block: kKC keeps an A tile in L1 for many rows; one or two rows of A fit in L1 whole, so each B row is then
+  // read as one stream (K-blocking it cut every row into short streams that the prefetchers restart on)
+  const int64_t kc = M <= 2 ? K : kKC;
+  const int64_t nkb = (K + kc - 1) / kc;
   std::vector<int16_t> a16;
   std::vector<int32_t> asum;
   const int64_t arows = std::max<int64_t>(1, 65536 / K);
@@ -870,7 +873,7 @@ void int8_gemm_simd(GemmPath p, const int8_t *A, const int8_t *B, int32_t *C, in
     parallel_for(M, arows, [&](int64_t r0, int64_t r1) {
       for (int64_t kb = 0; kb < nkb; ++kb)
         for (int64_t r = r0; r < r1; ++r)
-          asum[(size_t)(kb * M + r)] = row_sum_i8(A + r * K + kb * kKC, std::min(kKC, K - kb * kKC));
+          asum[(size_t)(kb * M + r)] = row_sum_i8(A + r * K + kb * kc, std::min(kc, K - kb * kc));
     });
   } else {
     a16.resize((size_t)(M * K));
@@ -890,7 +893,7 @@ void int8_gemm_simd(GemmPath p, const int8_t *A, const int8_t *B, int32_t *C, in
     for (int64_t nb = nc0; nb < nc1; nb += kNB) {
       const int64_t ne = std::min(nb + kNB, nc1);
       for (int64_t kb = 0; kb < nkb; ++kb) {
-        const int64_t k0 = kb * kKC, k1 = std::min(k0 + kKC, K);
+        const int64_t k0 = kb * kc, k1 = std::min(k0 + kc, K);
         const bool first = kb == 0;
         const int32_t *sums = vnni ? asum.data() + kb * M : nullptr;
         if (n_outer) {
