@@ -15,7 +15,7 @@ import io
 import math
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -982,4 +982,582 @@ def linear4bit_dtype_sequence(dtypes, bias_dtype, compute_dtype, rows, seed):
         err = float(np.max(np.abs(to_np(y).astype(np.float64) - ref) / scale))
         if y.dtype != x.dtype or not err < worst:
             return "wrong", f"call {i} ({dt} input after {dtypes[:i]}): dtype {y.dtype}, relative error {err:.3g}"
+    return "ok", ""
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 34 classes, generated: state across calls and weight mutation, out buffers, code-map and optimizer
+# arguments, numerics at the edge
+# ---------------------------------------------------------------------------------------------
+_FOURBIT_KINDS = {"Linear4bit-nf4": ("nf4", False), "Linear4bit-nf4-dq": ("nf4", True),
+                  "Linear4bit-fp4": ("fp4", False), "Linear4bit-fp4-dq": ("fp4", True),
+                  "LinearNF4": ("nf4", True), "LinearFP4": ("fp4", True)}
+_SK, _SN = 64, 24  # the stateful layers' in / out features
+
+
+def _truth(seed):
+    """(float32 weight [N, K], float32 bias [N]) of a weight generation ``seed``."""
+    return values((_SN, _SK), seed, "none", 0.1), values((_SN,), seed + 7)
+
+
+def _build(kind, seed, bias, compute_dtype="none", bias_dtype="float32"):
+    """A fresh layer of ``kind`` holding the weights of generation ``seed`` (quantized, on the CPU)."""
+    W, b = _truth(seed)
+    cdt = None if compute_dtype == "none" else ms_dtype(compute_dtype)
+    if kind in _FOURBIT_KINDS:
+        qt, dq = _FOURBIT_KINDS[kind]
+        if kind in ("LinearNF4", "LinearFP4"):
+            m = getattr(bnb.nn, kind)(_SK, _SN, bias=bias, compute_dtype=cdt)
+        else:
+            m = bnb.nn.Linear4bit(_SK, _SN, bias=bias, compute_dtype=cdt, quant_type=qt, compress_statistics=dq)
+        m.weight = bnb.nn.Params4bit(torch.tensor(W), requires_grad=False, quant_type=qt, compress_statistics=dq,
+                                     blocksize=64)
+    elif kind.startswith("Linear8bitLt"):
+        m = bnb.nn.Linear8bitLt(_SK, _SN, bias=bias, has_fp16_weights=False, threshold=float(kind.split("-")[1]))
+        m.weight = bnb.nn.Int8Params(torch.tensor(W), requires_grad=False, has_fp16_weights=False)
+    elif kind.startswith("LinearWeightOnly"):
+        m = bnb.nn.LinearWeightOnly(_SK, _SN, bias=bias, bits=int(kind[-1]))
+        m.weight.data = torch.tensor(W)
+    else:
+        m = bnb.nn.LinearFP.from_linear(torch.nn.Linear(_SK, _SN, bias=bias))
+        m.weight.data = torch.tensor(W)
+    if bias:
+        m.bias = torch.nn.Parameter(torch.tensor(b).to(ms_dtype(bias_dtype)), requires_grad=False)
+    return m.to("cpu").eval()
+
+
+def _deq_weight(kind, m):
+    """The float64 [N, K] weight a freshly built layer ``m`` computes with."""
+    if kind in _FOURBIT_KINDS:
+        return F.dequantize_4bit(m.weight.data, m.weight.quant_state).astype(ms.float32).asnumpy().astype(np.float64)
+    return _weight_of(kind.split("-")[0].replace("LinearWeightOnly", "LinearWeightOnly"), m)
+
+
+def _quantized_tensors(kind, m):
+    """The tensors that hold a quantized layer's weight (an in-place edit must rewrite all of them)."""
+    if kind in _FOURBIT_KINDS:
+        qs = m.weight.quant_state
+        ts = [m.weight.data, qs.absmax]
+        if qs.nested:
+            ts += [qs.state2.absmax] + ([qs.offset] if isinstance(qs.offset, ms.Tensor) else [])
+        return ts
+    if kind.startswith("Linear8bitLt"):
+        return [m.weight.data, m.state.SCB if m.state.SCB is not None else m.weight.SCB]
+    if kind.startswith("LinearWeightOnly"):
+        return [m.weight.data, m.weight_scale.data]
+    return [m.weight.data]
+
+
+_WORST = {"float32": 0, "float16": 1, "bfloat16": 2}
+_LO = {"float32": 1e-5, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+
+
+def _dtname(dt) -> str:
+    return str(dt).split(".")[-1]
+
+
+def _check_call(kind, m, x, y, W, b):
+    """None if the layer's output ``y`` for ``x`` is within the layer's bound of the float64 formula with the
+    current truth ``W`` / ``b`` (b rounded to the dtype the layer holds it in: upstream casts it in place)."""
+    dt = _dtname(x.dtype)
+    if _dtname(y.dtype) != dt or tuple(y.shape) != tuple(x.shape[:-1]) + (_SN,):
+        return f"output {tuple(y.shape)} {y.dtype} for input {tuple(x.shape)} {x.dtype}"
+    cdt = dt
+    if kind in _FOURBIT_KINDS and m.compute_dtype is not None:
+        cdt = _dtname(m.compute_dtype)
+    used = [dt, cdt] + ([_dtname(m.bias.dtype)] if m.bias is not None else [])
+    worst = max(used, key=_WORST.get)
+    lo = _LO[worst]
+    if kind in _FOURBIT_KINDS and worst != "float32":
+        lo = 2.0**-7
+    xr = x.astype(ms_dtype(cdt)).astype(ms.float32).asnumpy().astype(np.float64)
+    ref = xr @ W.T + (0.0 if b is None else b)
+    scale = np.abs(xr) @ np.abs(W).T + (0.0 if b is None else np.abs(b))
+    tol = lo * scale + 2 * _LO[worst] * np.abs(ref) + 1e-30
+    if kind.startswith("Linear8bitLt") and not m.training:  # int8 activations: half a step of each row's absmax
+        xh = x.astype(ms.float16).astype(ms.float32).asnumpy().astype(np.float64)
+        tol = tol + 0.51 * np.max(np.abs(xh), axis=-1, keepdims=True) / 127.0 * np.abs(W).sum(axis=1) + 2.0**-9 * scale
+    return _within(to_np(y), ref, tol, f"{kind} forward", scale)
+
+
+def _check_input_grad(kind, m, x, W):
+    """None if the gradient of sum(m(x)) w.r.t. the fp32 input ``x`` is W's column sums within the layer's
+    bound (its compute dtype's rounding of the dequantized weight), else why not."""
+    res = call(lambda: ms.value_and_grad(lambda t: m(t).sum())(x))
+    if isinstance(res, Raised):
+        return f"gradient raised {res.describe()}"
+    g = to_np(res[1]).astype(np.float64)
+    cdt = _dtname(m.compute_dtype) if kind in _FOURBIT_KINDS and m.compute_dtype is not None else "float32"
+    lo = 2.0**-7 if cdt != "float32" else 1e-5
+    want = np.broadcast_to(W.sum(axis=0), g.shape)
+    tol = lo * np.abs(W).sum(axis=0) + 1e-6
+    if g.shape != x.shape or not (np.abs(g - want) <= tol).all():
+        return f"input gradient off by {float(np.max(np.abs(g - want))):.3g} (bound {float(tol.min()):.3g})"
+    return None
+
+
+def _mutate(kind, m, op, arg, bias):
+    """Applies one weight/bias mutation ``op`` to ``m``; returns the new truth (W seed or None, bias or None)."""
+    if op == "load":  # load_state_dict of another layer's weights
+        m.load_state_dict(_build(kind, arg, bias).state_dict())
+        return arg, None
+    if op == "inplace_w":  # the quantized tensors rewritten in place (same objects)
+        src = _build(kind, arg, bias)
+        for dst, s in zip(_quantized_tensors(kind, m), _quantized_tensors(kind, src)):
+            dst.copy_(s.reshape(dst.shape))
+        return arg, None
+    if op == "assign_w":  # `.data =` (and, for 4-bit, the new weight's quant_state with it)
+        src = _build(kind, arg, bias)
+        m.weight.data = src.weight.data.clone()
+        if kind in _FOURBIT_KINDS:
+            m.weight.quant_state = src.weight.quant_state
+        elif kind.startswith("Linear8bitLt"):
+            m.weight.SCB = src.weight.SCB if src.weight.SCB is not None else src.state.SCB
+            m.state.SCB = m.weight.SCB
+            m.state.CB = None
+        elif kind.startswith("LinearWeightOnly"):
+            m.weight_scale.data = src.weight_scale.data.clone()
+        return arg, None
+    if op == "inplace_b" and m.bias is not None:
+        new = values((_SN,), arg + 11)
+        m.bias.data.copy_(torch.tensor(new).to(m.bias.dtype))
+        return None, new
+    if op == "assign_b" and m.bias is not None:
+        new = values((_SN,), arg + 13)
+        m.bias.data = torch.tensor(new)
+        return None, new
+    if op == "grad":  # requires_grad toggles of the float parameters
+        for p in (m.bias, m.weight if kind == "LinearFP" else None):
+            if p is not None:
+                p.requires_grad_(bool(arg % 2))
+    elif op == "train":
+        m.train(bool(arg % 2))
+    return None, None
+
+
+@case
+def layer_state_sequence(kind, bias, compute_dtype, bias_dtype, steps, seed):
+    """One layer driven through a random sequence of calls (input dtypes, row counts, bad inputs) and weight /
+    bias mutations (load_state_dict, in-place edits, ``.data =``, requires_grad and train toggles): every call
+    against the float64 formula of the weights the layer should hold now (dequantized from a freshly built
+    layer), so a cache keyed on an earlier call's dtype, shape, address or weight shows as a wrong result."""
+    if kind == "LinearFP":  # torch.nn.Linear semantics: no compute dtype, a bias in the weight's dtype
+        compute_dtype, bias_dtype = "none", "float32"
+    m = _build(kind, seed, bias, compute_dtype, bias_dtype)
+    W = _deq_weight(kind, _build(kind, seed, bias))
+    # the bias as the layer should hold it: rounded through every dtype it was cast to (upstream casts in place)
+    b = _rounded(_truth(seed)[1], m.bias.dtype) if bias else None
+    for i, (op, dt, arg) in enumerate(steps):
+        where = f"step {i} {op}({dt}, {arg}) of {steps}"
+        bdt = None if m.bias is None else m.bias.dtype
+        if op == "grad_call":  # a gradient w.r.t. the input between lean calls: d sum(y) / dx = column sums of W
+            if kind.startswith("LinearWeightOnly"):
+                continue  # inference only (documented)
+            problem = _check_input_grad(kind, m, ms.Tensor(values((2, _SK), seed + 100 + i)), W)
+            if problem:
+                return "wrong", f"{where}: {problem}"
+            continue
+        if op in ("call", "bad_call"):
+            x = ms.Tensor(values((arg, _SK + (op == "bad_call")), seed + 100 + i)).astype(ms_dtype(dt))
+            res = call(lambda: m(x))
+            if op == "bad_call" or (kind == "LinearFP" and dt != "float32"):
+                kind_, detail = expect_error(res, f"{where}: a bad input")
+                if kind_ == "wrong":
+                    return "wrong", detail
+                continue
+            if isinstance(res, Raised):
+                return "wrong", f"{where}: raised {res.describe()}"
+            if b is not None and m.bias.dtype != bdt:
+                b = _rounded(b, m.bias.dtype)
+            problem = _check_call(kind, m, x, res, W, b)
+            if problem:
+                return "wrong", f"{where}: {problem}"
+        else:
+            res = call(lambda: _mutate(kind, m, op, arg, bias))
+            if isinstance(res, Raised):
+                return "wrong", f"{where}: raised {res.describe()}"
+            wseed, newb = res
+            if wseed is not None:
+                W = _deq_weight(kind, _build(kind, wseed, bias))
+                if op == "load" and bias:
+                    newb = _truth(wseed)[1]
+            if newb is not None:
+                b = _rounded(newb, m.bias.dtype)
+    return "ok", ""
+
+
+def _rounded(a, dt) -> np.ndarray:
+    """float64 ``a`` rounded to the MindSpore dtype ``dt``."""
+    return ms.Tensor(a.astype(np.float32)).astype(dt).astype(ms.float32).asnumpy().astype(np.float64)
+
+
+from fuzz_strategies import EDGE_KINDS, MAP_ARGS as _MAP_ARGS, OUT_BUFFERS  # noqa: E402,F401  (the generators' tables)
+
+
+def _out_call(fn, rows, cols, seed, buf=None, name=None):
+    """(result, the tensor of the result that buffer ``name`` receives) of ``fn`` on inputs from ``seed``."""
+    x = ms.Tensor(values((rows, cols), seed))
+    kw = {} if name is None else {name: buf}
+    if fn.startswith("quantize_blockwise"):
+        nested = fn.endswith("nested")
+        q, st = F.quantize_blockwise(x, blocksize=64, nested=nested, **kw)
+        # the absmax buffer receives the float32 block absmax, nested or not (issue 34)
+        amax = F.quantize_blockwise(x, blocksize=64)[1].absmax
+        return (q, st), {"out": q, "absmax": amax}.get(name)
+    if fn == "dequantize_blockwise":
+        q, st = F.quantize_blockwise(x, blocksize=64)
+        r = F.dequantize_blockwise(q, st, **kw)
+        return r, r
+    if fn == "quantize_4bit":
+        p, st = F.quantize_4bit(x, blocksize=64, quant_type="nf4", **kw)
+        return (p, st), {"out": p, "absmax": st.absmax}.get(name)
+    if fn == "dequantize_4bit":
+        p, st = F.quantize_4bit(x, blocksize=64, quant_type="nf4")
+        r = F.dequantize_4bit(p, st, **kw)
+        return r, r
+    rng = np.random.default_rng(seed)
+    a = ms.Tensor(rng.integers(-128, 128, (rows, cols), dtype=np.int8))
+    b = ms.Tensor(rng.integers(-128, 128, (5, cols), dtype=np.int8))
+    if fn == "int8_linear_matmul":
+        r = F.int8_linear_matmul(a, b, **kw)
+        return r, r
+    if fn == "int8_mm_dequant":
+        c = F.int8_linear_matmul(a, b)
+        rs = ms.Tensor(np.abs(values((rows,), seed + 1)) + 0.1)
+        cs = ms.Tensor(np.abs(values((5,), seed + 2)) + 0.1)
+        r = F.int8_mm_dequant(c, rs, cs, **kw)
+        return r, r
+    r = F.int8_double_quant(x, **kw)
+    return r, {"out_row": r[0], "out_col": r[1], "row_stats": r[2], "col_stats": r[3]}.get(name)
+
+
+def _same(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and differ(a, b, "") is None
+
+
+def _result_arrays(res):
+    """The arrays a functional's result holds (tensors of a tuple, a QuantState's absmax)."""
+    items = res if isinstance(res, tuple) else (res,)
+    out = []
+    for r in items:
+        if isinstance(r, ms.Tensor):
+            out.append(to_np(r))
+        elif isinstance(r, F.QuantState):
+            out.append(to_np(r.absmax))
+    return out
+
+
+@case
+def out_buffer(fn, name, defect, other_dtype, rows, cols, seed):
+    """A functional given a preallocated buffer ``name`` that is right or has one defect (dtype, size, shape,
+    a strided view, a numpy array, not an array at all): it raises a clear error naming the buffer, or
+    computes the right result into it (the result without the buffer, bit for bit)."""
+    ref, want = _out_call(fn, rows, cols, seed)
+    if want is None:
+        return "ok", "n/a"
+    shape, dt = tuple(want.shape), want.dtype
+    n = int(np.prod(shape))
+    if defect == "dtype" and other_dtype == _dtname(dt):
+        defect = "none"
+    if defect in ("short", "shape") and n == 0:
+        defect = "long"
+    make = {"none": lambda: F.empty(shape, dt), "dtype": lambda: F.empty(shape, ms_dtype(other_dtype)),
+            "short": lambda: F.empty((n - 1,), dt), "long": lambda: F.empty((n + 3,), dt),
+            "shape": lambda: F.empty(shape[::-1] if len(set(shape)) > 1 else (n,), dt),
+            "strided": lambda: F.empty(shape[:-1] + (2 * shape[-1],), dt)[..., ::2] if shape else F.empty(shape, dt),
+            "numpy": lambda: np.zeros(shape, to_np(want).dtype), "list": lambda: [0] * n}
+    buf = make[defect]()
+    res = call(lambda: _out_call(fn, rows, cols, seed, buf, name))
+    upstream_refuses = fn == "int8_double_quant"  # 0.50.2: "does not support pre-allocated ..."
+    if defect == "none" and not upstream_refuses:
+        got, _ = must(res)
+    elif isinstance(res, Raised):
+        return expect_error(res, f"{fn}({name}=<{defect}>)")
+    else:
+        if upstream_refuses:
+            return "wrong", f"{fn} accepted a preallocated {name} (upstream refuses it)"
+        got, _ = res
+    problems = [None if all(_same(g, w) for g, w in zip(_result_arrays(got), _result_arrays(ref)))
+                else f"{fn}({name}=<{defect}>): result differs from the call without the buffer"]
+    held = to_np(buf) if isinstance(buf, ms.Tensor) else np.asarray(buf)
+    if held.size != n or held.dtype != to_np(want).dtype or not _same(held.reshape(-1), to_np(want).reshape(-1)):
+        problems.append(f"{fn}({name}=<{defect}>): accepted, but the buffer ({held.shape} {held.dtype}) does not "
+                        f"hold the result ({shape} {dt})")
+    return outcome(*problems)
+
+
+def _map_surely_valid(fn, kw) -> bool:
+    """Combinations upstream 0.50.2 computes a proper code from (they must be accepted)."""
+    import inspect
+
+    sig = inspect.signature(getattr(F, fn)).parameters
+    kw = {**{a: sig[a].default for a in _MAP_ARGS[fn]}, **kw}
+    def is_int(v):
+        return type(v) is int
+
+    def is_bool(v):
+        return type(v) is bool
+
+    if fn == "create_dynamic_map":
+        return (is_bool(kw["signed"]) and kw["total_bits"] == 8 and is_int(kw["max_exponent_bits"])
+                and 1 <= kw["max_exponent_bits"] <= 7)
+    if fn == "create_normal_map":
+        o = kw["offset"]
+        return type(o) is float and 0.6 <= o <= 0.99 and is_bool(kw["use_extra_value"])
+    if fn == "create_fp8_map":
+        e, p, t, s = kw["exponent_bits"], kw["precision_bits"], kw["total_bits"], kw["signed"]
+        return (is_bool(s) and all(is_int(v) for v in (e, p, t)) and t == 8 and 2 <= e <= 5 and p >= 1
+                and e + p + int(s) == t)
+    return is_bool(kw["signed"]) and is_int(kw["total_bits"]) and 2 <= kw["total_bits"] <= 8 and is_bool(kw["add_zero"])
+
+
+@case
+def code_map(fn, kw):
+    """A code-map constructor on random arguments: an accepted call gives finite float32 entries inside
+    [-1, 1] (and a combination upstream computes properly is accepted); a refused one raises a clear
+    ValueError/TypeError naming one of its arguments."""
+    res = call(lambda: getattr(F, fn)(**kw))
+    if isinstance(res, Raised):
+        if _map_surely_valid(fn, kw):
+            return "wrong", f"{fn}({kw}) refused a valid combination: {res.describe()}"
+        ok, why = clarity(res.exc)
+        named = any(a in str(res.exc) for a in _MAP_ARGS[fn])
+        if ok and named and isinstance(res.exc, (ValueError, TypeError)):
+            return "clear", res.describe()
+        return "wrong", f"{fn}({kw}): unclear error ({why or 'names none of its arguments'}): {res.describe()}"
+    v = res.asnumpy()
+    problems = []
+    if res.dtype != ms.float32 or v.ndim != 1 or v.size == 0:
+        problems.append(f"{fn}({kw}): {v.shape} {res.dtype}")
+    elif not np.isfinite(v).all():
+        problems.append(f"{fn}({kw}): {int((~np.isfinite(v)).sum())} non-finite entries")
+    elif np.abs(v).max() > 1.0:
+        problems.append(f"{fn}({kw}): entries outside [-1, 1] (max |v| {np.abs(v).max()!r})")
+    return outcome(*problems)
+
+
+_HYPER_OWNERS = {  # hyper-parameter -> the optimizers that take it
+    "lr": None, "eps": ("Adam", "AdamW", "Adam8bit", "AdamW8bit", "RMSprop8bit", "Adagrad8bit", "LAMB", "AdEMAMix8bit",
+                        "PagedAdamW8bit"),
+    "weight_decay": None, "momentum": ("SGD", "SGD8bit", "RMSprop8bit", "LARS"),
+    "alpha": ("RMSprop8bit", "AdEMAMix8bit"), "dampening": ("SGD", "SGD8bit", "LARS"),
+    "nesterov": ("SGD", "SGD8bit", "LARS"),
+    "min_8bit_size": None, "max_unorm": ("LAMB", "LARS"), "t_alpha": ("AdEMAMix8bit",), "t_beta3": ("AdEMAMix8bit",),
+    "percentile_clipping": (), "block_wise": (),  # not parameters of upstream 0.50.2's optimizers
+}
+
+
+def _hyper_verdict(name, arg, v) -> str:
+    """'valid' (must be accepted and give a finite update), 'invalid' (must raise a clear error) or 'either'
+    (a clear error or a finite update), after torch.optim and upstream 0.50.2's checks. ``inf`` is a number
+    torch accepts (its update is not finite): 'accept'."""
+    owners = _HYPER_OWNERS[arg]
+    if owners is not None and name not in owners:
+        return "invalid"  # an argument the optimizer does not take: TypeError naming it
+    if isinstance(v, (bool, str)) and arg != "nesterov":
+        return "either"  # torch compares them (True is 1; a string fails its comparison); float() takes both
+    num = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if arg in ("lr", "eps", "weight_decay", "momentum"):
+        if not num or v != v or v < 0:
+            return "invalid"
+        if v == float("inf"):
+            return "accept"
+        if arg == "momentum" and v >= 1.0:
+            return "either"  # upstream's 1-state optimizers take momentum as a beta (< 1); torch accepts it
+        if arg == "momentum" and v == 0 and name == "LARS":
+            return "either"
+        return "valid"
+    if arg == "alpha":
+        if name.startswith("RMSprop"):  # upstream: alpha is beta1 of the 1-state update, alpha == 0 unsupported
+            return "valid" if num and 0 < v < 1 else "invalid" if not num or v != v or v < 0 else "either"
+        return "valid" if num and 0 <= v < 1e3 else "invalid" if not num or v != v else "either"
+    if arg == "nesterov":  # needs a momentum and no dampening (the case's momentum is 0.9); LARS ignores it
+        return "either" if v or not isinstance(v, bool) else "valid"
+    if arg in ("dampening", "max_unorm"):
+        return "valid" if num and 0 <= v <= 1 else "invalid" if not num or v != v else "either"
+    if arg == "min_8bit_size":
+        return "valid" if type(v) is int and v >= 0 else "either"
+    if arg in ("t_alpha", "t_beta3"):
+        return "valid" if v is None or (type(v) is int and v >= 1) else "either"
+    return "invalid"
+
+
+@case
+def optim_hyper(name, arg, value, seed):
+    """An optimizer built with one random hyper-parameter value and stepped once: a valid value gives a finite
+    update, an invalid one a clear error naming the argument (torch.optim / upstream 0.50.2's rules)."""
+    rng = np.random.default_rng(seed)
+    p0 = rng.standard_normal((64, 64)).astype(np.float32)
+    p = ms.Parameter(ms.Tensor(p0), name="w")
+    verdict = _hyper_verdict(name, arg, value)
+
+    def build_and_step():
+        kw = {arg: value}
+        if name.startswith(("SGD", "LARS")):
+            kw.setdefault("momentum", 0.9)
+            kw.setdefault("lr", 0.01)
+        opt = getattr(bnb.optim, name)([p], **kw)
+        for _ in range(2):
+            opt.step(grads=[ms.Tensor(rng.standard_normal((64, 64)).astype(np.float32))])
+        return opt
+
+    res = call(build_and_step)
+    what = f"{name}({arg}={value!r})"
+    if isinstance(res, Raised):
+        if verdict in ("valid", "accept"):
+            return "wrong", f"{what}: a valid value refused: {res.describe()}"
+        ok, why = clarity(res.exc)
+        if ok and (arg in str(res.exc) or _SIGNATURE_NAMES(res.exc)):
+            return "clear", res.describe()
+        return "wrong", f"{what}: unclear error ({why or 'does not name the argument'}): {res.describe()}"
+    if verdict == "invalid":
+        return "wrong", f"{what}: accepted an invalid value"
+    got = to_np(p)
+    if verdict != "accept" and not np.isfinite(got).all():
+        return "wrong", f"{what}: accepted, and the update is not finite ({int((~np.isfinite(got)).sum())} values)"
+    return "ok", ""
+
+
+def _SIGNATURE_NAMES(exc) -> bool:
+    """Python's own call check names the argument (``unexpected keyword argument 'x'``)."""
+    return isinstance(exc, TypeError) and "keyword argument" in str(exc)
+
+
+def _edge_block(kind, n, rng) -> np.ndarray:
+    """``n`` float32 values of one edge ``kind`` (a whole block of it)."""
+    x = rng.standard_normal(n).astype(np.float32)
+    tiny = np.finfo(np.float32).tiny
+    if kind == "zeros":
+        x[:] = 0.0
+    elif kind == "negzeros":
+        x[:] = -0.0
+        x[::2] = 0.0
+    elif kind == "subnormal":
+        x = (x * 1e-41).astype(np.float32)
+    elif kind == "subnormal_zeros":  # the issue's case: 1/absmax overflows; a 0 must stay 0
+        x = (x * 3e-40).astype(np.float32)
+        x[rng.integers(0, n, max(1, n // 3))] = 0.0
+    elif kind == "min_normal":
+        x = (np.sign(x) * tiny * rng.integers(1, 4, n)).astype(np.float32)
+        x[::5] = 0.0
+    elif kind in ("inf", "-inf", "nan"):
+        x[rng.integers(0, n, max(1, n // 9))] = {"inf": np.inf, "-inf": -np.inf, "nan": np.nan}[kind]
+        x[::7] = 0.0
+    elif kind == "huge":
+        x = (x * 1e38).astype(np.float32)
+        x[rng.integers(0, n)] = np.float32(3.4e38)
+    elif kind == "huge_and_tiny":
+        x[::2] = np.clip(x[::2], -1.1, 1.1) * np.float32(3e38)
+        x[1::2] *= np.float32(1e-39)
+        x[::11] = 0.0
+    elif kind == "one_value":
+        x[:] = np.float32(rng.standard_normal())
+    return x
+
+
+def _zeros_kept(xv, back, absmax_of_elem) -> Optional[str]:
+    """An exact 0 in a block with a finite absmax dequantizes to 0 (issue 34)."""
+    z = (xv == 0) & np.isfinite(absmax_of_elem)
+    if z.any() and (back[z] != 0).any():
+        i = int(np.flatnonzero(z & (back != 0))[0])
+        return f"a 0 dequantized to {back.reshape(-1)[i]!r} (block absmax {absmax_of_elem.reshape(-1)[i]!r})"
+    return None
+
+
+@case
+def edge_blocks(fn, dtype, blocksize, kinds, seed, threshold=0.0):
+    """Arrays built of whole blocks of edge values (subnormals, zeros, -0, inf, NaN, huge, huge next to tiny)
+    through blockwise 8-bit, 4-bit and int8 row-wise quantization: codes, scales and the round trip against the
+    numpy reference (NaN where it gives NaN), and every exact 0 of a block with a finite absmax stays 0."""
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([_edge_block(k, blocksize, rng) for k in kinds]) if kinds else np.zeros(0, np.float32)
+    t, xv = tensor(x.reshape(len(kinds), blocksize) if fn == "int8" else x, dtype)
+    if fn == "blockwise":
+        code = F.create_dynamic_map().asnumpy()
+        q, st = must(call(lambda: F.quantize_blockwise(t, blocksize=blocksize)))
+        rq, ra = R.quantize_blockwise(xv, code, blocksize)
+        back = to_np(must(call(lambda: F.dequantize_blockwise(q, st))))
+        want = to_np_dt(R.dequantize_blockwise(rq, ra, code, blocksize, dtype))
+        # the dynamic code's bin of 0 is not 0 (upstream: a 0 in a normal block comes back as ~2e-5 * absmax);
+        # in a block whose 1/absmax overflows (absmax below FLT_MIN) or of zeros it must be exactly 0
+        per = np.repeat(np.where(ra < np.finfo(np.float32).tiny, ra, np.inf), blocksize)[: xv.size]
+        return outcome(differ(q.asnumpy(), rq, "codes"), differ(to_np(st.absmax), ra, "absmax"),
+                       differ(back, want, "dequantized"), _zeros_kept(xv, back, per))
+    if fn.startswith("fourbit"):
+        qt = fn.split("_")[1]
+        code = F.get_4bit_type(qt).asnumpy()
+        packed, qs = must(call(lambda: F.quantize_4bit(t, blocksize=blocksize, quant_type=qt)))
+        rp, ra = R.quantize_4bit(xv, code, blocksize)
+        back = to_np(must(call(lambda: F.dequantize_4bit(packed, qs))))
+        want = to_np_dt(R.dequantize_4bit(rp, ra, code, blocksize, xv.size, dtype, fp4=qt == "fp4").reshape(xv.shape))
+        per = np.repeat(ra, blocksize)[: xv.size]
+        return outcome(differ(F._as_uint8(packed).asnumpy().reshape(-1, 1), rp, "packed bytes"),
+                       differ(to_np(qs.absmax), ra, "absmax"), differ(back, want, "dequantized"),
+                       _zeros_kept(xv, back, per))
+    CA, SCA, cols = must(call(lambda: F.int8_vectorwise_quant(t, threshold=threshold)))
+    rq, rs, rf = R.int8_vector_quant(xv, threshold, dtype)
+    zero = (xv == 0) & np.isfinite(rs)[:, None]
+    return outcome(differ(CA.asnumpy(), rq, "codes"), differ(SCA.asnumpy().reshape(-1), rs, "row stats"),
+                   None if threshold == 0.0 else differ(cols.asnumpy(), np.nonzero(rf)[0], "outlier columns"),
+                   "a 0 got a nonzero int8 code" if (CA.asnumpy()[zero] != 0).any() else None)
+
+
+_EMB_N, _EMB_D = 20, 64
+
+
+def _build_embedding(kind, seed):
+    """A fresh embedding of ``kind`` holding the table of generation ``seed`` (quantized, on the CPU)."""
+    torch.manual_seed(0)
+    e = getattr(bnb.nn, kind)(_EMB_N, _EMB_D)
+    W = values((_EMB_N, _EMB_D), seed)
+    e.load_state_dict({"weight": torch.tensor(W)}, strict=False)
+    return e.to("cpu")
+
+
+def _embedding_tensors(kind, e):
+    if kind == "Embedding8bit":
+        return [e.weight.data, e.weight.SCB]
+    if kind.startswith("EmbeddingNF4") or kind.startswith("EmbeddingFP4"):
+        return [e.weight.data, e.weight.quant_state.absmax]
+    return [e.weight.data]
+
+
+@case
+def embedding_state_sequence(kind, steps, seed):
+    """An embedding looked up with random indices between table mutations (load_state_dict + .to, in-place edits
+    of the stored tensors, ``.data =``): every lookup equals a freshly built embedding's rows, bit for bit."""
+    e = _build_embedding(kind, seed)
+    everything = torch.tensor(np.arange(_EMB_N))
+    table = to_np(_build_embedding(kind, seed)(everything))
+    rng = np.random.default_rng(seed)
+    for i, (op, arg) in enumerate(steps):
+        where = f"step {i} {op}({arg}) of {steps}"
+        src = _build_embedding(kind, arg) if op in ("load", "inplace_w", "assign_w") else None
+        if op == "call":
+            idx = rng.integers(0, _EMB_N, (arg % 3 + 1, arg % 5 + 1))
+            res = call(lambda: e(torch.tensor(idx)))
+            if isinstance(res, Raised):
+                return "wrong", f"{where}: raised {res.describe()}"
+            bad = differ(to_np(res), table[idx], f"{where}: {kind} rows")
+            if bad:
+                return "wrong", bad
+            continue
+        if op == "load":
+            res = call(lambda: e.load_state_dict({"weight": torch.tensor(values((_EMB_N, _EMB_D), arg))},
+                                                 strict=False) and e.to("cpu"))
+        elif op == "inplace_w":
+            res = call(lambda: [d.copy_(s.reshape(d.shape)) for d, s in zip(_embedding_tensors(kind, e),
+                                                                            _embedding_tensors(kind, src))])
+        else:
+            def assign():
+                e.weight.data = src.weight.data.clone()
+                if kind == "Embedding8bit":
+                    e.weight.SCB = src.weight.SCB
+                elif kind.startswith(("EmbeddingNF4", "EmbeddingFP4")):
+                    e.weight.quant_state = src.weight.quant_state
+            res = call(assign)
+        if isinstance(res, Raised):
+            return "wrong", f"{where}: raised {res.describe()}"
+        table = to_np(src(everything))
     return "ok", ""

@@ -29,3 +29,23 @@ def specials(none_weight: int = 4):
 
 def views():
     return st.sampled_from(("none", "none", "none", "T", "step", "offset"))
+
+
+# ---- issue 34's classes (tests/test_fuzz_issue34.py; the cases in tests/fuzz_cases.py read the same tables) ----
+#: functional -> the preallocated buffer arguments it takes
+OUT_BUFFERS = {
+    "quantize_blockwise": ("out", "absmax"), "quantize_blockwise_nested": ("out", "absmax"),
+    "dequantize_blockwise": ("out",), "quantize_4bit": ("out", "absmax"), "dequantize_4bit": ("out",),
+    "int8_linear_matmul": ("out",), "int8_mm_dequant": ("out",),
+    "int8_double_quant": ("out_row", "out_col", "row_stats", "col_stats"),
+}
+#: code-map constructor -> its arguments
+MAP_ARGS = {
+    "create_dynamic_map": ("signed", "max_exponent_bits", "total_bits"),
+    "create_normal_map": ("offset", "use_extra_value"),
+    "create_fp8_map": ("signed", "exponent_bits", "precision_bits", "total_bits"),
+    "create_linear_map": ("signed", "total_bits", "add_zero"),
+}
+#: kinds of whole blocks of edge values
+EDGE_KINDS = ("normal", "zeros", "negzeros", "subnormal", "subnormal_zeros", "min_normal", "inf", "-inf", "nan",
+              "huge", "huge_and_tiny", "one_value")

@@ -132,3 +132,46 @@ def test_4bit_zero_in_subnormal_block_stays_zero(quant_type, dtype):
     q, st = F.quantize_4bit(t, blocksize=64, quant_type=quant_type)
     back = F.dequantize_4bit(q, st).astype(ms.float32).asnumpy().reshape(-1)
     assert np.count_nonzero(back[t.astype(ms.float32).asnumpy().reshape(-1) == 0]) == 0
+
+
+# ---- found by the generators (tests/test_fuzz_issue34.py); each failed before its fix -----------------------------
+@pytest.mark.parametrize("fn,kw,exc,msg", [
+    ("create_dynamic_map", dict(max_exponent_bits=0.5), TypeError, r"`max_exponent_bits` must be an int; got float"),
+    ("create_dynamic_map", dict(total_bits=None), TypeError, r"`total_bits` must be an int; got NoneType"),
+    ("create_dynamic_map", dict(total_bits=-1), ValueError, r"`total_bits` must be in \[0, 8\]; got -1"),
+    ("create_dynamic_map", dict(signed=False, max_exponent_bits=1, total_bits=1), ValueError,
+     r"`max_exponent_bits` 1 gives 3 values, `total_bits` 1 needs 2\*\*total_bits = 2"),
+    ("create_linear_map", dict(total_bits="8"), TypeError, r"`total_bits` must be an int; got str"),
+    ("create_linear_map", dict(total_bits=10), ValueError, r"`total_bits` must be in \[1, 8\]; got 10"),
+    ("create_fp8_map", dict(exponent_bits=5, precision_bits=5), ValueError,
+     r"`exponent_bits` 5 \+ `precision_bits` 5 \+ `signed` 1 != `total_bits` 8"),
+    ("create_fp8_map", dict(precision_bits=40, exponent_bits=0, total_bits=41), ValueError,
+     r"`precision_bits` must be in \[0, 8\]; got 40")])  # (2**40 loop steps before)
+def test_code_maps_name_the_argument_of_a_bad_type_or_range(fn, kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        getattr(F, fn)(**kw)
+
+
+@pytest.mark.parametrize("name,kw,exc,msg", [
+    ("SGD8bit", dict(lr=0.1, momentum=5), ValueError, r"Invalid beta parameter at index 0: 5 \(SGD8bit: `momentum` "
+                                                      r"must be in \[0, 1\)"),
+    ("LARS", dict(lr=0.1, momentum="0.1"), TypeError, r"LARS: `momentum` must be a number; got str"),
+    ("SGD", dict(lr=0.1, momentum=0.9, dampening=1.5), ValueError, r"`dampening` must be in \[0, 1\)"),
+    ("RMSprop8bit", dict(alpha=-0.5), ValueError, r"`alpha` must be in \[0, 1\)"),
+    ("AdEMAMix8bit", dict(t_alpha=0), ValueError, r"`t_alpha` must be None or a number of steps > 0; got 0"),
+    ("AdEMAMix8bit", dict(t_beta3="0.1"), ValueError, r"`t_beta3` must be None or a number of steps > 0; got '0.1'")])
+def test_optimizer_arguments_passed_on_as_betas_or_schedules_are_named(name, kw, exc, msg):
+    """SGD/LARS momentum and dampening, RMSprop alpha: upstream's 1-state optimizers check them as betas (the error
+    named `betas`); AdEMAMix's t_alpha = 0 divided by zero at the first step, a string one failed inside it."""
+    with pytest.raises(exc, match=msg):
+        getattr(bnb.optim, name)([_p()], **kw).step(grads=[torch.tensor(np.ones(300, np.float32))])
+
+
+def test_optimizer_momentum_and_schedules_in_range_still_step():
+    for name, kw in [("SGD8bit", dict(lr=0.1, momentum=0.9, dampening=0.1)), ("RMSprop8bit", dict(alpha=0.9)),
+                     ("AdEMAMix8bit", dict(t_alpha=10, t_beta3=10))]:
+        p = _p()
+        before = p.asnumpy().copy()
+        getattr(bnb.optim, name)([p], **kw).step(grads=[torch.tensor(np.ones(300, np.float32))])
+        after = p.asnumpy()
+        assert np.isfinite(after).all() and not np.array_equal(after, before), name

@@ -130,7 +130,7 @@ def _host_param(p, keep: Dict[int, np.ndarray]) -> np.ndarray:
 
 def _signature(model) -> list:
     """The identity and current buffer address of every tensor a plan reads: parameters, 4-bit quant
-    states, int8 row scales (SCB) and thresholds. A plan made from other tensors or buffers (a weight replaced,
+    states (their blocksizes, shape and type too), int8 row scales (SCB) and thresholds. A plan made from other tensors or buffers (a weight replaced,
     loaded or updated in place, which moves its buffer) is rebuilt before the next generation starts."""
     sig = []
 
@@ -146,6 +146,8 @@ def _signature(model) -> list:
             s2 = qs.state2
             for t in (qs.absmax, qs.code, qs.offset, getattr(s2, "absmax", None), getattr(s2, "code", None)):
                 add(t)
+            # the plain values a spec is made of (a blocksize or shape edited in place moves no buffer)
+            sig.append((id(qs), qs.blocksize, tuple(qs.shape), qs.quant_type, getattr(s2, "blocksize", None)))
         st = getattr(m, "state", None)
         if st is not None and hasattr(st, "SCB"):  # Linear8bitLt: the row scales its spec reads (as _linear_spec)
             scb = getattr(m.weight, "SCB", None)

@@ -429,6 +429,36 @@ def _check_betas(betas, count: int, owner: str) -> tuple:
     return betas
 
 
+def _check_beta_args(owner: str, **values) -> None:
+    """Hyper-parameters that upstream's 1-state optimizers pass on as ``betas`` (SGD/LARS: momentum, dampening;
+    RMSprop: alpha, momentum): numbers in [0, 1), as upstream's beta check, with the error naming the argument
+    the caller gave rather than ``betas`` (issue 34)."""
+    for i, (arg, v) in enumerate(values.items()):
+        try:
+            ok = 0.0 <= float(v) < 1.0 and not isinstance(v, str)  # (a string would fail as a beta)
+        except (TypeError, ValueError):
+            ok = None
+        if ok is None or isinstance(v, str):
+            raise TypeError(f"{owner}: `{arg}` must be a number; got {type(v).__name__} {v!r}")
+        if not ok:
+            raise ValueError(f"Invalid beta parameter at index {i}: {v} ({owner}: `{arg}` must be in [0, 1); upstream "
+                             f"passes it to the update as betas[{i}])")
+
+
+def _check_schedule(owner: str, **values) -> None:
+    """AdEMAMix's warm-up lengths ``t_alpha`` / ``t_beta3``: None (no warm-up) or a number of steps > 0 (the
+    update divides by them)."""
+    for arg, v in values.items():
+        if v is None:
+            continue
+        try:
+            ok = float(v) > 0 and not isinstance(v, (bool, str))
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"{owner}: `{arg}` must be None or a number of steps > 0; got {v!r}")
+
+
 def _check_hyper_values(values: dict, owner: str) -> None:
     """The checks the constructors make, for hyper-parameters given per parameter group (or by override_config):
     lr, eps, weight_decay, momentum >= 0 and betas in [0, 1), with torch's messages (issue 34)."""
@@ -451,6 +481,7 @@ class Optimizer2State(Optimizer8bit):
         _check_nonnegative(type(self).__name__, lr=lr, eps=eps)
         betas = _check_betas(betas, 3 if optimizer_name == "ademamix" else 2, type(self).__name__)
         _check_nonnegative(type(self).__name__, weight_decay=weight_decay)
+        _check_schedule(type(self).__name__, t_alpha=t_alpha, t_beta3=t_beta3)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, alpha=alpha, t_alpha=t_alpha,
                         t_beta3=t_beta3)
         super().__init__(params, defaults, optim_bits, is_paged)

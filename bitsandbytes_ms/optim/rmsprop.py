@@ -1,6 +1,6 @@
 """RMSprop (momentum=0, centered=False only, as upstream 0.50.2)."""
 
-from .optimizer import Optimizer1State
+from .optimizer import Optimizer1State, _check_beta_args
 
 
 class RMSprop(Optimizer1State):
@@ -11,6 +11,7 @@ class RMSprop(Optimizer1State):
             raise NotImplementedError("RMSprop with alpha==0.0 is not supported!")
         if centered:
             raise NotImplementedError("Centered RMSprop is not supported!")
+        _check_beta_args(type(self).__name__, alpha=alpha, momentum=momentum)
         super().__init__("rmsprop", params, lr, (alpha, momentum), eps, weight_decay, optim_bits, args, min_8bit_size)
 
 
@@ -22,6 +23,7 @@ class RMSprop8bit(Optimizer1State):
             raise NotImplementedError("RMSprop with alpha==0.0 is not supported!")
         if centered:
             raise NotImplementedError("Centered RMSprop is not supported!")
+        _check_beta_args(type(self).__name__, alpha=alpha, momentum=momentum)
         super().__init__("rmsprop", params, lr, (alpha, momentum), eps, weight_decay, 8, args, min_8bit_size)
 
 
@@ -33,4 +35,5 @@ class RMSprop32bit(Optimizer1State):
             raise NotImplementedError("RMSprop with alpha==0.0 is not supported!")
         if centered:
             raise NotImplementedError("Centered RMSprop is not supported!")
+        _check_beta_args(type(self).__name__, alpha=alpha, momentum=momentum)
         super().__init__("rmsprop", params, lr, (alpha, momentum), eps, weight_decay, 32, args, min_8bit_size)
