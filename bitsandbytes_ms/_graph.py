@@ -24,8 +24,9 @@ outlier columns (``int8_vectorwise_quant`` / ``int8_double_quant`` with ``thresh
 data-dependent); MatMul8bitLt (``bnb.matmul``, Linear8bitLt) with a threshold does run, through the fused forward,
 whose result has a fixed shape.
 
-Names: ``_F`` is :mod:`bitsandbytes_ms.functional` (imported inside compile-time helpers: it imports this
-module); ``ops`` is ``mindspore.ops``.
+Names: ``_C`` is :mod:`bitsandbytes_ms._formats_common` (the blocksizes, row limits and codes functional
+re-exports); ``ops`` is ``mindspore.ops``. This module does not import :mod:`bitsandbytes_ms.functional` (which
+imports it) except, inside two compile-time helpers, for the dynamic 8-bit map and the bf16-dot switch.
 
 Everything here uses MindSpore's functional ``ops``, not Tensor methods or operators: the 4-bit dequantize and
 backward also run in PyNative from a Cell's ``bprop``, on tensors without mindtorch's device tag, which
@@ -42,9 +43,9 @@ import numpy as np
 from mindspore import Tensor, ops
 from mindspore.ops import constexpr
 
-from . import functional as _F  # partly initialised here (it imports this module); read at compile time
+from . import _formats_common as _C  # the constants and codes functional shares (no import circle)
 from .cextension import compiling, lib  # noqa: F401  (compiling: the test every hand-over uses)
-from .utils import SUFFIX_OF_DTYPE, dtype_name
+from .utils import dtype_name
 
 
 def graph_state(absmax, shape, code, blocksize, quant_type, dtype, offset=None, state2=None):
@@ -112,16 +113,24 @@ def _dtype_of(dtype):
 
 
 @constexpr
-def _entry(base, dtype, tail=""):
-    """The entry point name for ``dtype`` (a MindSpore dtype or its name), e.g. ``cquantize_blockwise_fp32``."""
+def _cname(namer, kind, dtype, extra=None):
+    """The C entry point that ``bitsandbytes_ms.backends.native.<namer>`` (one per format: the one place C names are
+    spelled) gives for ``kind`` and ``dtype`` (a MindSpore dtype, its name, or None), ``extra`` its last argument
+    (the 4-bit quant_type, the weight-only bits), e.g. ``_cname("blockwise_name", "quantize", ms.float32)``."""
+    from .backends import native
     from .utils import dtype_from_name
-    return f"{base}_{SUFFIX_OF_DTYPE[dtype_from_name(dtype) if isinstance(dtype, str) else dtype]}{tail}"
+    dt = dtype_from_name(dtype) if isinstance(dtype, str) else dtype
+    head = () if kind is None else (kind,)  # gemm_fp_name takes the dtype only
+    return getattr(native, namer)(*head, dt, *(() if extra is None else (extra,)))
 
 
 @constexpr
 def _const_code(kind):
     """The default code tensors (the dynamic 8-bit map, the NF4/FP4 maps), as graph constants."""
-    return _F._dynamic_code() if kind == "dynamic" else _F._code4(kind)
+    if kind == "dynamic":
+        from .functional import _dynamic_code  # at compile time (functional imports this module)
+        return _dynamic_code()
+    return _C._code4(kind)
 
 
 @constexpr
@@ -196,7 +205,7 @@ def _mean_f32(t):
 
 # ---- blockwise 8-bit ----
 def _quantize_blockwise(A, code, blocksize):
-    return _prim(_entry("cquantize_blockwise", A.dtype), (blocksize,))(code, A, blocksize)
+    return _prim(_cname("blockwise_name", "quantize", A.dtype), (blocksize,))(code, A, blocksize)
 
 
 def _nested_state(A, qabsmax, amax, amax2, offset, code, code2, blocksize, blocksize2, quant_type):
@@ -207,7 +216,7 @@ def _nested_state(A, qabsmax, amax, amax2, offset, code, code2, blocksize, block
 def quantize_blockwise(A, code=None, absmax=None, out=None, blocksize=4096, nested=False):
     fn = "quantize_blockwise"
     _check_dtype(A.dtype, _FLOAT, fn, "A")
-    _check_blocksize(blocksize, _F.BLOCKWISE_BLOCKSIZES, fn)
+    _check_blocksize(blocksize, _C.BLOCKWISE_BLOCKSIZES, fn)
     _no_output_arg(fn, "out", out is not None)
     _no_output_arg(fn, "absmax", absmax is not None)
     if code is None:
@@ -224,7 +233,7 @@ def quantize_blockwise(A, code=None, absmax=None, out=None, blocksize=4096, nest
 
 
 def _dequantize_blockwise(A, code, amax, blocksize, dtype):
-    return _prim(_entry("cdequantize_blockwise", dtype), ())(code, A, amax, blocksize)
+    return _prim(_cname("blockwise_name", "dequantize", dtype), ())(code, A, amax, blocksize)
 
 
 def _absmax(state):
@@ -250,7 +259,7 @@ def dequantize_blockwise(A, quant_state=None, absmax=None, code=None, out=None, 
         st = graph_state(absmax, None, code, blocksize, None, ms.float32)
     else:
         st = as_graph_state(quant_state)
-    _check_blocksize(st["blocksize"], _F.BLOCKWISE_BLOCKSIZES, fn)
+    _check_blocksize(st["blocksize"], _C.BLOCKWISE_BLOCKSIZES, fn)
     _check_dtype(st["quant_map"].dtype, (ms.float32,), fn, "code")
     _check_numel(st["quant_map"].shape, 256, fn, "code")
     _check_dtype(st["dtype"], _FLOAT, fn, "quant_state.dtype")
@@ -287,7 +296,7 @@ def _check_4bit_sizes(shape, blocksize, packed_shape, packed_dtype, absmax_shape
     if shape is None:
         raise ValueError(f"{fn}: `quant_state.shape` must be the shape of the quantized tensor; got None")
     n = int(math.prod(shape))
-    nbytes = int(math.prod(packed_shape)) * _F._itemsize(packed_dtype)
+    nbytes = int(math.prod(packed_shape)) * _C._itemsize(packed_dtype)
     if nbytes != (n + 1) // 2:
         raise ValueError(f"{fn}: {packed} holds {nbytes} bytes; quant_state.shape {tuple(shape)} needs exactly "
                          f"{(n + 1) // 2} (two 4-bit codes a byte)")
@@ -298,7 +307,7 @@ def _check_4bit_sizes(shape, blocksize, packed_shape, packed_dtype, absmax_shape
 
 
 def _check_4bit_state(st, B, fn, packed):
-    _check_blocksize(st["blocksize"], _F.FOURBIT_BLOCKSIZES, fn)
+    _check_blocksize(st["blocksize"], _C.FOURBIT_BLOCKSIZES, fn)
     _check_quant_type(st["quant_type"], fn)
     _check_dtype(st["dtype"], _FLOAT, fn, "quant_state.dtype")
     _check_dtype(st["quant_map"].dtype, (ms.float32,), fn, "quant_state.code")
@@ -313,14 +322,14 @@ def quantize_4bit(A, absmax=None, out=None, blocksize=None, compress_statistics=
     if blocksize is None:
         blocksize = 64
     _check_dtype(A.dtype, _FLOAT, fn, "A")
-    _check_blocksize(blocksize, _F.FOURBIT_BLOCKSIZES, fn)
+    _check_blocksize(blocksize, _C.FOURBIT_BLOCKSIZES, fn)
     _check_quant_type(quant_type, fn)
     _no_output_arg(fn, "out", out is not None)
     _no_output_arg(fn, "absmax", absmax is not None)
     _check_storage(quant_storage, fn)
     _check_nonempty(A.shape, fn, "A")
     code = _const_code(quant_type)
-    packed, amax = _prim(_entry("cquantize_blockwise", A.dtype, "_" + quant_type), (blocksize,))(code, A, blocksize)
+    packed, amax = _prim(_cname("fourbit_name", "quantize", A.dtype, quant_type), (blocksize,))(code, A, blocksize)
     if compress_statistics:
         offset = _mean_f32(amax)
         code8 = _const_code("dynamic")
@@ -341,7 +350,7 @@ def dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, 
     n = _numel(shape)
     _check_nonempty(shape, fn, "A")
     amax = _absmax(st)
-    res = _prim(_entry("cdequantize_blockwise", st["dtype"], "_" + st["quant_type"]), (n,))(
+    res = _prim(_cname("fourbit_name", "dequantize", st["dtype"], st["quant_type"]), (n,))(
         st["quant_map"], ops.reshape(A, (-1,)), amax, st["blocksize"], n)
     res = _reshape(res, shape)
     if len(A.shape) == 2 and A.shape[0] == 1 and A.shape[1] > 1 and len(shape) == 2:
@@ -370,7 +379,7 @@ def gemv_4bit(A, B, out=None, transposed_A=False, transposed_B=False, state=None
     _check_4bit_state(st, B, fn, "`B`")
     N = st["shape"][0]
     amax = _absmax(st)
-    return _prim(_entry("cgemm_4bit_inference_naive", A.dtype), (N,))(
+    return _prim(_cname("fourbit_name", "gemv", A.dtype), (N,))(
         A, B.reshape(-1), amax, st["quant_map"], st["blocksize"], N)
 
 
@@ -399,7 +408,7 @@ def int8_vectorwise_quant(A, threshold=0.0):
     _check_dtype(A.dtype, _FLOAT, fn, "A")
     _check_rank(A.shape, fn, "A")
     _check_threshold(threshold, fn)
-    CA, stats, _ = _prim("cint8_vector_quant", ())(A, 0.0)
+    CA, stats, _ = _prim(_cname("int8_name", "vector_quant", None), ())(A, 0.0)
     return CA, stats, None
 
 
@@ -433,8 +442,8 @@ def _check_matmul_shapes(a_shape, b_shape, fn):
     if a_shape[-1] != b_shape[-1]:
         raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(a_shape)} @ `B`.T {tuple(b_shape)} "
                          f"(A.shape[-1] must equal B.shape[1])")
-    if a_shape[-1] > _F.checks_int8_max_K or b_shape[0] == 0:
-        raise NotImplementedError(f"{fn}: K > {_F.checks_int8_max_K} or N = 0 is not supported under "
+    if a_shape[-1] > _C.checks_int8_max_K or b_shape[0] == 0:
+        raise NotImplementedError(f"{fn}: K > {_C.checks_int8_max_K} or N = 0 is not supported under "
                                   f"mindspore.jit / GRAPH_MODE")
 
 
@@ -446,7 +455,7 @@ def int8_linear_matmul(A, B, out=None, dtype=ms.int32):
     _no_output_arg(fn, "out", out is not None)
     _check_rank(A.shape, fn, "A")
     _check_matmul_shapes(A.shape, B.shape, fn)
-    return _prim("cigemmlt_32", ())(A, B)[0]  # [1]: has_error, read only in the checking mode (cextension)
+    return _prim(_cname("int8_name", "matmul", None), ())(A, B)[0]  # [1]: has_error, read only in the checking mode (cextension)
 
 
 @constexpr
@@ -475,7 +484,7 @@ def mm_dequant(A, row_stats, col_stats, bias, dtype, fn):
         _check_dtype(bias.dtype, _FLOAT, fn, "bias")
         rows, N = _check_mm_dequant(A.shape, row_stats.shape, col_stats.shape, bias.shape, fn)
         bias = _reshape(bias, (N,))
-    return _prim(_entry("cdequant_mm_int32", dtype), ())(
+    return _prim(_cname("int8_name", "mm_dequant", dtype), ())(
         A.reshape(rows, N), row_stats.reshape(rows), col_stats.reshape(N), bias)
 
 
@@ -495,7 +504,7 @@ def int8_scaled_mm(A, B, row_stats, col_stats, bias=None, dtype=None):
 
 @constexpr
 def _dequant_scale():
-    return float(np.float32(_F.INT8_DEQUANT_SCALE))
+    return float(np.float32(_C.INT8_DEQUANT_SCALE))
 
 
 def int8_vectorwise_dequant(A, stats):
@@ -525,7 +534,9 @@ def _linear4_plan(shape, a_shape, a_dtype, bias_shape, bf16_dot, blocksize, fn):
     rows = int(math.prod(a_shape[:-1]))
     if rows == 0 or N == 0:
         raise NotImplementedError(f"{fn}: empty inputs are not supported under mindspore.jit / GRAPH_MODE")
-    dot = a_dtype == ms.bfloat16 and _F._use_bf16_dot(bf16_dot, rows, fn, K, blocksize)
+    from .functional import _use_bf16_dot  # at compile time: the switch is functional's (it imports this module)
+
+    dot = a_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows, fn, K, blocksize)
     from .backends.native import linear_4bit_name  # the op layer's native backend spells the C names
 
     return N, rows, linear_4bit_name(a_dtype, dot)
@@ -552,7 +563,7 @@ def linear_4bit(A, B, quant_state, bias=None, bf16_dot=None):
 
 @constexpr
 def _use_linear_4bit(a_shape, a_dtype):
-    return int(math.prod(a_shape[:-1])) <= _F.LINEAR_4BIT_MAX_ROWS and a_dtype in _FLOAT
+    return int(math.prod(a_shape[:-1])) <= _C.LINEAR_4BIT_MAX_ROWS and a_dtype in _FLOAT
 
 
 _MATMUL_NT = ops.MatMul(transpose_b=True)
@@ -617,7 +628,7 @@ def int8_forward(A, CB, SCB, bias, threshold=0.0):
         _check_matmul_shapes(A.shape, CB.shape, "matmul")
         if bias is not None:
             bias = _reshape(bias, (N,))
-        out, _ = _prim(_entry("cint8_linear", A.dtype), ())(A, CB, _reshape(SCB, (N,)), bias, threshold)
+        out, _ = _prim(_cname("int8_name", "linear", A.dtype), ())(A, CB, _reshape(SCB, (N,)), bias, threshold)
         return out
     A2 = _reshape(A, (-1, K))
     Aq = ops.cast(A2, ms.float16) if A2.dtype == ms.float32 else A2
@@ -722,7 +733,7 @@ def quantize_weight_only(W, bits=8):
     fn = "quantize_weight_only"
     _check_dtype(W.dtype, _FLOAT, fn, "W")
     _check_2d(W.shape, fn)
-    return _prim(_entry(f"cquantize_weight_only_int{_wo_bits(bits, fn)}", W.dtype), ())(W)
+    return _prim(_cname("weight_only_name", "quantize", W.dtype, _wo_bits(bits, fn)), ())(W)
 
 
 @constexpr
@@ -749,7 +760,7 @@ def dequantize_weight_only(q, scale, in_features=None, bits=8, dtype=ms.float32,
     _check_dtype(dtype, _FLOAT, fn, "dtype")
     K = _wo_k(in_features, q.shape, bits)
     _check_weight_only(bits, q.dtype, q.shape, scale.shape, K, fn)
-    return _prim(_entry(f"cdequantize_weight_only_int{bits}", dtype), (K,))(q, _scale_f32(scale), K)
+    return _prim(_cname("weight_only_name", "dequantize", dtype, bits), (K,))(q, _scale_f32(scale), K)
 
 
 @constexpr
@@ -765,7 +776,7 @@ def _wo_gemm_plan(a_shape, in_features, bias_shape, N, fn):
     rows = int(math.prod(a_shape[:-1]))
     if rows == 0:
         raise NotImplementedError(f"{fn}: empty inputs are not supported under mindspore.jit / GRAPH_MODE")
-    return rows <= _F.WEIGHT_ONLY_NATIVE_MAX_ROWS, rows
+    return rows <= _C.WEIGHT_ONLY_NATIVE_MAX_ROWS, rows
 
 
 def gemm_weight_only(A, q, scale, bits=8, bias=None, out=None, in_features=None):
@@ -782,11 +793,11 @@ def gemm_weight_only(A, q, scale, bits=8, bias=None, out=None, in_features=None)
     else:
         native, rows = _wo_gemm_plan(A.shape, in_features, bias.shape, N, fn)
     if native:
-        res = _prim(_entry(f"cgemm_weight_only_int{bits}", A.dtype), ())(A, q, s)
+        res = _prim(_cname("weight_only_name", "gemm", A.dtype, bits), ())(A, q, s)
         if bias is not None:
             res = ops.cast(ops.add(ops.cast(res, ms.float32), ops.cast(_reshape(bias, (-1,)), ms.float32)), A.dtype)
         return res
-    W = _prim(f"cdequantize_weight_only_int{bits}_fp32", (K,))(q, s, K)
+    W = _prim(_cname("weight_only_name", "dequantize", ms.float32, bits), (K,))(q, s, K)
     res = ops.matmul(ops.cast(_reshape(A, (rows, K)), ms.float32), ops.transpose(W, (1, 0)))
     if bias is not None:
         res = ops.add(res, ops.cast(_reshape(bias, (-1,)), ms.float32))
@@ -808,7 +819,7 @@ def _gemm_fp_plan(a_shape, a_dtype, w_shape, w_dtype, bias_shape, fn):
     rows = int(math.prod(a_shape[:-1]))
     if rows * N == 0:
         raise NotImplementedError(f"{fn}: empty inputs are not supported under mindspore.jit / GRAPH_MODE")
-    return _F.gemm_fp_uses_native(rows, a_dtype) or int(a_shape[-1]) == 0, rows, N
+    return _C.gemm_fp_uses_native(rows, a_dtype) or int(a_shape[-1]) == 0, rows, N
 
 
 def gemm_fp(A, W, bias=None, out=None):
@@ -824,7 +835,7 @@ def gemm_fp(A, W, bias=None, out=None):
         native, rows, N = _gemm_fp_plan(A.shape, A.dtype, W.shape, W.dtype, bias.shape, fn)
         b = _reshape(bias, (N,))
     if native:
-        return _prim(_entry("cgemm_fp", A.dtype), ())(A, W, b)
+        return _prim(_cname("gemm_fp_name", None, A.dtype), ())(A, W, b)
     res = _MATMUL_NT(ops.reshape(A, (rows, A.shape[-1])), W)
     if b is not None:
         res = ops.add(res, ops.cast(b, res.dtype))

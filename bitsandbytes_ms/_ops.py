@@ -24,12 +24,10 @@ one backend's kernel itself (tests compare backends with it). MindSpore has no t
 
 from __future__ import annotations
 
-import sys
-from typing import Callable, Dict, Optional, Sequence
-
-from mindspore import Tensor
+from typing import Callable, Dict, Optional
 
 from . import cextension
+from ._device_tag import tag  # noqa: F401  (re-exported: `from bitsandbytes_ms._ops import tag`)
 
 #: The optimizers of optimizer_update_32bit / optimizer_update_8bit_blockwise (LAMB and LARS are the adam and
 #: momentum rules with a trust ratio: their callers pass max_unorm).
@@ -45,30 +43,6 @@ def backend() -> str:
 
 
 _active = "reference" if cextension.LIBRARY_ERROR is not None else cextension.BNB_BACKEND.lower()
-
-
-def tag(res, like: Sequence = ()):
-    """Gives the tensors of an op's result (a tensor, or a tuple/list of tensors and None) the ``_device`` attribute
-    mindtorch keeps on every tensor (mindtorch's Tensor methods raise without it), taken from the first tensor of
-    ``like`` that has one, else mindtorch's CPU device once mindtorch is imported. Plain MindSpore tensors are
-    left alone when mindtorch is not in use. Returns ``res``."""
-    if res is None:
-        return res
-    outs = res if isinstance(res, (tuple, list)) else (res,)
-    device = None
-    for t in outs:
-        if isinstance(t, Tensor) and not hasattr(t, "_device"):
-            if not hasattr(t, "asnumpy"):  # MindSpore's graph compiler is parsing the caller: nothing to tag
-                return res
-            if device is None:
-                device = next((a._device for a in like if isinstance(a, Tensor) and hasattr(a, "_device")), None)
-                if device is None:
-                    mt = sys.modules.get("mindtorch")
-                    if mt is None:
-                        return res
-                    device = mt.device("cpu")
-            t._device = device
-    return res
 
 
 class Op:
@@ -204,5 +178,6 @@ gemm_fp = define(
     "A[..., K] @ W[N, K].T (+ bias) in A's dtype, [..., N] (fp32 accumulation in a fixed order)", upstream=False)
 
 
-# the kernels register themselves (imported last: they use the declarations above)
-from .backends import native as _native, reference as _reference_backend  # noqa: E402,F401
+# The kernels register themselves from bitsandbytes_ms/backends/ (native, reference), as upstream's
+# backends/<device>/ops.py do: importing the package bitsandbytes_ms.backends registers them, and
+# bitsandbytes_ms/__init__.py imports it. This module imports no backend (no import circle).

@@ -43,7 +43,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
-from . import _native_table
+from . import _device_tag, _native_table
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CPU_LIBRARY_NAME = "libbitsandbytes_ms_cpu.so"
@@ -422,8 +422,7 @@ def _bind(fn: str, names: Tuple[str, ...], args, kwargs, what: str) -> Dict[str,
 
 
 def _tag_device(out, inputs):
-    from ._ops import tag  # here: _ops imports this module
-    return tag(out, inputs)
+    return _device_tag.tag(out, inputs)
 
 
 class _Expected:

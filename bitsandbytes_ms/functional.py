@@ -27,18 +27,20 @@ from mindspore import Tensor
 
 from . import _graph, _hostcall, _ops, _reference
 from ._ops import tag as _tag
-from .backends import as_uint8 as _raw_bytes, native as _native, storage_view as _storage_view
+from ._formats_common import (  # noqa: F401  (upstream's names, re-exported; constants shared with _graph)
+    BLOCKWISE_BLOCKSIZES, FOURBIT_BLOCKSIZES, GEMM_FP_NATIVE_MAX_ROWS, INT8_DEQUANT_SCALE, LINEAR_4BIT_MAX_ROWS,
+    WEIGHT_ONLY_NATIVE_MAX_ROWS, _code4, _itemsize, as_uint8 as _raw_bytes, checks_int8_max_K, get_4bit_type,
+    gemm_fp_uses_native, storage_view as _storage_view)
+from .backends import native as _native
+from .quant_state import QuantState  # noqa: F401  (upstream: bitsandbytes.functional.QuantState)
 from .cextension import BNB_BACKEND, get_ptr, lib  # noqa: F401  (get_ptr, lib re-exported as upstream)
 from .utils import Singleton as _Singleton, dtype_from_name, dtype_name, pack_dict_to_tensor, to_numpy as _to_numpy
-from .utils import ITEMSIZES as _ITEMSIZE, NP_DTYPES as _NP_DTYPE  # the one dtype map
-from .utils import unpack_tensor_to_dict
+from .utils import NP_DTYPES as _NP_DTYPE  # the one dtype map
+from .utils import unpack_tensor_to_dict  # noqa: F401  (upstream's functional imports it; QuantState's)
 
 FLOAT_DTYPES = (ms.float32, ms.float16, ms.bfloat16)
 _FLOAT_SET = frozenset(FLOAT_DTYPES)  # a hash lookup: comparing MindSpore dtypes one by one costs ~1 us each
 
-#: Blocksizes accepted by blockwise 8-bit quantization: powers of two from 32 to 16384 (upstream's
-#: CUDA kernels take 64..4096; its CPU kernel any size, and its CPU tests use 16384).
-BLOCKWISE_BLOCKSIZES = tuple(2**k for k in range(5, 15))
 
 name2qmap: Dict[str, Tensor] = {}
 
@@ -82,10 +84,6 @@ def _check_out(out: Optional[Tensor], shape, dtype, fn: str, arg: str = "out") -
 
 def _contiguous(t: Tensor) -> Tensor:
     return t if t.is_contiguous() else t.contiguous()
-
-
-def _itemsize(dtype) -> int:
-    return _ITEMSIZE.get(dtype, 1)  # a dict lookup: comparing MindSpore dtypes one by one costs ~1 us each
 
 
 def _numel(t: Tensor) -> int:
@@ -215,12 +213,14 @@ def create_fp8_map(signed: bool = True, exponent_bits: int = 5, precision_bits: 
     Raises:
         ValueError: if ``exponent_bits + precision_bits + signed != total_bits``.
     """
-    _check_map_bits("create_fp8_map", 0, 8, exponent_bits=exponent_bits, precision_bits=precision_bits,
-                total_bits=total_bits)
+    # (bounded: the loops below take 2**exponent_bits * 2**precision_bits steps; 8 overflows, checked at the end)
+    _check_map_bits("create_fp8_map", 0, 8, exponent_bits=exponent_bits, precision_bits=precision_bits)
+    _check_map_bits("create_fp8_map", 0, 17, total_bits=total_bits)
     has_sign = 1 if signed else 0
     if exponent_bits + precision_bits != total_bits - has_sign:
-        raise ValueError(f"create_fp8_map: `exponent_bits` + `precision_bits` + sign bit (`signed`) must equal "
-                         f"`total_bits`; got {exponent_bits} + {precision_bits} + {has_sign} != {total_bits}")
+        raise ValueError(f"create_fp8_map: exponent_bits + precision_bits + sign bit must equal total_bits: "
+                         f"`exponent_bits` {exponent_bits} + `precision_bits` {precision_bits} + `signed` {has_sign} "
+                         f"!= `total_bits` {total_bits}")
     bias = 2 ** (exponent_bits - 1)
     values = []
     for evalue in range(2**exponent_bits):
@@ -268,48 +268,16 @@ def create_dynamic_map(signed: bool = True, max_exponent_bits: int = 7, total_bi
             data += (-scale * means).astype(np.float32).tolist()
     data += [0.0, 1.0]
     if len(data) != 2**total_bits:
-        raise ValueError(f"create_dynamic_map: `max_exponent_bits` ({max_exponent_bits}) and `total_bits` ({total_bits}) "
-                         f"must be consistent: {len(data)} values for 2**total_bits = {2**total_bits} codes")
+        raise ValueError(f"create_dynamic_map: inconsistent max_exponent_bits/total_bits: `max_exponent_bits` "
+                         f"{max_exponent_bits} gives {len(data)} values, `total_bits` {total_bits} needs "
+                         f"2**total_bits = {2**total_bits}")
     data += [0.0] * (256 - len(data))
     code = _check_code_range(np.array(sorted(data), dtype=np.float32), "create_dynamic_map", "max_exponent_bits",
                              max_exponent_bits, ">= 1 (0 scales the last run by 10)")
     return Tensor(code)
 
 
-_FOUR_BIT_TYPES = {
-    # NF4: create_normal_map(0.9677083, True) restricted to its 16 values (upstream's canonical table)
-    "nf4": [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
-            -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
-            0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
-            0.7229568362236023, 1.0],
-    # FP4 (1 sign, 2 exponent, 1 mantissa bit, bias 2) in bit-pattern order; normalised by 12
-    # (upstream writes `-0`, a Python int, so index 8 is +0.0)
-    "fp4": [0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, 0, -0.0625, -8.0, -12.0, -4.0, -6.0, -2.0, -3.0],
-    "int4": [7, 6, 5, 4, 3, 2, 1, 0, 0, -1, -2, -3, -4, -5, -6, -7],
-}
-# AbnormalFloat 4 (arXiv 2306.06965), defined for blocksize 64 only
-_AF4_64 = [-1.0, -0.69441008, -0.51243739, -0.3736951, -0.25607552, -0.14982478, -0.04934812, 0.0,
-           0.04273164, 0.12934483, 0.21961274, 0.31675666, 0.42563882, 0.55496234, 0.72424863, 1.0][::-1]
-
-
-def get_4bit_type(typename: str, device=None, blocksize: int = 64) -> Tensor:
-    """The 16-entry float32 code of a 4-bit type, indexed by the 4-bit value: ``"nf4"``, ``"fp4"``,
-    ``"int4"``, or ``"af4"`` (blocksize 64 only), normalised by its largest magnitude.
-    ``device`` is accepted for upstream compatibility and ignored.
-
-    Raises:
-        NotImplementedError: unknown ``typename``, or af4 with a blocksize other than 64.
-    """
-    if typename == "af4":
-        if blocksize != 64:
-            raise NotImplementedError("4-bit AbnormalFloats currently only support blocksize 64.")
-        data = _AF4_64
-    elif typename in _FOUR_BIT_TYPES:
-        data = _FOUR_BIT_TYPES[typename]
-    else:
-        raise NotImplementedError(f"Typename {typename} not supported")
-    arr = np.array(data, dtype=np.float32)
-    return Tensor((arr / np.abs(arr).max()).astype(np.float32))
+# get_4bit_type and the 4-bit code tables live in bitsandbytes_ms/_formats_common.py (imported above).
 
 
 def _dynamic_code() -> Tensor:
@@ -321,172 +289,7 @@ def _dynamic_code() -> Tensor:
 # ---------------------------------------------------------------------------------------------
 # QuantState
 # ---------------------------------------------------------------------------------------------
-class QuantState:
-    """Everything needed to undo a blockwise quantization (upstream's ``QuantState``).
-
-    Attributes:
-        absmax: fp32 [n_blocks] scales (uint8 codes of them when ``nested``).
-        shape: shape of the original tensor.
-        code: the code (quant_map), fp32 [256] for 8-bit or [16] for 4-bit.
-        blocksize: elements per absmax block.
-        quant_type: ``"nf4"``/``"fp4"`` for 4-bit, ``None`` for 8-bit.
-        dtype: dtype of the original tensor.
-        offset: fp32 scalar subtracted from absmax before the second quantization (nested only).
-        state2: QuantState of the quantized absmax (nested only).
-    """
-
-    valid_quant_types = ("fp4", "nf4")
-    valid_qs_type_keys = [f"bitsandbytes__{x}" for x in valid_quant_types]
-    valid_qs_keys = ["absmax", "quant_map", "nested_absmax", "nested_quant_map", "quant_state", "quant_type",
-                     "blocksize", "dtype", "shape", "nested_blocksize", "nested_dtype", "nested_offset"]
-    _FROM_DICT_KEYS = ("quant_type", "absmax", "quant_map", "blocksize", "dtype", "shape")
-    _FROM_DICT_NESTED_KEYS = ("nested_absmax", "nested_quant_map", "nested_blocksize", "nested_dtype", "nested_offset")
-
-    def __init__(self, absmax, shape=None, code=None, blocksize=None, quant_type=None, dtype=None, offset=None,
-                 state2=None):
-        self.absmax = absmax
-        self.shape = tuple(shape) if shape is not None else None
-        self.code = code
-        self.dtype = dtype
-        self.blocksize = blocksize
-        self.quant_type = quant_type
-        self.offset = offset
-        self.state2 = state2
-        self.nested = state2 is not None
-
-    def __getattr__(self, name):
-        if name.startswith("bitsandbytes__"):
-            packed = self.as_dict(packed=True)
-            key = "quant_state." + name
-            if key in packed:
-                return packed[key]
-        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
-
-    def __getitem__(self, idx):
-        """Upstream's legacy list layout: [absmax, shape, dtype, blocksize, [offset, state2] | None, quant_type].
-        A string key reads :meth:`as_dict`'s entry (``state["absmax"]``), the form a quant state has inside
-        ``mindspore.jit`` / GRAPH_MODE (see :mod:`bitsandbytes_ms._graph`), so the same code runs in both modes."""
-        if isinstance(idx, str):
-            return self.as_dict()[idx]
-        nested = [self.offset, self.state2] if self.nested else None
-        return [self.absmax, self.shape, self.dtype, self.blocksize, nested, self.quant_type][idx]
-
-    @classmethod
-    def from_dict(cls, qs_dict: Dict[str, Any], device=None) -> "QuantState":
-        """Rebuilds a QuantState from ``as_dict()`` output (packed or not), prefixes allowed
-        (e.g. ``weight.absmax``). ``device`` is accepted for upstream compatibility.
-
-        Raises:
-            ValueError: no or several ``quant_state.bitsandbytes__*`` entries, unknown or missing keys (named,
-                with the keys a state needs), a packed entry that is not a packed dict, or a bad ``dtype`` name.
-        """
-        fn = "QuantState.from_dict"
-        if not isinstance(qs_dict, dict):
-            raise TypeError(f"{fn}: `qs_dict` must be a dict, got {type(qs_dict).__name__}")
-        qs_dict = dict(qs_dict)
-        qs_keys = [k for k, v in qs_dict.items() if "quant_state" in k and isinstance(v, (Tensor, np.ndarray))]
-        if "quant_type" not in qs_dict:
-            if not qs_keys:
-                raise ValueError("Expected packed or unpacked quant_state items, found neither")
-            if len(qs_keys) != 1 or qs_keys[0].split(".")[-1] not in cls.valid_qs_type_keys:
-                raise ValueError(f"There should be exactly one `quant_state` item with ending from "
-                                 f"{cls.valid_qs_type_keys}. Detected {qs_keys}.")
-        if len(qs_keys) == 1:
-            try:
-                packed = unpack_tensor_to_dict(qs_dict.pop(qs_keys[0]))
-            except (ValueError, UnicodeDecodeError) as e:
-                raise ValueError(f"{fn}: `{qs_keys[0]}` must hold the JSON-packed dict of as_dict(packed=True) "
-                                 f"({e})") from None
-            if not isinstance(packed, dict):
-                raise ValueError(f"{fn}: `{qs_keys[0]}` must hold a packed dict; got {type(packed).__name__}")
-            qs_dict.update(packed)
-        qs_dict = {k.split(".")[-1]: v for k, v in qs_dict.items()}
-        unknown = set(qs_dict) - set(cls.valid_qs_keys)
-        if unknown:
-            raise ValueError(f"QuantState.from_dict: unexpected keys {sorted(unknown)}")
-        nested = any(k.startswith("nested_") for k in qs_dict)
-        needed = cls._FROM_DICT_KEYS + (cls._FROM_DICT_NESTED_KEYS if nested else ())
-        missing = [k for k in needed if k not in qs_dict]
-        if missing:
-            raise ValueError(f"{fn}: missing keys {missing}; a quant state needs {list(cls._FROM_DICT_KEYS)}"
-                             f"{' and, nested, ' + str(list(cls._FROM_DICT_NESTED_KEYS)) if nested else ''}")
-
-        def tensor(v):
-            return v if isinstance(v, Tensor) else Tensor(np.asarray(v))
-
-        def dtype(key):
-            try:
-                return dtype_from_name(str(qs_dict[key]))
-            except ValueError:
-                raise ValueError(f"{fn}: `{key}` must name a dtype (e.g. 'float32'); got {qs_dict[key]!r}") from None
-
-        for key in ("blocksize", "nested_blocksize") if nested else ("blocksize",):
-            if isinstance(qs_dict[key], bool) or not isinstance(qs_dict[key], (int, np.integer)):
-                raise ValueError(f"{fn}: `{key}` must be an int; got {qs_dict[key]!r}")
-        if nested:
-            offset = Tensor(np.float32(qs_dict["nested_offset"]))
-            state2 = cls(absmax=tensor(qs_dict["nested_absmax"]), blocksize=qs_dict["nested_blocksize"],
-                         code=tensor(qs_dict["nested_quant_map"]), dtype=dtype("nested_dtype"))
-        else:
-            offset, state2 = None, None
-        return cls(quant_type=qs_dict["quant_type"], absmax=tensor(qs_dict["absmax"]), blocksize=qs_dict["blocksize"],
-                   code=tensor(qs_dict["quant_map"]), dtype=dtype("dtype"),
-                   shape=tuple(qs_dict["shape"]) if qs_dict["shape"] is not None else None,
-                   offset=offset, state2=state2)
-
-    def as_dict(self, packed: bool = False) -> Dict[str, Any]:
-        """The state as a dict with upstream's keys; ``packed=True`` gives only tensors (the
-        non-tensor items JSON-packed under ``quant_state.bitsandbytes__<quant_type>``), ready for
-        safetensors."""
-        qs = {
-            "quant_type": self.quant_type,
-            "absmax": self.absmax,
-            "blocksize": self.blocksize,
-            "quant_map": self.code,
-            "dtype": dtype_name(self.dtype),
-            "shape": tuple(self.shape) if self.shape is not None else None,
-        }
-        if self.nested:
-            qs.update({
-                "nested_absmax": self.state2.absmax,
-                "nested_blocksize": self.state2.blocksize,
-                "nested_quant_map": self.state2.code.copy(),
-                "nested_dtype": dtype_name(self.state2.dtype),
-                "nested_offset": float(self.offset.asnumpy()) if isinstance(self.offset, Tensor) else float(self.offset),
-            })
-        if not packed or self.quant_type is None:
-            return qs
-        out = {k: v for k, v in qs.items() if isinstance(v, Tensor)}
-        out["quant_state.bitsandbytes__" + self.quant_type] = pack_dict_to_tensor(
-            {k: v for k, v in qs.items() if not isinstance(v, Tensor)})
-        return out
-
-    def to(self, device):
-        """Upstream moves the tensors to ``device``; MindSpore places tensors by context, so this
-        only exists for compatibility. Returns ``self``."""
-        return self
-
-    def __eq__(self, other):
-        if not isinstance(other, QuantState):
-            return False
-
-        def close(a, b):
-            if a is None or b is None:
-                return a is b
-            return np.allclose(np.asarray(a.asnumpy(), np.float32), np.asarray(b.asnumpy(), np.float32), atol=1e-6)
-
-        def same_offset(a, b):
-            if a is None or b is None:
-                return a is b
-            fa = float(a.asnumpy()) if isinstance(a, Tensor) else float(a)
-            fb = float(b.asnumpy()) if isinstance(b, Tensor) else float(b)
-            return fa == fb
-
-        return (close(self.absmax, other.absmax) and self.shape == other.shape and close(self.code, other.code)
-                and self.dtype == other.dtype and self.blocksize == other.blocksize
-                and self.quant_type == other.quant_type and same_offset(self.offset, other.offset)
-                and (self.state2 == other.state2 if self.state2 is not None and other.state2 is not None
-                     else self.state2 is other.state2))
+# :class:`QuantState` lives in bitsandbytes_ms/quant_state.py (imported above, re-exported under this name).
 
 
 # ---------------------------------------------------------------------------------------------
@@ -731,19 +534,8 @@ def optimizer_update_8bit_blockwise(optimizer_name: str, g: Tensor, p: Tensor, s
 # ---------------------------------------------------------------------------------------------
 # ---- 4-bit (NF4/FP4) ----
 # ---------------------------------------------------------------------------------------------
-#: Blocksizes accepted by 4-bit quantization (upstream's list).
-FOURBIT_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 #: dtypes a packed 4-bit tensor may be stored in (the uint8 bytes reinterpreted, as upstream's quant_storage).
 FOURBIT_STORAGE = (ms.uint8, ms.int8, ms.float16, ms.bfloat16, ms.float32, ms.int16, ms.int32)
-_code4_cache: Dict[str, Tensor] = {}
-
-
-def _code4(quant_type: str) -> Tensor:
-    if quant_type not in _code4_cache:
-        _code4_cache[quant_type] = get_4bit_type(quant_type)
-    return _tag(_code4_cache[quant_type])  # cached before mindtorch was imported: give it a device now
-
-
 def _check_quant_type(quant_type, fn: str) -> str:
     if quant_type not in ("nf4", "fp4"):
         raise ValueError(f"{fn}: `quant_type` must be 'nf4' or 'fp4', got {quant_type!r}")
@@ -1009,11 +801,11 @@ def gemv_4bit(A: Tensor, B: Tensor, out: Optional[Tensor] = None, transposed_A: 
 class _Linear4bitPlan:
     """What :func:`linear_4bit` needs of one quant_state, checked once: shapes, blocksizes, dtypes and sizes
     of its tensors, and the bound host call per activation dtype and thread. Rebuilt when a tensor of the
-    quant_state is replaced. No data is cached: every call reads the tensors' current memory (host calls
+    quant_state is replaced or its blocksize or shape is changed. No data is cached: every call reads the tensors' current memory (host calls
     through :class:`~bitsandbytes_ms._hostcall.DeviceView`, which follows a buffer that an in-place update
     moved), so a weight changed in place is never served stale."""
 
-    __slots__ = ("key", "N", "K", "bs", "bs2", "nested", "calls", "views", "weight_ok")
+    __slots__ = ("key", "N", "K", "bs", "bs2", "nested", "calls", "views", "weight_ok", "weight_kind")
 
     def __init__(self, state: QuantState, fn: str):
         if state.shape is None or len(state.shape) != 2:
@@ -1045,6 +837,7 @@ class _Linear4bitPlan:
         self.calls: Dict[Any, Any] = {}
         self.views = [_hostcall.DeviceView() for _ in range(7)]  # B, absmax, code, absmax2, code2, offset, bias
         self.weight_ok = None  # the last weight whose byte count was checked
+        self.weight_kind = None  # and its (dtype, numel) then: `.data =` keeps the object, not its size
 
     def __reduce__(self):  # a cache: copies and pickles of the QuantState start without one
         return (type(None), ())
@@ -1056,17 +849,19 @@ class _Linear4bitPlan:
                 s2.code if s2 is not None else None)
 
     def matches(self, state) -> bool:
-        return all(a is b for a, b in zip(self.key, _Linear4bitPlan.key_of(state)))
+        # the tensors by identity; the blocksizes and shape by value (they can be set on the state in place)
+        return (all(a is b for a, b in zip(self.key, _Linear4bitPlan.key_of(state))) and state.blocksize == self.bs
+                and state.shape == (self.N, self.K) and (not self.nested or state.state2.blocksize == self.bs2))
 
     def check_weight(self, B: Tensor, fn: str) -> None:
-        if B is not self.weight_ok:
+        if B is not self.weight_ok or (B.dtype, _numel(B)) != self.weight_kind:
             _check_tensor(B, fn, "B")
             need = (self.N * self.K + 1) // 2
             have = _numel(B) * _itemsize(B.dtype)
             if have != need:
                 raise ValueError(f"{fn}: `B` holds {have} bytes; quant_state.shape ({self.N}, {self.K}) needs exactly "
                                  f"{need} (two 4-bit codes a byte)")
-            self.weight_ok = B
+            self.weight_ok, self.weight_kind = B, (B.dtype, _numel(B))
 
     def host_args(self, B: Tensor, state: QuantState, bias: Optional[Tensor], dtype):
         """The host arrays of the weight, its state and the bias (call argument order 1..7), read now."""
@@ -1320,13 +1115,6 @@ def _use_bf16_dot(bf16_dot, rows: int, fn: str = "linear_4bit", K: int = 0, bloc
     return bool(bf16_dot) and BNB_BACKEND == "CPU"
 
 
-#: Up to this many rows of activations a 4-bit linear forward is one fused native call (linear_4bit: the
-#: gemv kernel for one row, the fused dequantize-GEMM for more); more rows (prefill of long prompts)
-#: dequantize the weight to fp32 once and use MindSpore's matmul, which is faster there (measured with
-#: tools/bench_cpu.py --sections linear).
-LINEAR_4BIT_MAX_ROWS = 32
-
-
 def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Tensor], compute_dtype,
                         bf16_dot: Optional[bool] = None) -> Tensor:
     """Linear4bit's inference forward for float32 activations with a 16-bit ``compute_dtype`` (bf16/fp16), in
@@ -1445,9 +1233,6 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
 # ---- int8 (LLM.int8()) ----
 # Dettmers et al., "LLM.int8(): 8-bit Matrix Multiplication for Transformers at Scale", arXiv 2208.07339.
 # Semantics and constants follow upstream bitsandbytes 0.50.2 (functional.py and backends/default/ops.py).
-
-#: int8_vectorwise_dequant's scale, 1/127 as upstream writes it (rounded to float32 when applied).
-INT8_DEQUANT_SCALE = 7.874015718698502e-3
 
 
 def _check_threshold(threshold, fn: str) -> float:
@@ -1776,7 +1561,8 @@ class Int8LinearPlan:
         return (type(None), ())
 
     def matches(self, CB, SCB) -> bool:
-        return CB is self.CB and SCB is self.SCB
+        # the shapes too: `.data =` of another shape keeps the objects
+        return CB is self.CB and SCB is self.SCB and CB.shape == (self.N, self.K) and _numel(SCB) == self.N
 
     def host_call(self, dtype):
         calls = getattr(self._local, "calls", None)
@@ -1871,10 +1657,6 @@ class Int8LinearPlan:
         return out, flags
 
 
-#: Longest K of the int8 GEMM (csrc/checks/int8.h kIgemmMaxK: |sum| <= K * 2^14 < 2^31).
-checks_int8_max_K = 131071
-
-
 def int8_linear_plan(owner, CB: Tensor, SCB: Tensor, fn: str = "int8_linear") -> Int8LinearPlan:
     """The :class:`Int8LinearPlan` cached on ``owner`` (e.g. a MatmulLtState), rebuilt when ``CB``/``SCB``
     are other tensors than the plan's."""
@@ -1932,10 +1714,6 @@ def int8_linear(A: Tensor, CB: Tensor, SCB: Tensor, bias: Optional[Tensor] = Non
 
 
 # ---- weight-only int8/int4 (W8A16/W4A16) ----
-#: Rows of activations up to which :func:`gemm_weight_only` runs the native streaming kernel; above it
-#: the weight is dequantized once (native) and multiplied with MindSpore's matmul.
-WEIGHT_ONLY_NATIVE_MAX_ROWS = 16
-
 
 def _check_bits(bits, fn: str) -> int:
     if bits not in (8, 4) or isinstance(bits, bool):
@@ -2082,12 +1860,6 @@ def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: O
 
 
 # ---- full-precision linear (the layers a quantized model keeps in full precision: lm_head) ----
-#: Rows of activations up to which :func:`gemm_fp` runs the native kernel (``cgemm_fp_*``), per dtype;
-#: above it MindSpore's ``MatMul(transpose_b=True)`` (fp32) is faster. ``None``: always native (MindSpore's
-#: CPU matmul rejects bf16, and fp16 would need a float32 copy of the weight). Measured crossover:
-#: see README ("Full-precision layers in a quantized model").
-GEMM_FP_NATIVE_MAX_ROWS = {ms.float32: 16, ms.float16: None, ms.bfloat16: None}
-
 _MATMUL_TB = None
 
 
@@ -2096,12 +1868,6 @@ def _matmul_tb():
     if _MATMUL_TB is None:
         _MATMUL_TB = ms.ops.MatMul(transpose_b=True)
     return _MATMUL_TB
-
-
-def gemm_fp_uses_native(rows: int, dtype) -> bool:
-    """Whether :func:`gemm_fp` runs the native kernel for ``rows`` rows of activations of ``dtype``."""
-    limit = GEMM_FP_NATIVE_MAX_ROWS.get(dtype)
-    return limit is None or rows <= limit
 
 
 def _check_gemm_fp(A, W, bias, fn: str) -> None:

@@ -23,7 +23,7 @@ from .. import _hostcall, _ops, cextension
 from ..cextension import check_host_status
 from .._native_table import OPTIM_32BIT_NAMES, OPTIM_8BIT_BLOCKWISE_NAMES
 from ..utils import SUFFIX_OF_DTYPE as _SUFFIX
-from . import as_uint8, code_4bit, storage_view
+from .._formats_common import as_uint8, code_4bit, storage_view
 
 NATIVE = ("cpu", "cuda")
 _FLOAT_ORDER = tuple(_SUFFIX)  # fp32, fp16, bf16: the order of the optimizer rows of the C ABI table
@@ -33,13 +33,66 @@ def _fn(name: str):
     return getattr(cextension.lib, name)
 
 
-# ---- the C names of the ops (the only place they are spelled) ----
+# ---- the C names of the ops (the only place they are spelled): one function per format ----
+# The kernels below, the host-call handles and the graph forms (bitsandbytes_ms/_graph.py) all take their entry
+# point from these. ``dtype``: the MindSpore dtype of the activations (quantize, gemv, linear, gemm) or of the
+# output (dequantize, mm_dequant).
+def _kind(fmt: str, kind, kinds) -> str:
+    if kind not in kinds:
+        raise ValueError(f"{fmt}: `kind` must be one of {kinds}; got {kind!r}")
+    return kind
+
+
+def blockwise_name(kind: str, dtype) -> str:
+    """Blockwise 8-bit: ``kind`` "quantize" | "dequantize"."""
+    return f"c{_kind('blockwise_name', kind, ('quantize', 'dequantize'))}_blockwise_{_SUFFIX[dtype]}"
+
+
+def fourbit_name(kind: str, dtype, quant_type: Optional[str] = None, bf16_dot: bool = False) -> str:
+    """4-bit: ``kind`` "quantize" | "dequantize" (``quant_type`` "nf4" | "fp4"), "gemv", or "linear"
+    (``bf16_dot``: the CPU's bf16 dot-product kernel)."""
+    _kind("fourbit_name", kind, ("quantize", "dequantize", "gemv", "linear"))
+    if kind == "linear":
+        return "clinear_4bit_bf16dot_bf16" if bf16_dot else f"clinear_4bit_{_SUFFIX[dtype]}"
+    if kind == "gemv":
+        return f"cgemm_4bit_inference_naive_{_SUFFIX[dtype]}"
+    if quant_type not in ("nf4", "fp4"):
+        raise ValueError(f"fourbit_name: `quant_type` must be 'nf4' or 'fp4'; got {quant_type!r}")
+    return f"c{kind}_blockwise_{_SUFFIX[dtype]}_{quant_type}"
+
+
+def int8_name(kind: str, dtype=None) -> str:
+    """LLM.int8(): ``kind`` "vector_quant" | "matmul" (int32 out, no dtype) | "mm_dequant" | "mixed_mm_dequant" |
+    "linear"."""
+    _kind("int8_name", kind, ("vector_quant", "matmul", "mm_dequant", "mixed_mm_dequant", "linear"))
+    if kind == "vector_quant":
+        return "cint8_vector_quant"
+    if kind == "matmul":
+        return "cigemmlt_32"
+    stem = {"mm_dequant": "cdequant_mm_int32", "mixed_mm_dequant": "cint8_mixed_mm_dequant",
+            "linear": "cint8_linear"}[kind]
+    return f"{stem}_{_SUFFIX[dtype]}"
+
+
+def weight_only_name(kind: str, dtype, bits: int) -> str:
+    """Weight-only int8/int4: ``kind`` "quantize" | "dequantize" | "gemm", ``bits`` 8 | 4."""
+    if bits not in (4, 8):
+        raise ValueError(f"weight_only_name: `bits` must be 4 or 8; got {bits!r}")
+    _kind("weight_only_name", kind, ("quantize", "dequantize", "gemm"))
+    return f"c{kind}_weight_only_int{bits}_{_SUFFIX[dtype]}"
+
+
+def gemm_fp_name(dtype) -> str:
+    """The full-precision linear (``gemm_fp``)."""
+    return f"cgemm_fp_{_SUFFIX[dtype]}"
+
+
 def linear_4bit_name(dtype, bf16_dot: bool = False) -> str:
-    return "clinear_4bit_bf16dot_bf16" if bf16_dot else f"clinear_4bit_{_SUFFIX[dtype]}"
+    return fourbit_name("linear", dtype, bf16_dot=bf16_dot)
 
 
 def int8_linear_name(dtype) -> str:
-    return f"cint8_linear_{_SUFFIX[dtype]}"
+    return int8_name("linear", dtype)
 
 
 def linear_4bit_entry(dtype, bf16_dot: bool = False) -> _hostcall.Entry:
@@ -49,7 +102,7 @@ def linear_4bit_entry(dtype, bf16_dot: bool = False) -> _hostcall.Entry:
 
 def gemm_fp_entry(dtype) -> _hostcall.Entry:
     """The host-call handle of the full-precision linear (``gemm_fp``) for activations of ``dtype`` (cached)."""
-    return _hostcall.entry(f"cgemm_fp_{_SUFFIX[dtype]}")
+    return _hostcall.entry(gemm_fp_name(dtype))
 
 
 def int8_linear_entry(dtype) -> _hostcall.Entry:
@@ -60,18 +113,18 @@ def int8_linear_entry(dtype) -> _hostcall.Entry:
 # ---- blockwise 8-bit ----
 @_ops.quantize_blockwise.register(*NATIVE)
 def _(A, code, blocksize):
-    return _fn(f"cquantize_blockwise_{_SUFFIX[A.dtype]}")(code, A, blocksize)
+    return _fn(blockwise_name("quantize", A.dtype))(code, A, blocksize)
 
 
 @_ops.dequantize_blockwise.register(*NATIVE)
 def _(A, absmax, code, blocksize, dtype):
-    return _fn(f"cdequantize_blockwise_{_SUFFIX[dtype]}")(code, A, absmax, blocksize)
+    return _fn(blockwise_name("dequantize", dtype))(code, A, absmax, blocksize)
 
 
 # ---- 4-bit ----
 @_ops.quantize_4bit.register(*NATIVE)
 def _(A, blocksize, quant_type, quant_storage=ms.uint8):
-    packed, absmax = _fn(f"cquantize_blockwise_{_SUFFIX[A.dtype]}_{quant_type}")(code_4bit(quant_type), A, blocksize)
+    packed, absmax = _fn(fourbit_name("quantize", A.dtype, quant_type))(code_4bit(quant_type), A, blocksize)
     return storage_view(packed, quant_storage), absmax
 
 
@@ -79,13 +132,13 @@ def _(A, blocksize, quant_type, quant_storage=ms.uint8):
 def _(A, absmax, blocksize, quant_type, shape, dtype, code=None):
     n = int(np.prod(shape))
     code = code_4bit(quant_type) if code is None else code
-    out = _fn(f"cdequantize_blockwise_{_SUFFIX[dtype]}_{quant_type}")(code, as_uint8(A), absmax, blocksize, n)
+    out = _fn(fourbit_name("dequantize", dtype, quant_type))(code, as_uint8(A), absmax, blocksize, n)
     return ms.ops.reshape(out, tuple(int(s) for s in shape))
 
 
 @_ops.gemv_4bit.register(*NATIVE)
 def _(A, B, shapeB, absmax, code, blocksize):
-    return _fn(f"cgemm_4bit_inference_naive_{_SUFFIX[A.dtype]}")(A, as_uint8(B), absmax, code, blocksize,
+    return _fn(fourbit_name("gemv", A.dtype))(A, as_uint8(B), absmax, code, blocksize,
                                                                   int(shapeB[0]))
 
 
@@ -100,22 +153,22 @@ def _(A, B, shapeB, absmax, code, blocksize, bias=None, absmax2=None, code2=None
 # ---- int8 ----
 @_ops.int8_vectorwise_quant.register(*NATIVE)
 def _(A, threshold=0.0):
-    return _fn("cint8_vector_quant")(A, float(threshold))
+    return _fn(int8_name("vector_quant"))(A, float(threshold))
 
 
 @_ops.int8_linear_matmul.register(*NATIVE)
 def _(A, B):
-    return _fn("cigemmlt_32")(A, B)[0]  # [1]: has_error (cextension reads it in the checking mode)
+    return _fn(int8_name("matmul"))(A, B)[0]  # [1]: has_error (cextension reads it in the checking mode)
 
 
 @_ops.int8_mm_dequant.register(*NATIVE)
 def _(A, row_stats, col_stats, dtype=None, bias=None):
-    return _fn(f"cdequant_mm_int32_{_SUFFIX[dtype or ms.float16]}")(A, row_stats, col_stats, bias)
+    return _fn(int8_name("mm_dequant", dtype or ms.float16))(A, row_stats, col_stats, bias)
 
 
 @_ops.int8_mixed_mm_dequant.register(*NATIVE)
 def _(C, row_stats, col_stats, bias, A, CB, col_flags, dtype):
-    return _fn(f"cint8_mixed_mm_dequant_{_SUFFIX[dtype]}")(C, row_stats, col_stats, bias, A, CB, col_flags)
+    return _fn(int8_name("mixed_mm_dequant", dtype))(C, row_stats, col_stats, bias, A, CB, col_flags)
 
 
 @_ops.int8_linear.register(*NATIVE)
@@ -238,19 +291,19 @@ def _(optimizer_name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps, ste
 # ---- weight-only int8/int4, full-precision linear ----
 @_ops.quantize_weight_only.register(*NATIVE)
 def _(W, bits):
-    return _fn(f"cquantize_weight_only_int{bits}_{_SUFFIX[W.dtype]}")(W)
+    return _fn(weight_only_name("quantize", W.dtype, bits))(W)
 
 
 @_ops.dequantize_weight_only.register(*NATIVE)
 def _(q, scale, K, bits, dtype):
-    return _fn(f"cdequantize_weight_only_int{bits}_{_SUFFIX[dtype]}")(q, scale, int(K))
+    return _fn(weight_only_name("dequantize", dtype, bits))(q, scale, int(K))
 
 
 @_ops.gemm_weight_only.register(*NATIVE)
 def _(A, q, scale, bits):
-    return _fn(f"cgemm_weight_only_int{bits}_{_SUFFIX[A.dtype]}")(A, q, scale)
+    return _fn(weight_only_name("gemm", A.dtype, bits))(A, q, scale)
 
 
 @_ops.gemm_fp.register(*NATIVE)
 def _(A, W, bias=None):
-    return _fn(f"cgemm_fp_{_SUFFIX[A.dtype]}")(A, W, bias)
+    return _fn(gemm_fp_name(A.dtype))(A, W, bias)

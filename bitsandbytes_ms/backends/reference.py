@@ -16,7 +16,7 @@ from mindspore import Tensor
 from .. import _hostcall, _ops
 from .. import _reference as R
 from ..utils import DTYPE_NAMES as _DTYPE_NAMES
-from . import as_uint8, code_4bit, storage_view
+from .._formats_common import as_uint8, code_4bit, storage_view
 
 REF = ("reference",)
 

@@ -1,0 +1,130 @@
+"""What every format module and backend shares, below them all: blocksizes and row limits, the 4-bit codes, the
+byte views of packed 4-bit tensors and the dtype sizes (issue 35's ``formats/_common``).
+
+It imports nothing from this package but :mod:`bitsandbytes_ms.utils` and :mod:`bitsandbytes_ms._device_tag`,
+so :mod:`bitsandbytes_ms.functional` (which re-exports these names under upstream's spelling),
+:mod:`bitsandbytes_ms._graph` and :mod:`bitsandbytes_ms.backends` take them from here without import circles."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor
+
+from ._device_tag import tag as _tag
+from .utils import ITEMSIZES as _ITEMSIZE, NP_DTYPES as _NP_DTYPE
+
+#: Blocksizes accepted by blockwise 8-bit quantization: powers of two from 32 to 16384 (upstream's
+#: CUDA kernels take 64..4096; its CPU kernel any size, and its CPU tests use 16384).
+BLOCKWISE_BLOCKSIZES = tuple(2**k for k in range(5, 15))
+
+#: Blocksizes accepted by 4-bit quantization (upstream's list).
+FOURBIT_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+#: Up to this many rows of activations a 4-bit linear forward is one fused native call (linear_4bit: the
+#: gemv kernel for one row, the fused dequantize-GEMM for more); more rows (prefill of long prompts)
+#: dequantize the weight to fp32 once and use MindSpore's matmul, which is faster there (measured with
+#: tools/bench_cpu.py --sections linear).
+LINEAR_4BIT_MAX_ROWS = 32
+
+#: int8_vectorwise_dequant's scale, 1/127 as upstream writes it (rounded to float32 when applied).
+INT8_DEQUANT_SCALE = 7.874015718698502e-3
+
+#: Longest K of the int8 GEMM (csrc/checks/int8.h kIgemmMaxK: |sum| <= K * 2^14 < 2^31).
+checks_int8_max_K = 131071
+
+#: Rows of activations up to which :func:`gemm_weight_only` runs the native streaming kernel; above it
+#: the weight is dequantized once (native) and multiplied with MindSpore's matmul.
+WEIGHT_ONLY_NATIVE_MAX_ROWS = 16
+
+#: Rows of activations up to which :func:`gemm_fp` runs the native kernel (``cgemm_fp_*``), per dtype;
+#: above it MindSpore's ``MatMul(transpose_b=True)`` (fp32) is faster. ``None``: always native (MindSpore's
+#: CPU matmul rejects bf16, and fp16 would need a float32 copy of the weight). Measured crossover:
+#: see README ("Full-precision layers in a quantized model").
+GEMM_FP_NATIVE_MAX_ROWS = {ms.float32: 16, ms.float16: None, ms.bfloat16: None}
+
+
+def gemm_fp_uses_native(rows: int, dtype) -> bool:
+    """Whether :func:`gemm_fp` runs the native kernel for ``rows`` rows of activations of ``dtype``."""
+    limit = GEMM_FP_NATIVE_MAX_ROWS.get(dtype)
+    return limit is None or rows <= limit
+
+
+def _itemsize(dtype) -> int:
+    return _ITEMSIZE.get(dtype, 1)  # a dict lookup: comparing MindSpore dtypes one by one costs ~1 us each
+
+
+# ---- the 4-bit codes ----
+_FOUR_BIT_TYPES = {
+    # NF4: create_normal_map(0.9677083, True) restricted to its 16 values (upstream's canonical table)
+    "nf4": [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+            -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+            0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+            0.7229568362236023, 1.0],
+    # FP4 (1 sign, 2 exponent, 1 mantissa bit, bias 2) in bit-pattern order; normalised by 12
+    # (upstream writes `-0`, a Python int, so index 8 is +0.0)
+    "fp4": [0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, 0, -0.0625, -8.0, -12.0, -4.0, -6.0, -2.0, -3.0],
+    "int4": [7, 6, 5, 4, 3, 2, 1, 0, 0, -1, -2, -3, -4, -5, -6, -7],
+}
+# AbnormalFloat 4 (arXiv 2306.06965), defined for blocksize 64 only
+_AF4_64 = [-1.0, -0.69441008, -0.51243739, -0.3736951, -0.25607552, -0.14982478, -0.04934812, 0.0,
+           0.04273164, 0.12934483, 0.21961274, 0.31675666, 0.42563882, 0.55496234, 0.72424863, 1.0][::-1]
+
+
+def get_4bit_type(typename: str, device=None, blocksize: int = 64) -> Tensor:
+    """The 16-entry float32 code of a 4-bit type, indexed by the 4-bit value: ``"nf4"``, ``"fp4"``,
+    ``"int4"``, or ``"af4"`` (blocksize 64 only), normalised by its largest magnitude.
+    ``device`` is accepted for upstream compatibility and ignored.
+
+    Raises:
+        NotImplementedError: unknown ``typename``, or af4 with a blocksize other than 64.
+    """
+    if typename == "af4":
+        if blocksize != 64:
+            raise NotImplementedError("4-bit AbnormalFloats currently only support blocksize 64.")
+        data = _AF4_64
+    elif typename in _FOUR_BIT_TYPES:
+        data = _FOUR_BIT_TYPES[typename]
+    else:
+        raise NotImplementedError(f"Typename {typename} not supported")
+    arr = np.array(data, dtype=np.float32)
+    return Tensor((arr / np.abs(arr).max()).astype(np.float32))
+
+
+_code4_cache: Dict[str, Tensor] = {}
+
+
+def _code4(quant_type: str) -> Tensor:
+    if quant_type not in _code4_cache:
+        _code4_cache[quant_type] = get_4bit_type(quant_type)
+    return _tag(_code4_cache[quant_type])  # cached before mindtorch was imported: give it a device now
+
+
+def code_4bit(quant_type: str) -> Tensor:
+    """The 16-entry float32 code of ``quant_type`` ("nf4" | "fp4"), cached."""
+    return _code4(quant_type)
+
+
+# ---- bytes of packed 4-bit tensors ----
+def storage_view(packed_u8: Tensor, quant_storage) -> Tensor:
+    """Reinterprets packed uint8 bytes [(n+1)//2, 1] as ``quant_storage`` ([bytes/itemsize, 1])."""
+    if quant_storage == ms.uint8:
+        return packed_u8
+    arr = packed_u8.asnumpy().reshape(-1)
+    if quant_storage == ms.bfloat16:
+        from ._reference import np_bfloat16
+        # straight from the bytes: a round trip through float32 would canonicalise NaN bit patterns
+        t = Tensor(arr.view(np.uint16).view(np_bfloat16).copy())
+    else:
+        t = Tensor(arr.view(_NP_DTYPE[quant_storage]).copy())
+    return ms.ops.reshape(t, (-1, 1))
+
+
+def as_uint8(A: Tensor) -> Tensor:
+    """The raw bytes of a packed 4-bit tensor stored in any ``quant_storage`` dtype, as flat uint8."""
+    if A.dtype == ms.uint8:
+        return ms.ops.reshape(A, (-1,))
+    raw = A.asnumpy().view(np.uint8)  # bf16 bits as stored (not via float32: NaN patterns would change)
+    return Tensor(np.ascontiguousarray(raw).reshape(-1))
