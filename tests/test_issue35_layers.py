@@ -165,6 +165,9 @@ def test_namers_give_rows_of_the_c_abi_table():
     assert native.int8_name("mm_dequant", ms.float16) == "cdequant_mm_int32_fp16"
     assert native.weight_only_name("dequantize", ms.float32, 4) == "cdequantize_weight_only_int4_fp32"
     assert native.gemm_fp_name(ms.bfloat16) == "cgemm_fp_bf16"
+    assert [native.decoder_entry(p, d).name for p, d in (("attention", False), ("mlp", True), ("linear", True),
+                                                        ("rms_norm", False))] == [
+        "cdecoder_attention_fp32", "cdecoder_mlp_fp32_bf16dot", "cdecoder_linear_fp32_bf16dot", "crms_norm_fp32"]
 
 
 @pytest.mark.parametrize("call, words", [
@@ -172,6 +175,8 @@ def test_namers_give_rows_of_the_c_abi_table():
     (lambda: native.fourbit_name("quantize", ms.float32, "int4"), "`quant_type`"),
     (lambda: native.int8_name("gemm", ms.float32), "`kind`"),
     (lambda: native.weight_only_name("gemm", ms.float32, 2), "`bits`"),
+    (lambda: native.decoder_entry("lm_head"), "`part`"),
+    (lambda: native.decoder_entry("rms_norm", True), "`bf16_dot`"),
 ])
 def test_namers_name_a_bad_argument(call, words):
     with pytest.raises(ValueError, match=words):
@@ -180,11 +185,11 @@ def test_namers_name_a_bad_argument(call, words):
 
 def test_no_c_symbol_spelled_outside_backends():
     """String literals (not docstrings) equal to, or f-strings starting like, a C ABI table row, outside
-    backends/ and the table itself. integrations/fused.py (the fused decoder's entries) is not moved yet."""
+    backends/ and the table itself."""
     names, found = set(_native_table.OPS), []
     for path in PKG.rglob("*.py"):
         rel = path.relative_to(PKG).as_posix()
-        if rel.startswith("backends/") or rel in ("_native_table.py", "integrations/fused.py"):
+        if rel.startswith("backends/") or rel == "_native_table.py":
             continue
         tree = ast.parse(path.read_text())
         docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}

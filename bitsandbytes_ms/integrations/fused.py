@@ -76,6 +76,7 @@ import numpy as np
 from .. import _hostcall
 from . import mindtorch_patches as _mindtorch_patches  # noqa: F401  (registers mindtorch-isin)
 from .. import functional as F
+from ..backends.native import decoder_entry as _decoder
 from .patches import registry
 
 __all__ = ["fuse", "unfuse", "is_fused", "auto_fuse", "set_enabled", "unsupported_reason", "FUSED_PATCHES"]
@@ -257,11 +258,10 @@ class _Plan:
         self.layers: List[_Layer] = []
         past = np.zeros((), np.int64)
         dummy_x = np.zeros((1, 1, H), np.float32)
-        attn_e, mlp_e = _hostcall.entry("cdecoder_attention_fp32"), _hostcall.entry("cdecoder_mlp_fp32")
+        attn_e, mlp_e = _decoder("attention"), _decoder("mlp")
         # the same calls with a 4-bit weight's prefill in bf16 (functional.set_bf16_dot's switch; run_as)
-        self.attn_dot, self.mlp_dot = (_hostcall.entry("cdecoder_attention_fp32_bf16dot"),
-                                       _hostcall.entry("cdecoder_mlp_fp32_bf16dot"))
-        self.lm_dot = _hostcall.entry("cdecoder_linear_fp32_bf16dot")
+        self.attn_dot, self.mlp_dot = _decoder("attention", True), _decoder("mlp", True)
+        self.lm_dot = _decoder("linear", True)
         for i, layer in enumerate(inner.layers[: cfg.num_hidden_layers]):
             a, m, pfx = layer.self_attn, layer.mlp, f"model.layers.{i}"
             qk = []
@@ -309,11 +309,11 @@ class _Plan:
         head = model.lm_head
         try:
             self.lm_spec = _linear_spec(head, "lm_head", cfg.vocab_size, H, self.keep, emb.dtype)
-            self.lm_call = _hostcall.entry("cdecoder_linear_fp32").bind(
+            self.lm_call = _decoder("linear").bind(
                 dummy_x, *self.lm_spec, cfg.vocab_size, np.zeros((1, 1, cfg.vocab_size), np.float32))
         except _Unsupported:
             self.lm_spec = self.lm_call = None  # the lm_head module runs (e.g. an int8 lm_head)
-        self.norm_call = _hostcall.entry("crms_norm_fp32").bind(dummy_x, self.norm_w, self.norm_eps, dummy_x)
+        self.norm_call = _decoder("rms_norm").bind(dummy_x, self.norm_w, self.norm_eps, dummy_x)
         self.vocab = cfg.vocab_size
         self.sig = _signature(model)  # after the views above (they give unallocated tensors a buffer)
         self.auto = False  # made by auto_fuse on a first forward, not by the user's fuse()
