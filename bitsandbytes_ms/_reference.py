@@ -426,29 +426,24 @@ def _lanes_reduce(acc: np.ndarray) -> np.ndarray:
 def _bf16_gemv_one_row(x: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int,
                        N: int) -> np.ndarray:
     """One activation row (K a multiple of 128 and of the blocksize, a power of two >= 64): w = bf16(code[q]),
-    per 128-element unit four word vectors A/B (low nibbles, odd elements, of bytes 16 L + w / 16 L + 8 + w) and
-    C/D (the high nibbles of the same bytes); lane l = 4 L + p takes words 2p + 1 then 2p of lane L; chain s
-    = A then C, s2 = B then D, from 0 in each unit; acc0/acc1 += s/s2 * absmax of element u (lanes 0-7) or
-    u + 64 (lanes 8-15) (one fma); the lanes of acc0 + acc1 reduced as the table kernel's."""
+    each 128-element unit in halves h = 0, 1 of 64 elements; lane l's chain s_h takes, from 0 in each unit,
+    elements 4l + 2, 4l, 4l + 3, 4l + 1 of the half (its even-element vector, then its odd one; vdpbf16ps: the odd
+    word of a pair first, ftz after each fma); acc_h += s_h * the absmax of the half's block (one fma); the lanes of
+    acc_0 + acc_1 reduced as the table kernel's."""
     K = x.shape[0]
     wc = bf16_bits_f32(bf16_round_bits(np.asarray(code, np.float32), flush=True))
     q = unpack_4bit(np.asarray(packed, np.uint8).reshape(-1), N * K).reshape(N, K)
-    units = K // 128
-    L = np.arange(16) // 4
-    p = np.arange(16) % 4
+    l4 = 4 * np.arange(16)
     acc = [np.zeros((N, 16), np.float32), np.zeros((N, 16), np.float32)]
     am = absmax.reshape(N, K // blocksize)
-    for u in range(units):
-        base = 128 * u
-        sv = [np.zeros((N, 16), np.float32), np.zeros((N, 16), np.float32)]
-        for R in (0, 2, 1, 3):
-            for w in (2 * p + 1, 2 * p):
-                e = base + 2 * (16 * L + (R & 1) * 8 + w) + (1 if R < 2 else 0)  # [16] element per lane
-                sv[R & 1] = _ftz(fma_f32(wc[q[:, e]], x[e][None, :], sv[R & 1]))
-        sc = np.where(np.arange(16) < 8, am[:, base // blocksize][:, None], am[:, (base + 64) // blocksize][:, None])
-        sc = sc.astype(np.float32)
-        acc[0] = fma_f32(sv[0], sc, acc[0])
-        acc[1] = fma_f32(sv[1], sc, acc[1])
+    for u in range(0, K, 128):
+        for h in (0, 1):
+            base = u + 64 * h
+            sv = np.zeros((N, 16), np.float32)
+            for off in (2, 0, 3, 1):
+                e = base + l4 + off  # [16] element per lane
+                sv = _ftz(fma_f32(wc[q[:, e]], x[e][None, :], sv))
+            acc[h] = fma_f32(sv, am[:, base // blocksize][:, None].astype(np.float32), acc[h])
     return _lanes_reduce((acc[0] + acc[1]).astype(np.float32))
 
 

@@ -20,7 +20,7 @@
 // does; the AVX512-BF16 kernel and the portable one give the same bits.  Bound vs the exact path per output:
 // |dot - exact| <= 2^-6 (S + |bias|) + K 2^-22 S, S = sum_k |x_k w_k| (see the "bf16 compute" section).  One row
 // (K % 128 == 0, power-of-two blocksize >= 64) has its own bf16 kernel: bf16(code) decoded in registers, scaled by
-// absmax per 128-element unit (the "one activation row" section), same bound.
+// absmax per 64-element half unit (the "one activation row" section), same bound.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -1266,73 +1266,64 @@ BNB_MS_TARGET_AVX512BF16 void dot_rows_bf16_avx512(const float *code, const uint
 
 // ---- bf16 compute, one activation row (decode) ------------------------------------------------------
 // K a multiple of 128 and of the blocksize, the blocksize a power of two >= 64: a kernel that decodes in registers
-// (vpshufb on the two bytes of the code's bf16 values; ~1.4x the exact gemv on the EPYC measured) and scales
-// per 128-element unit, as upstream's AVX512-BF16 gemv scales per block (the table kernel above rounds code *
-// absmax per block, which costs as much as the dot products at one row).  Arithmetic (the portable kernel and
-// _reference.linear_4bit_bf16dot are its twins, bit for bit):
+// and scales per 64-element half unit, as upstream's AVX512-BF16 gemv scales per block (the table kernel above
+// rounds code * absmax per block, which costs as much as the dot products at one row).  Decode: each packed byte
+// zero-extended to a word (vpmovzxbw) is its own vpermw index (vpermw reads 5 bits: the table holds bf16(code)
+// twice, so the high nibble's low bit in bit 4 does not matter), and shifted right by 4 the high nibble's; 8 vector
+// ops per 128 weights where vpshufb on the code's two bytes and unpacking them took 11 (Zen 4 issues two 512-bit
+// ops a cycle: the loop is op-bound; ~1.17x in L1 on the EPYC measured).  Arithmetic (the portable kernel and
+// _reference._bf16_gemv_one_row are its twins, bit for bit):
 //   * w = bf16(code[nibble]) (code rounded once, flushed), x flushed bf16.
-//   * row cut into 128-element units (64 packed bytes).  Four word vectors per unit: A / B the low nibbles (odd
-//     elements) of bytes 16 L + w / 16 L + 8 + w, C / D the high nibbles (even elements) of the same bytes
-//     (L = 0..3 the 128-bit lane, w = 0..7 the word in it).  fp32 lane l = 4 L + p takes words 2p + 1 then 2p
-//     of lane L (vdpbf16ps: odd word first, ftz after each fma); chain s takes A then C, s2 takes B then D,
-//     both from 0 in each unit.
-//   * acc0[l] = fma(s[l], sc, acc0[l]), acc1[l] = fma(s2[l], sc, acc1[l]) with sc the absmax of the block of
-//     element u (L = 0, 1) or u + 64 (L = 2, 3); t = acc0 + acc1 reduced over lanes as the table kernel's rows,
-//     rounded and the bias added as there.  The bound above holds (the code's rounding, 2^-9 S, replaces the
-//     products'), and tests check it.
+//   * row cut into 128-element units (64 packed bytes), each into halves h = 0, 1 (elements 64 h .. 64 h + 63,
+//     bytes 32 h ..).  Per half two word vectors: E (word j = element 64 h + 2 j, the high nibble of byte j) and
+//     O (word j = element 64 h + 2 j + 1, the low nibble).  fp32 lane l takes words 2l + 1 then 2l (vdpbf16ps: odd
+//     word first, ftz after each fma): chain s_h = E then O, from 0 in each unit, i.e. elements 4l + 2, 4l,
+//     4l + 3, 4l + 1 of the half.
+//   * acc_h[l] = fma(s_h[l], sc_h, acc_h[l]) with sc_h the absmax of the half's block; t = acc_0 + acc_1 reduced
+//     over lanes as the table kernel's rows, rounded and the bias added as there.  The bound above holds (the
+//     code's rounding, 2^-9 S, replaces the products'), and tests check it.
 constexpr int64_t kUnit1 = 128;
 
 BNB_MS_INLINE bool bf16_gemv_applies(int64_t M, int64_t K, int64_t bs) {
   return M == 1 && bs >= 64 && (bs & (bs - 1)) == 0 && K % bs == 0 && K % kUnit1 == 0;
 }
 
-// Element (0..127) of a unit that word w of 128-bit lane L of vector R (0..3 = A, B, C, D) holds.
-BNB_MS_INLINE int unit_elem(int R, int L, int w) { return 2 * (16 * L + (R & 1) * 8 + w) + (R < 2 ? 1 : 0); }
+// Element (0..127) of a unit that word w (0..31) of vector R (0 = E, 1 = O of half 0; 2 = E, 3 = O of half 1) holds.
+BNB_MS_INLINE int unit_elem(int R, int w) { return 64 * (R >> 1) + 2 * w + (R & 1); }
 
 void gemv_bf16_rows_portable(const float *code, const uint8_t *q, const float *am, int64_t blk_off, const uint16_t *x,
                              int64_t K, int64_t bs, int64_t n0, int64_t n1, float *r) {
   float wc[kCode4];
   for (int i = 0; i < kCode4; ++i) wc[i] = bf16f(to_bf16_flushed(code[i]));
   for (int64_t n = n0; n < n1; ++n) {
-    float acc0[kLanes] = {}, acc1[kLanes] = {};
+    float acc[2][kLanes] = {};
     const int64_t r0 = n * K;
     for (int64_t u = 0; u < K; u += kUnit1) {
-      float sv[2][kLanes] = {};
-      for (int l = 0; l < kLanes; ++l) {
-        const int L = l / 4, p = l % 4;
-        for (int R : {0, 2, 1, 3}) {  // chain s: A then C; chain s2: B then D
-          float &a = sv[R & 1][l];
-          for (int w : {2 * p + 1, 2 * p}) {
-            const int64_t e = u + unit_elem(R, L, w);
-            a = ftz32(std::fma(wc[nib_at(q, r0 + e)], bf16f(x[e]), a));
-          }
-        }
-      }
-      const float sc0 = am[(r0 + u) / bs - blk_off], sc1 = am[(r0 + u + 64) / bs - blk_off];
-      for (int l = 0; l < kLanes; ++l) {
-        const float sc = l < 8 ? sc0 : sc1;
-        acc0[l] = std::fma(sv[0][l], sc, acc0[l]);
-        acc1[l] = std::fma(sv[1][l], sc, acc1[l]);
+      for (int h = 0; h < 2; ++h) {
+        float sv[kLanes] = {};
+        for (int l = 0; l < kLanes; ++l)
+          for (int R : {2 * h, 2 * h + 1})  // E then O
+            for (int w : {2 * l + 1, 2 * l}) {
+              const int64_t e = u + unit_elem(R, w);
+              sv[l] = ftz32(std::fma(wc[nib_at(q, r0 + e)], bf16f(x[e]), sv[l]));
+            }
+        const float sc = am[(r0 + u + 64 * h) / bs - blk_off];
+        for (int l = 0; l < kLanes; ++l) acc[h][l] = std::fma(sv[l], sc, acc[h][l]);
       }
     }
     float t[kLanes];
-    for (int l = 0; l < kLanes; ++l) t[l] = acc0[l] + acc1[l];
+    for (int l = 0; l < kLanes; ++l) t[l] = acc[0][l] + acc[1][l];
     r[n - n0] = lanes_reduce(t);
   }
 }
 
-// xs: x in the kernel's order, per unit the words of A, B, C, D (32 each, lane-major).
+// xs: x in the kernel's order, per unit the words of E, O of half 0, then of half 1 (32 each).
 BNB_MS_TARGET_AVX512BF16 void gemv_bf16_rows_avx512(const float *code, const uint8_t *q, const float *am,
                                                      int64_t blk_off, const uint16_t *xs, int64_t K, int64_t bs,
                                                      int64_t n0, int64_t n1, float *r) {
-  alignas(64) uint8_t lo[64], hi[64];  // the two bytes of bf16(code[i]), in every 128-bit lane (vpshufb tables)
-  for (int i = 0; i < 64; ++i) {
-    const uint16_t h = to_bf16_flushed(code[i % kCode4]);
-    lo[i] = (uint8_t)h;
-    hi[i] = (uint8_t)(h >> 8);
-  }
-  const __m512i tlo = _mm512_load_si512(lo), thi = _mm512_load_si512(hi);
-  const __m512i m15 = _mm512_set1_epi8(15);
+  alignas(64) uint16_t tab[32];  // bf16(code[i & 15]): vpermw's 5-bit index
+  for (int i = 0; i < 32; ++i) tab[i] = to_bf16_flushed(code[i % kCode4]);
+  const __m512i t = _mm512_load_si512(tab);
   const int sh = __builtin_ctzll((unsigned long long)bs);  // bs a power of two (bf16_gemv_applies)
   for (int64_t n = n0; n < n1; ++n) {
     const int64_t r0 = n * K;
@@ -1340,18 +1331,17 @@ BNB_MS_TARGET_AVX512BF16 void gemv_bf16_rows_avx512(const float *code, const uin
     const float *ar = am + ((r0 >> sh) - blk_off);  // the row's first block (K is a multiple of bs)
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     for (int64_t u = 0; u < K; u += kUnit1, qr += kUnit1 / 2) {
-      const __m512i v = _mm512_loadu_si512(qr);
-      const __m512i il = _mm512_and_si512(v, m15), ih = _mm512_and_si512(_mm512_srli_epi16(v, 4), m15);
-      const __m512i ll = _mm512_shuffle_epi8(tlo, il), lh = _mm512_shuffle_epi8(thi, il);
-      const __m512i hl = _mm512_shuffle_epi8(tlo, ih), hh = _mm512_shuffle_epi8(thi, ih);
+      const __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)qr));
+      const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qr + 32)));
       const uint16_t *xu = xs + u;
-      __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_unpacklo_epi8(ll, lh), bh(xu));
-      __m512 s2 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_unpackhi_epi8(ll, lh), bh(xu + 32));
-      s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_unpacklo_epi8(hl, hh), bh(xu + 64));
-      s2 = _mm512_dpbf16_ps(s2, (__m512bh)_mm512_unpackhi_epi8(hl, hh), bh(xu + 96));
-      const __m512 sc = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(ar[u >> sh]), _mm512_set1_ps(ar[(u + 64) >> sh]));
-      acc0 = _mm512_fmadd_ps(s, sc, acc0);
-      acc1 = _mm512_fmadd_ps(s2, sc, acc1);
+      __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(a, 4), t),
+                                  bh(xu));
+      __m512 s2 = _mm512_dpbf16_ps(_mm512_setzero_ps(),
+                                   (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), t), bh(xu + 64));
+      s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_permutexvar_epi16(a, t), bh(xu + 32));
+      s2 = _mm512_dpbf16_ps(s2, (__m512bh)_mm512_permutexvar_epi16(b, t), bh(xu + 96));
+      acc0 = _mm512_fmadd_ps(s, _mm512_set1_ps(ar[u >> sh]), acc0);
+      acc1 = _mm512_fmadd_ps(s2, _mm512_set1_ps(ar[(u + 64) >> sh]), acc1);
     }
     r[n - n0] = reduce16_avx512(_mm512_add_ps(acc0, acc1));
   }
@@ -1366,8 +1356,7 @@ void gemv4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, cons
     xs.resize((size_t)K);
     for (int64_t u = 0; u < K; u += kUnit1)
       for (int R = 0; R < 4; ++R)
-        for (int L = 0; L < 4; ++L)
-          for (int w = 0; w < 8; ++w) xs[u + 32 * R + 8 * L + w] = xb[u + unit_elem(R, L, w)];
+        for (int w = 0; w < 32; ++w) xs[u + 32 * R + w] = xb[u + unit_elem(R, w)];
   }
   const uint16_t *xsp = xs.data();
   gemv4_parallel_rows(N, K, absmax_runs(amx, K, bs, 1, [&](int64_t n0, int64_t n1, const float *am, int64_t off) {

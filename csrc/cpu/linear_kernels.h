@@ -47,7 +47,7 @@ void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, floa
                  int64_t K);
 
 // One row (M = 1) in bf16 compute: fourbit.cpp's one-row bf16 kernel (x and bf16(code) multiplied as vdpbf16ps
-// does, scaled per 128-element unit; clinear_4bit_bf16dot_bf16's bits on bf16(A)), fp32 out.  Returns false, doing
+// does, scaled per 64-element half unit; clinear_4bit_bf16dot_bf16's bits on bf16(A)), fp32 out.  Returns false, doing
 // nothing, where that kernel does not apply (K % 128, blocksize not a power of two >= 64).
 bool linear4_bf16_gemv_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t N,
                            int64_t K);
