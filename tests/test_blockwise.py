@@ -227,23 +227,33 @@ def test_nan_takes_code_zero_in_kernel_and_reference():
     assert rq[3] == 0 and rq[200] == 0 and ra[1] == 0 and np.all(rq[64:128] == 0)
 
 
+def grid_probe_code(code_kind: str, signed: bool) -> np.ndarray:
+    """The codes of the grid-bin tests (here and the optimizers' in test_optim_functional.py): the dynamic or linear
+    map, or 256 entries of which most are one value (a table of few runs, repeated run codes skipped)."""
+    if code_kind == "dynamic":
+        return F.create_dynamic_map(signed).asnumpy()
+    if code_kind == "linear":
+        return F.create_linear_map(signed).asnumpy()
+    base = np.sort(np.random.RandomState(5).uniform(-1 if signed else 0, 1, 9)).astype(np.float32)
+    code = np.sort(np.concatenate([base, np.full(247, base[3], np.float32)])).astype(np.float32)
+    code[-1] = 1.0
+    return code
+
+
+def grid_probe_values() -> np.ndarray:
+    """Every value of the 65536-bin grid on [-1, 1], and the floats just below and just above each."""
+    bins = (-1.0 + 2.0 * np.arange(65536, dtype=np.float32) / np.float32(65535)).astype(np.float32)
+    vals = np.concatenate([bins, np.nextafter(bins, np.float32(-2)), np.nextafter(bins, np.float32(2))])
+    return np.clip(vals, -1, 1).astype(np.float32)
+
+
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
 @pytest.mark.parametrize("code_kind", ["dynamic", "linear", "sparse"])
 def test_every_grid_bin_takes_the_reference_code(signed, code_kind):
     """Values at, just below and just above every grid bin's value (every boundary between two codes of the
     65536-entry table) under three codes, one of them with long runs (many codes never chosen), against the
     numpy reference."""
-    if code_kind == "dynamic":
-        code = F.create_dynamic_map(signed).asnumpy()
-    elif code_kind == "linear":
-        code = F.create_linear_map(signed).asnumpy()
-    else:  # 256 entries, most of them one value: a table of few runs, with repeated run codes skipped
-        base = np.sort(np.random.RandomState(5).uniform(-1 if signed else 0, 1, 9)).astype(np.float32)
-        code = np.sort(np.concatenate([base, np.full(247, base[3], np.float32)])).astype(np.float32)
-        code[-1] = 1.0
-    bins = (-1.0 + 2.0 * np.arange(65536, dtype=np.float32) / np.float32(65535)).astype(np.float32)
-    vals = np.concatenate([bins, np.nextafter(bins, np.float32(-2)), np.nextafter(bins, np.float32(2))])
-    vals = np.clip(vals, -1, 1).astype(np.float32)
+    code, vals = grid_probe_code(code_kind, signed), grid_probe_values()
     # blocks of 4096 whose absmax is exactly 1 (x * (1 / 1) is x), so every value lands on its own bin
     vals = np.concatenate([vals, np.zeros((-len(vals)) % 4095, np.float32)]).reshape(-1, 4095)
     A = np.concatenate([np.ones((len(vals), 1), np.float32), vals], axis=1).reshape(-1)

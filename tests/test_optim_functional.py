@@ -240,17 +240,10 @@ def test_8bit_requantization_of_every_grid_bin(code_kind):
     256 whose absmax is exactly 1.  The codes give different bucket layouts: the dynamic map (3 levels, 4 dense
     buckets), its unsigned form (6 and 2), the linear map (one change per bucket) and a code of few runs whose
     changes jump by many codes (dense-bucket tables only)."""
-    if code_kind in ("dynamic", "unsigned"):
-        code = F.create_dynamic_map(code_kind == "dynamic").asnumpy()
-    elif code_kind == "linear":
-        code = F.create_linear_map(True).asnumpy()
-    else:
-        base = np.sort(np.random.RandomState(5).uniform(-1, 1, 9)).astype(np.float32)
-        code = np.sort(np.concatenate([base, np.full(247, base[3], np.float32)])).astype(np.float32)
-        code[-1] = 1.0
-    bins = (-1.0 + 2.0 * np.arange(65536, dtype=np.float32) / np.float32(65535)).astype(np.float32)
-    vals = np.concatenate([bins, np.nextafter(bins, np.float32(-2)), np.nextafter(bins, np.float32(2))])
-    vals = np.clip(vals, -1, 1).astype(np.float32)
+    from tests.test_blockwise import grid_probe_code, grid_probe_values
+
+    code = grid_probe_code("dynamic" if code_kind == "unsigned" else code_kind, code_kind != "unsigned")
+    vals = grid_probe_values()
     vals = np.concatenate([vals, np.zeros((-len(vals)) % 255, np.float32)]).reshape(-1, 255)
     g = np.concatenate([np.ones((len(vals), 1), np.float32), vals], axis=1).reshape(-1)
     g[-1] = np.nan  # a NaN gradient (in the padding): its state is reset to 0, the block's absmax stays 1
