@@ -370,7 +370,8 @@ def quantize_job(args) -> int:
     new_before = "-" if gen_before is None else max(gen_before.new_tokens - 1, 0)
     print(f"decode tok/s      {_rate(gen_before and gen_before.decode_tokens_per_second)} -> "
           f"{_rate(gen_after.decode_tokens_per_second)} "
-          f"(greedy, new tokens after the first: {new_before} -> {max(gen_after.new_tokens - 1, 0)})")
+          f"(greedy, the fp32 model unfused -> the quantized one{' fused' if fused_note.startswith('on') else ''}; "
+          f"new tokens after the first: {new_before} -> {max(gen_after.new_tokens - 1, 0)})")
     print(f"tokens/s          {_rate(gen_before and gen_before.new_tokens / gen_before.seconds)} -> "
           f"{gen_after.new_tokens / gen_after.seconds:.1f} "
           f"(greedy, {args.max_new_tokens} new tokens, end to end incl. the prompt)")

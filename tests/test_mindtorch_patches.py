@@ -22,7 +22,8 @@ from bitsandbytes_ms.nn import Params4bit  # noqa: E402
 
 NAMES = ["mindtorch-cpu-isfinite", "mindtorch-cpu-equal-bf16", "mindtorch-cpu-isclose-bf16",
          "mindtorch-cpu-randint-dtype", "mindtorch-view-dtype", "mindtorch-isreal-device",
-         "mindtorch-torch-function-chunk", "mindtorch-torch-function-split", "mindtorch-isin"]
+         "mindtorch-torch-function-chunk", "mindtorch-torch-function-split", "mindtorch-isin",
+         "mindtorch-vector-norm-dim-none", "mindtorch-linalg-vector-norm-dim-none"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -161,3 +162,37 @@ def test_chunk_split_dispatch_to_torch_function():
         assert not isinstance(torch.chunk(p, 2, dim=0)[0], Params4bit)
     with without("mindtorch-torch-function-split"):
         assert not isinstance(torch.split(p, 4, dim=0)[0], Params4bit)
+
+
+@pytest.mark.parametrize("p", [1.0, 2.0, 3.0])  # (other p: mindtorch has no CPU lp_norm_v2 at all)
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_vector_norm_over_all_elements(p, keepdim):
+    """dim=None: the norm of every element (numpy), through torch.norm, torch.linalg.vector_norm and
+    torch.linalg.norm's vector path; keepdim gives the input's rank of ones."""
+    x = np.random.RandomState(int(p * 10)).randn(3, 4, 5).astype(np.float32)
+    want = (np.abs(x.astype(np.float64)) ** p).sum() ** (1 / p)
+    for got in (torch.norm(torch.tensor(x), p, keepdim=keepdim),
+                torch.linalg.vector_norm(torch.tensor(x), p, keepdim=keepdim)):
+        assert tuple(got.shape) == ((1, 1, 1) if keepdim else ())
+        np.testing.assert_allclose(float(got.reshape(-1)[0]), want, rtol=2e-6)
+    np.testing.assert_allclose(float(torch.linalg.vector_norm(torch.tensor(x), 2.0, dim=1)[0, 0]),
+                               np.linalg.norm(x[0, :, 0]), rtol=2e-6)  # a given dim is left alone
+    with without("mindtorch-vector-norm-dim-none"), pytest.raises(TypeError, match="LpNorm"):
+        torch.norm(torch.tensor(x), p)
+
+
+def test_clip_grad_norm_scales_every_gradient():
+    """torch.nn.utils.clip_grad_norm_ (HF Trainer's max_grad_norm): the total 2-norm of all gradients, and each
+    gradient scaled by max_norm / (total + 1e-6) when the total is above max_norm."""
+    rng = np.random.RandomState(3)
+    gs = [rng.randn(3, 4).astype(np.float32) * 5, rng.randn(7).astype(np.float32) * 5]
+    ps = []
+    for g in gs:
+        p = torch.nn.Parameter(torch.tensor(np.zeros_like(g)))
+        p.grad = torch.tensor(g)
+        ps.append(p)
+    total = float(torch.nn.utils.clip_grad_norm_(ps, 1.0))
+    want = np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in gs))
+    np.testing.assert_allclose(total, want, rtol=2e-6)
+    for p, g in zip(ps, gs):
+        np.testing.assert_allclose(p.grad.asnumpy(), g * (1.0 / (want + 1e-6)), rtol=2e-5, atol=1e-7)

@@ -300,3 +300,38 @@ registry.register("transformers-bnb4bit-kept-layers-native", "transformers.quant
                   "Bnb4BitHfQuantizer._process_model_after_weight_loading", why=_WHY_KEPT)(_kept_layers_fast)
 registry.register("transformers-bnb8bit-kept-layers-native", "transformers.quantizers.quantizer_bnb_8bit",
                   "Bnb8BitHfQuantizer._process_model_after_weight_loading", why=_WHY_KEPT)(_kept_layers_fast)
+
+
+def _flat_norm(wrapped, input, p, dim, keepdim, dtype):
+    """``wrapped`` over all of ``input`` when ``dim`` is None: the tensor flattened, reduced over its one axis, the
+    result given ``input``'s rank of ones when ``keepdim``."""
+    if dim is not None or not hasattr(input, "reshape"):
+        return wrapped(input, p, dim, keepdim, dtype=dtype)
+    flat = input.reshape(-1)
+    r = wrapped(flat, p, 0, False, dtype=dtype)
+    return r.reshape((1,) * input.ndim) if keepdim else r
+
+
+def _norm_args(args, kwargs, p_name):
+    names = ("input", p_name, "dim", "keepdim")
+    vals = dict(zip(names, args))
+    vals.update({k: v for k, v in kwargs.items() if k in names})
+    return vals["input"], vals.get(p_name, 2), vals.get("dim"), vals.get("keepdim", False), kwargs.get("dtype")
+
+
+_NORM_WHY = ("mindtorch's vector norm hands dim=None on to MindSpore's LpNorm, which takes only an int or tuple axis "
+             "on the CPU (`TypeError: For 'LpNorm', the type of 'axis' should be one of ...`), so "
+             "torch.nn.utils.clip_grad_norm_ -- and with it HF Trainer's default max_grad_norm=1.0 -- fails. dim=None "
+             "means the norm of all elements, as in PyTorch: the tensor is flattened and reduced over its one axis.")
+
+
+@registry.register("mindtorch-vector-norm-dim-none", "mindtorch.ops.reduction", "vector_norm", why=_NORM_WHY)
+def _vector_norm_dim_none(wrapped, instance, args, kwargs):
+    inp, p, dim, keepdim, dtype = _norm_args(args, kwargs, "p")
+    return _flat_norm(wrapped, inp, p, dim, keepdim, dtype)
+
+
+@registry.register("mindtorch-linalg-vector-norm-dim-none", "mindtorch.linalg", "vector_norm", why=_NORM_WHY)
+def _linalg_vector_norm_dim_none(wrapped, instance, args, kwargs):
+    inp, p, dim, keepdim, dtype = _norm_args(args, kwargs, "ord")
+    return _flat_norm(wrapped, inp, p, dim, keepdim, dtype)
