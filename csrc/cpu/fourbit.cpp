@@ -1317,10 +1317,34 @@ void gemv_bf16_rows_portable(const float *code, const uint8_t *q, const float *a
   }
 }
 
+// The scale of block b for the one-row kernel: the fp32 absmax array (from block `off` on), or the double-quant
+// codes decoded where they are read (code2[q[b]] * absmax2[b / bs2] + offset: an fp32 multiply, then an add, as
+// nested_absmax's; decoding runs of them ahead into a buffer cost the kernel 9-16% on the EPYC measured).
+struct ScaleF32 {
+  const float *am;
+  int64_t off;
+  BNB_MS_INLINE float at(int64_t b) const { return am[b - off]; }
+};
+struct ScaleNested {
+  const uint8_t *q;
+  const float *code2, *absmax2;
+  float offset;
+  int64_t bs2;
+  int sh2;  // log2(bs2) when bs2 is a power of two, else -1
+  explicit ScaleNested(const Absmax4 &a)
+      : q(a.q), code2(a.code2), absmax2(a.absmax2), offset(a.offset), bs2(a.bs2),
+        sh2((a.bs2 & (a.bs2 - 1)) == 0 ? __builtin_ctzll((unsigned long long)a.bs2) : -1) {}
+  BNB_MS_INLINE float at(int64_t b) const {
+    const float s = code2[q[b]] * absmax2[sh2 >= 0 ? b >> sh2 : b / bs2];
+    return s + offset;
+  }
+};
+
 // xs: x in the kernel's order, per unit the words of E, O of half 0, then of half 1 (32 each).
-BNB_MS_TARGET_AVX512BF16 void gemv_bf16_rows_avx512(const float *code, const uint8_t *q, const float *am,
-                                                     int64_t blk_off, const uint16_t *xs, int64_t K, int64_t bs,
-                                                     int64_t n0, int64_t n1, float *r) {
+template <class Scale>
+BNB_MS_TARGET_AVX512BF16 void gemv_bf16_rows_avx512(const float *code, const uint8_t *q, const Scale &scale,
+                                                     const uint16_t *xs, int64_t K, int64_t bs, int64_t n0, int64_t n1,
+                                                     float *r) {
   alignas(64) uint16_t tab[32];  // bf16(code[i & 15]): vpermw's 5-bit index
   for (int i = 0; i < 32; ++i) tab[i] = to_bf16_flushed(code[i % kCode4]);
   const __m512i t = _mm512_load_si512(tab);
@@ -1328,7 +1352,7 @@ BNB_MS_TARGET_AVX512BF16 void gemv_bf16_rows_avx512(const float *code, const uin
   for (int64_t n = n0; n < n1; ++n) {
     const int64_t r0 = n * K;
     const uint8_t *qr = q + r0 / 2;
-    const float *ar = am + ((r0 >> sh) - blk_off);  // the row's first block (K is a multiple of bs)
+    const int64_t b0 = r0 >> sh;  // the row's first block (K is a multiple of bs)
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     for (int64_t u = 0; u < K; u += kUnit1, qr += kUnit1 / 2) {
       const __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)qr));
@@ -1340,8 +1364,8 @@ BNB_MS_TARGET_AVX512BF16 void gemv_bf16_rows_avx512(const float *code, const uin
                                    (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), t), bh(xu + 64));
       s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_permutexvar_epi16(a, t), bh(xu + 32));
       s2 = _mm512_dpbf16_ps(s2, (__m512bh)_mm512_permutexvar_epi16(b, t), bh(xu + 96));
-      acc0 = _mm512_fmadd_ps(s, _mm512_set1_ps(ar[u >> sh]), acc0);
-      acc1 = _mm512_fmadd_ps(s2, _mm512_set1_ps(ar[(u + 64) >> sh]), acc1);
+      acc0 = _mm512_fmadd_ps(s, _mm512_set1_ps(scale.at(b0 + (u >> sh))), acc0);
+      acc1 = _mm512_fmadd_ps(s2, _mm512_set1_ps(scale.at(b0 + ((u + 64) >> sh))), acc1);
     }
     r[n - n0] = reduce16_avx512(_mm512_add_ps(acc0, acc1));
   }
@@ -1359,12 +1383,25 @@ void gemv4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, cons
         for (int w = 0; w < 32; ++w) xs[u + 32 * R + w] = xb[u + unit_elem(R, w)];
   }
   const uint16_t *xsp = xs.data();
+  auto finish = [&](int64_t n0, int64_t n1, const float *res) {
+    for (int64_t n = n0; n < n1; ++n) out[n] = with_bias(from_f32<T>(res[n - n0]), bias, n);
+  };
+  if (native && amx.nested()) {  // double quant: its codes decoded inside the kernel
+    const ScaleNested sc(amx);
+    gemv4_parallel_rows(N, K, [&](int64_t n0, int64_t n1) {
+      static thread_local std::vector<float> res;
+      res.resize((size_t)(n1 - n0));
+      gemv_bf16_rows_avx512(code, q, sc, xsp, K, bs, n0, n1, res.data());
+      finish(n0, n1, res.data());
+    });
+    return;
+  }
   gemv4_parallel_rows(N, K, absmax_runs(amx, K, bs, 1, [&](int64_t n0, int64_t n1, const float *am, int64_t off) {
     static thread_local std::vector<float> res;
     res.resize((size_t)(n1 - n0));
-    if (native) gemv_bf16_rows_avx512(code, q, am, off, xsp, K, bs, n0, n1, res.data());
+    if (native) gemv_bf16_rows_avx512(code, q, ScaleF32{am, off}, xsp, K, bs, n0, n1, res.data());
     else gemv_bf16_rows_portable(code, q, am, off, xb, K, bs, n0, n1, res.data());
-    for (int64_t n = n0; n < n1; ++n) out[n] = with_bias(from_f32<T>(res[n - n0]), bias, n);
+    finish(n0, n1, res.data());
   }));
 }
 
