@@ -196,3 +196,16 @@ def test_clip_grad_norm_scales_every_gradient():
     np.testing.assert_allclose(total, want, rtol=2e-6)
     for p, g in zip(ps, gs):
         np.testing.assert_allclose(p.grad.asnumpy(), g * (1.0 / (want + 1e-6)), rtol=2e-5, atol=1e-7)
+
+
+def test_norm_keeps_the_callers_subnormals():
+    """MindSpore's LpNorm kernel turns flush-to-zero on in its thread; the patched norm restores the caller's
+    floating-point environment, so a subnormal product stays subnormal afterwards (numpy, and this library's
+    kernels, which run with the caller's MXCSR)."""
+    def product():
+        return float(np.array([1e-41], np.float32)[0] * np.float32(2.0))
+
+    assert product() > 0
+    torch.norm(torch.tensor(np.ones((3, 4), np.float32)), 2.0)
+    torch.linalg.vector_norm(torch.tensor(np.ones(5, np.float32)), 2.0, dim=0)
+    assert product() > 0

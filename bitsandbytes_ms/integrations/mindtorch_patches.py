@@ -302,13 +302,43 @@ registry.register("transformers-bnb8bit-kept-layers-native", "transformers.quant
                   "Bnb8BitHfQuantizer._process_model_after_weight_loading", why=_WHY_KEPT)(_kept_layers_fast)
 
 
+_LIBM = []
+
+
+def _keeping_fp_env(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with the calling thread's floating-point environment (MXCSR: FTZ/DAZ, rounding)
+    restored afterwards. MindSpore's CPU LpNorm kernel switches flush-to-zero / denormals-are-zero on in the
+    thread that runs it and leaves them on (measured: after one norm, numpy's 1e-41 * 2 gave 0), which would change
+    every later subnormal result of numpy and of this library's kernels (they run with the caller's MXCSR)."""
+    if not _LIBM:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _LIBM.append(ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6"))
+        except OSError:
+            _LIBM.append(None)
+    lib = _LIBM[0]
+    if lib is None:
+        return fn(*args, **kwargs)
+    import ctypes
+
+    env = ctypes.create_string_buffer(64)  # fenv_t is 32 bytes on x86-64 glibc
+    saved = lib.fegetenv(env) == 0
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        if saved:
+            lib.fesetenv(env)
+
+
 def _flat_norm(wrapped, input, p, dim, keepdim, dtype):
     """``wrapped`` over all of ``input`` when ``dim`` is None: the tensor flattened, reduced over its one axis, the
-    result given ``input``'s rank of ones when ``keepdim``."""
+    result given ``input``'s rank of ones when ``keepdim``; the caller's floating-point environment kept."""
     if dim is not None or not hasattr(input, "reshape"):
-        return wrapped(input, p, dim, keepdim, dtype=dtype)
+        return _keeping_fp_env(wrapped, input, p, dim, keepdim, dtype=dtype)
     flat = input.reshape(-1)
-    r = wrapped(flat, p, 0, False, dtype=dtype)
+    r = _keeping_fp_env(wrapped, flat, p, 0, False, dtype=dtype)
     return r.reshape((1,) * input.ndim) if keepdim else r
 
 
@@ -322,7 +352,9 @@ def _norm_args(args, kwargs, p_name):
 _NORM_WHY = ("mindtorch's vector norm hands dim=None on to MindSpore's LpNorm, which takes only an int or tuple axis "
              "on the CPU (`TypeError: For 'LpNorm', the type of 'axis' should be one of ...`), so "
              "torch.nn.utils.clip_grad_norm_ -- and with it HF Trainer's default max_grad_norm=1.0 -- fails. dim=None "
-             "means the norm of all elements, as in PyTorch: the tensor is flattened and reduced over its one axis.")
+             "means the norm of all elements, as in PyTorch: the tensor is flattened and reduced over its one axis. "
+             "The kernel also leaves flush-to-zero on in the calling thread: the floating-point environment is "
+             "restored after it.")
 
 
 @registry.register("mindtorch-vector-norm-dim-none", "mindtorch.ops.reduction", "vector_norm", why=_NORM_WHY)
