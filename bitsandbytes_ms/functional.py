@@ -1094,7 +1094,7 @@ def bf16_dot_one_row() -> bool:
     """Whether one activation row runs the one-row bf16 kernel by default where its shape applies (see
     :func:`bf16_gemv_applies`): "auto" on a CPU with AVX512-BF16, or the switch on. The fused decoder's decode
     step follows it for its 4-bit layers (its native side checks each weight's shape)."""
-    return (_bf16_dot_min_rows if _bf16_dot_min_rows is not None else _bf16_dot_rows()) <= BF16_DOT_AUTO_MIN_ROWS
+    return _bf16_dot_rows() <= BF16_DOT_AUTO_MIN_ROWS
 
 
 def bf16_gemv_applies(K: int, blocksize: int) -> bool:

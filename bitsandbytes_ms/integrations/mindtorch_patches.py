@@ -2,6 +2,10 @@
 torch API). Each is registered with :data:`bitsandbytes_ms.integrations.patches.registry`, applied by
 :func:`bitsandbytes_ms.register`, and has a test in tests/test_integration_patches.py."""
 
+import ctypes
+import ctypes.util
+import functools
+
 from . import distributed as _distributed  # noqa: F401  (registers the torch.distributed patches)
 from . import backward as _backward  # noqa: F401  (registers loss.backward(): mindtorch-tensor-backward)
 from .patches import registry
@@ -302,7 +306,13 @@ registry.register("transformers-bnb8bit-kept-layers-native", "transformers.quant
                   "Bnb8BitHfQuantizer._process_model_after_weight_loading", why=_WHY_KEPT)(_kept_layers_fast)
 
 
-_LIBM = []
+@functools.lru_cache(maxsize=None)
+def _libm():
+    """glibc's libm (fegetenv / fesetenv), or None where it cannot be loaded."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    except OSError:
+        return None
 
 
 def _keeping_fp_env(fn, *args, **kwargs):
@@ -310,19 +320,9 @@ def _keeping_fp_env(fn, *args, **kwargs):
     restored afterwards. MindSpore's CPU LpNorm kernel switches flush-to-zero / denormals-are-zero on in the
     thread that runs it and leaves them on (measured: after one norm, numpy's 1e-41 * 2 gave 0), which would change
     every later subnormal result of numpy and of this library's kernels (they run with the caller's MXCSR)."""
-    if not _LIBM:
-        import ctypes
-        import ctypes.util
-
-        try:
-            _LIBM.append(ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6"))
-        except OSError:
-            _LIBM.append(None)
-    lib = _LIBM[0]
+    lib = _libm()
     if lib is None:
         return fn(*args, **kwargs)
-    import ctypes
-
     env = ctypes.create_string_buffer(64)  # fenv_t is 32 bytes on x86-64 glibc
     saved = lib.fegetenv(env) == 0
     try:
