@@ -29,20 +29,11 @@ bnb.register()
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig  # noqa: E402
 
 from bitsandbytes_ms.integrations import fuse, is_fused  # noqa: E402
+from bitsandbytes_ms.integrations.evaluate import run_windows  # noqa: E402
 
 
 def perplexity(model, windows) -> float:
-    nll = count = 0.0
-    with torch.no_grad():
-        for w in windows:
-            lg = model(torch.tensor([w], dtype=torch.int64), use_cache=False).logits.float().asnumpy()[0]
-            lg = lg.astype(np.float64)
-            mx = lg.max(-1, keepdims=True)
-            lp = lg - mx - np.log(np.exp(lg - mx).sum(-1, keepdims=True))
-            t = np.asarray(w[1:])
-            nll -= lp[np.arange(len(t)), t].sum()
-            count += len(t)
-    return float(np.exp(nll / count))
+    return run_windows(model, [np.asarray(w) for w in windows], keep_logits=False).perplexity
 
 
 def main() -> int:
