@@ -23,7 +23,8 @@ from bitsandbytes_ms.nn import Params4bit  # noqa: E402
 NAMES = ["mindtorch-cpu-isfinite", "mindtorch-cpu-equal-bf16", "mindtorch-cpu-isclose-bf16",
          "mindtorch-cpu-randint-dtype", "mindtorch-view-dtype", "mindtorch-isreal-device",
          "mindtorch-torch-function-chunk", "mindtorch-torch-function-split", "mindtorch-isin",
-         "mindtorch-vector-norm-dim-none", "mindtorch-linalg-vector-norm-dim-none"]
+         "mindtorch-vector-norm-dim-none", "mindtorch-linalg-vector-norm-dim-none",
+         "mindtorch-meta-getitem-no-data", "mindtorch-meta-index-select-no-data"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -209,3 +210,41 @@ def test_norm_keeps_the_callers_subnormals():
     torch.norm(torch.tensor(np.ones((3, 4), np.float32)), 2.0)
     torch.linalg.vector_norm(torch.tensor(np.ones(5, np.float32)), 2.0, dim=0)
     assert product() > 0
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
+
+
+META_INDEXES = [3, -1, (slice(3, 7), slice(None, None, 2)), [1, 5, 7], (Ellipsis, 1), (None, slice(2, None)),
+                (-1, slice(-3, None))]
+
+
+@pytest.mark.parametrize("index", META_INDEXES, ids=[str(i) for i in range(len(META_INDEXES))])
+def test_meta_getitem_shape_as_numpy(index):
+    t = torch.empty(10, 20, device="meta")
+    r = t[index]
+    assert tuple(r.shape) == np.empty((10, 20))[index].shape and r.device.type == "meta" and r.dtype == t.dtype
+
+
+def test_meta_index_select_shape():
+    t = torch.empty(10, 20, device="meta", dtype=torch.float16)
+    r = torch.index_select(t, 1, torch.tensor([1, 2, 2], device="meta"))
+    assert tuple(r.shape) == (10, 3) and r.device.type == "meta" and r.dtype == torch.float16
+
+
+def test_meta_embedding_with_padding_idx_allocates_nothing():
+    """transformers builds models on the meta device; nn.Embedding zeroes its padding row there. Unpatched, the
+    meta getitem allocated the whole table (kept on the meta tensor): 256 MiB here."""
+    def grow():
+        before = _rss_mib()
+        e = torch.nn.Embedding(65536, 1024, padding_idx=2, device="meta")
+        grown = _rss_mib() - before
+        assert e.weight.device.type == "meta" and tuple(e.weight.shape) == (65536, 1024)
+        del e
+        return grown
+
+    with without("mindtorch-meta-getitem-no-data"):
+        assert grow() > 200  # the bug this patch is for: the table's 256 MiB (if this fails, mindtorch fixed it)
+    assert grow() < 32

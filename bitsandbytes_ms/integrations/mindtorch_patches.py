@@ -367,3 +367,46 @@ def _vector_norm_dim_none(wrapped, instance, args, kwargs):
 def _linalg_vector_norm_dim_none(wrapped, instance, args, kwargs):
     inp, p, dim, keepdim, dtype = _norm_args(args, kwargs, "ord")
     return _flat_norm(wrapped, inp, p, dim, keepdim, dtype)
+
+
+# ---- meta tensors: shapes without data ----
+def _index_host(i):
+    """An index as numpy sees it: tensors (small index tensors) as arrays, tuples element by element."""
+    if isinstance(i, tuple):
+        return tuple(_index_host(j) for j in i)
+    return i.asnumpy() if hasattr(i, "asnumpy") else i
+
+
+def _meta_like(wrapped, shape, dtype):
+    import mindtorch
+
+    meta = wrapped.__globals__
+    return mindtorch.Tensor(meta["Tensor_"](shape=tuple(shape), dtype=dtype))
+
+
+_META_WHY = ("mindtorch's meta-device getitem and index_select compute their result's shape by calling asnumpy() on "
+             "the meta tensor, which allocates the whole tensor's data and keeps it on that tensor: transformers "
+             "builds models on the meta device, and nn.Embedding(padding_idx=...) zeroes its padding row there "
+             "(weight[padding_idx]), so loading any model with a pad token held a full-precision copy of its "
+             "embedding until the load ended (SmolLM2-135M: +108 MiB of peak RSS; a 4096 x 49152 embedding: "
+             "+768 MiB). The shape is taken from a zero-stride view of the meta tensor's shape instead.")
+
+
+@registry.register("mindtorch-meta-getitem-no-data", "mindtorch._apis.meta", "getitem", why=_META_WHY)
+def _meta_getitem(wrapped, instance, args, kwargs):
+    import numpy as np
+
+    inp, index = args[0], args[1] if len(args) > 1 else kwargs["slice"]
+    probe = np.broadcast_to(np.zeros((), np.uint8), tuple(inp.shape))  # no memory: every stride 0
+    return _meta_like(wrapped, probe[_index_host(index)].shape, inp.dtype)
+
+
+@registry.register("mindtorch-meta-index-select-no-data", "mindtorch._apis.meta", "index_select", why=_META_WHY)
+def _meta_index_select(wrapped, instance, args, kwargs):
+    import numpy as np
+
+    names = ("input", "dim", "index")
+    vals = dict(zip(names, args), **kwargs)
+    inp, dim, index = vals["input"], vals["dim"], vals["index"]
+    probe = np.broadcast_to(np.zeros((), np.uint8), tuple(inp.shape))
+    return _meta_like(wrapped, np.take(probe, _index_host(index), int(dim)).shape, inp.dtype)
