@@ -39,7 +39,7 @@ checkpoint in 4 safetensors shards and Q4_0 / Q8_0 GGUFs written from it, ~25 GB
 Measurements, per configuration: decode tok/s (greedy ``generate`` of ``--new-tokens`` tokens after a warm-up
 generation, ``min_new_tokens`` so EOS never ends it early, timed by a streamer: tokens 2..N over the time from the
 first to the last new token); prefill tok/s (``generate(max_new_tokens=1)`` on a ``--prompt-tokens`` prompt, i.e.
-time to first token, after the perplexity windows have warmed the model up; best of ``--prefill-reps``); peak RSS; weight memory (parameters +
+time to first token, after the decode runs have warmed the model up; best of ``--prefill-reps``); peak RSS; weight memory (parameters +
 buffers at their stored size plus quantization scales); perplexity on the embedded held-out text
 (``bitsandbytes_ms/default_model/heldout.txt``), the same token windows for every system. The rounds alternate
 between systems mode by mode. Every ratio in the report is between numbers of the same run.
@@ -102,11 +102,45 @@ def _proc_status_kib(key: str) -> int:
 def _rss_fields(res: dict) -> dict:
     # VmHWM: this process image's peak RSS. (ru_maxrss would do, but Linux carries it over from the parent
     # across fork+exec, so a worker started by a big parent would report at least the parent's RSS.)
-    hwm = _proc_status_kib("VmHWM")
-    res["peak_rss_mib"] = (hwm or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
+    # The phases (_phase_peak) reset VmHWM, so the whole run's peak is the largest phase's.
+    hwm = _proc_status_kib("VmHWM") / 1024
+    phases = [v for k, v in res.items() if k.startswith("peak_") and k.endswith("_phase_mib")]
+    res["peak_rss_mib"] = max([hwm] + phases) if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     res["ru_maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     res["rss_end_mib"] = _proc_status_kib("VmRSS") / 1024
     return res
+
+
+def _baseline(res: dict) -> None:
+    """The runtime's own RSS: this worker once its imports are done, before any model (issue 32's baseline)."""
+    res["baseline_rss_mib"] = _proc_status_kib("VmRSS") / 1024
+
+
+def _phase_peak(res: dict, phase: str) -> None:
+    """Records the peak RSS since the last phase as ``peak_<phase>_phase_mib`` and starts the next phase's
+    (writing 5 to /proc/self/clear_refs resets VmHWM to the current RSS; where that is refused the peaks
+    are cumulative)."""
+    res[f"peak_{phase}_phase_mib"] = _proc_status_kib("VmHWM") / 1024
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _nll_sum(logits, tgt) -> float:
+    """Next-token NLL of ``tgt`` under ``logits`` [T, V] (float64 log-softmax), 16 rows at a time so that the
+    evaluation's own temporaries stay small beside the model's peak RSS."""
+    import numpy as np
+
+    total = 0.0
+    for r0 in range(0, len(tgt), 16):
+        lg = logits[r0:min(r0 + 16, len(tgt))].astype(np.float64)
+        m = lg.max(-1, keepdims=True)
+        lse = np.log(np.exp(lg - m).sum(-1)) + m[:, 0]
+        t = tgt[r0:r0 + 16]
+        total += float((lse - lg[np.arange(len(t)), t]).sum())
+    return total
 
 
 class _TimingStreamer:
@@ -175,6 +209,7 @@ def worker_torch(spec: dict) -> dict:
         res["kernel_path"] = cextension.simd_level()
         if cextension.BNB_BACKEND == "CPU":
             res["int8_gemm_path"] = f"{cextension.int8_gemm_path()} ({cextension.int8_gemm_path(1)} below 8 rows)"
+        _baseline(res)
         if system != "ours":  # transformers' own path, the tutorial's config: quantized while loading, no fuse()
             return _hf_path(spec, res, t0)
         t1 = time.perf_counter()
@@ -218,6 +253,7 @@ def worker_torch(spec: dict) -> dict:
         transformers.logging.set_verbosity_error()
         import bitsandbytes as bnb
 
+        _baseline(res)
         res["versions"] = {"bitsandbytes": bnb.__version__, "torch": torch.__version__,
                            "transformers": transformers.__version__}
         cfg = None
@@ -286,6 +322,7 @@ def _measure(spec: dict, res: dict, model, to_np, t0: float) -> dict:
     if head is None or head.weight is not emb:  # an untied embedding: decode reads one row of it per token
         res["embed_bytes"] = int(emb.numel()) * emb.element_size()
     pad = spec["pad_token_id"]
+    _phase_peak(res, "load")
     with torch.no_grad():
         # decode: warm-up generation, then the timed one
         ids = torch.tensor([spec["decode_ids"]], dtype=torch.int64)
@@ -302,18 +339,9 @@ def _measure(spec: dict, res: dict, model, to_np, t0: float) -> dict:
         res["decode_ttft_s"] = tt[0] - t_start if tt else None
         res["generate_s"] = t_end - t_start
         res["generated_ids"] = new_ids
-        # perplexity on the held-out windows
-        nll, cnt = 0.0, 0
-        for w in spec["ppl_windows"]:
-            logits = to_np(model(torch.tensor([w], dtype=torch.int64), use_cache=False).logits)[0].astype(np.float64)
-            m = logits.max(-1, keepdims=True)
-            logp = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
-            tgt = np.asarray(w[1:])
-            nll += float(-logp[np.arange(len(tgt)), tgt].sum())
-            cnt += len(tgt)
-        res["ppl"] = float(np.exp(nll / max(cnt, 1)))
-        res["ppl_tokens"] = cnt
-        # prefill: time to first token on the long prompt, best of `prefill_reps`
+        _phase_peak(res, "decode")
+        # prefill: time to first token on the long prompt, best of `prefill_reps` (before the perplexity windows,
+        # whose full-logits forwards leave memory behind that would count in this phase's peak)
         pids = torch.tensor([spec["prompt_ids"]], dtype=torch.int64)
         times = []
         for _ in range(spec["prefill_reps"]):
@@ -322,8 +350,52 @@ def _measure(spec: dict, res: dict, model, to_np, t0: float) -> dict:
             times.append(time.perf_counter() - t)
         res["prefill_times_s"] = times
         res["prefill_tok_s"] = len(spec["prompt_ids"]) / min(times)
+        _phase_peak(res, "prefill")
+        # perplexity on the held-out windows
+        nll, cnt = 0.0, 0
+        for w in spec["ppl_windows"]:
+            logits = to_np(model(torch.tensor([w], dtype=torch.int64), use_cache=False).logits)[0]
+            tgt = np.asarray(w[1:])
+            nll += _nll_sum(logits, tgt)
+            cnt += len(tgt)
+            del logits
+        _phase_peak(res, "ppl")
+        res["ppl"] = float(np.exp(nll / max(cnt, 1)))
+        res["ppl_tokens"] = cnt
+    res["kv_bytes"] = _kv_bytes(model.config, max(len(spec["prompt_ids"]) + 1,
+                                                   len(spec["decode_ids"]) + spec["new_tokens"]))
     res["total_s"] = time.perf_counter() - t0
     return _rss_fields(res)
+
+
+def _memory_lines(rows) -> list:
+    """Issue 32's memory bar per row: peak RSS minus the runtime's baseline (the worker's RSS once imported, before
+    any model) against weights + KV cache; the peak over load, decode and prefill, with the perplexity windows'
+    phase (256-token forwards returning every position's logits) given apart."""
+    out = []
+    for r in rows:
+        if "error" in r or not r.get("baseline_rss_mib"):
+            continue
+        base, w, kv = r["baseline_rss_mib"], r["weight_bytes"] / 2**20, r.get("kv_bytes", 0) / 2**20
+        phases = {k[5:-10]: v for k, v in r.items() if k.startswith("peak_") and k.endswith("_phase_mib")}
+        run = max([v for k, v in phases.items() if k != "ppl"] or [r["peak_rss_mib"]])
+        ratio = (run - base - kv) / w if w else float("nan")
+        detail = ", ".join(f"{k} {v - base:.0f}" for k, v in phases.items())
+        out.append(f"- {r['system']} {r['mode']}: peak RSS - baseline = {run:.0f} - {base:.0f} = {run - base:.0f} MiB; "
+                   f"weights {w:.1f} MiB + KV {kv:.1f} MiB: (peak - baseline - KV) / weights = **{ratio:.2f}** "
+                   f"(bar <= 1.5){'; by phase, over the baseline: ' + detail if detail else ''}")
+    if out:
+        out = ["", "Memory (issue 32's bar: peak RSS minus the runtime baseline <= 1.5x weights + KV cache; peak over "
+               "load, decode and prefill; MiB):", ""] + out
+    return out
+
+
+def _kv_bytes(cfg, tokens: int) -> int:
+    """fp32 K and V of every layer for ``tokens`` positions (the fused decoder's cache; batch 1)."""
+    heads = getattr(cfg, "num_attention_heads", 1)
+    kvh = getattr(cfg, "num_key_value_heads", None) or heads
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return 2 * cfg.num_hidden_layers * kvh * d * tokens * 4
 
 
 def worker_llamacpp(spec: dict) -> dict:
@@ -331,6 +403,7 @@ def worker_llamacpp(spec: dict) -> dict:
 
     res = {"system": "llamacpp", "mode": spec["mode"], "model": spec["model"],
            "versions": {"xllamacpp": getattr(xlc, "__version__", _dist_version("xllamacpp"))}}
+    _baseline(res)
     t0 = time.perf_counter()
     p = xlc.CommonParams()
     p.model.path = spec["gguf"]
@@ -1046,7 +1119,7 @@ def render(meta: dict, results: list) -> str:
                      if model == "llama7b" else "a Q4_1 GGUF written from the same weights (embeddings Q8_0).")]
         L += ["", f"Decode: greedy, {meta['new_tokens']} new tokens after a warm-up generation (tok/s over tokens 2..N); "
               f"prefill: time to first token on a {meta['prompt_tokens']}-token prompt from the held-out text "
-              f"(best of {meta.get('prefill_reps', 1)}, after the perplexity windows warmed the model up); perplexity on held-out windows (same token ids for ours and upstream; "
+              f"(best of {meta.get('prefill_reps', 1)}, after the decode runs warmed the model up); perplexity on held-out windows (same token ids for ours and upstream; "
               f"{info['heldout_tokens']} held-out tokens in all).", "",
               "| system | mode | layer | decode tok/s | prefill tok/s | perplexity | weight MiB | peak RSS MiB | "
               "RSS at end MiB | same tokens as upstream | load avg | wall s |",
@@ -1107,6 +1180,7 @@ def render(meta: dict, results: list) -> str:
                 gbs = per_tok * r["decode_tok_s"] / 1e9
                 L.append(f"- {r['system']} {r['mode']}: {per_tok / 2**30:.2f} GiB/token x {r['decode_tok_s']:.2f} tok/s "
                          f"= {gbs:.1f} GB/s, **{gbs / bw:.2f}** of the read bandwidth")
+        L += _memory_lines(rows)
         mem = []
         for mode in ("int8", "nf4", "fp4"):
             a, b = g("ours", mode, "weight_bytes"), g("ours", "fp32", "weight_bytes")
