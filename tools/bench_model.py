@@ -70,9 +70,11 @@ MODES = ["fp32", "int8", "int8-t0", "nf4", "fp4"]
 DEFAULT_MODES = ["fp32", "int8", "nf4", "fp4"]  # int8-t0 on request (--modes)
 MODELS = ["smollm2", "qwen2-0.5b", "llama7b"]
 DEFAULT_MODELS = ["smollm2"]  # qwen2-0.5b on request (--models smollm2,qwen2-0.5b): ~2x the run time
-SYSTEMS = ["ours", "hf-bf16", "hf-fp32", "upstream", "llamacpp"]
-#: this package: the CLI's path (load fp32, quant_8bit / quant_4bit, fuse) and transformers' (BitsAndBytesConfig)
-OURS = ("ours", "hf-bf16", "hf-fp32")
+SYSTEMS = ["ours", "ours-q8head", "hf-bf16", "hf-fp32", "upstream", "llamacpp"]
+#: this package: the CLI's path (load fp32, quant_8bit / quant_4bit, fuse), the same with the output layer in int8
+#: (ours-q8head: llama.cpp's files keep it in Q8_0), and transformers' (BitsAndBytesConfig)
+OURS = ("ours", "ours-q8head", "hf-bf16", "hf-fp32")
+CLI_SYSTEMS = ("ours", "ours-q8head")
 QWEN05_CFG = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                   intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
                   rms_norm_eps=1e-6, tie_word_embeddings=True)
@@ -210,7 +212,7 @@ def worker_torch(spec: dict) -> dict:
         if cextension.BNB_BACKEND == "CPU":
             res["int8_gemm_path"] = f"{cextension.int8_gemm_path()} ({cextension.int8_gemm_path(1)} below 8 rows)"
         _baseline(res)
-        if system != "ours":  # transformers' own path, the tutorial's config: quantized while loading, no fuse()
+        if system not in CLI_SYSTEMS:  # transformers' own path, the tutorial's config: quantized while loading, no fuse()
             return _hf_path(spec, res, t0)
         t1 = time.perf_counter()
         if mode == "fp32" or spec.get("fp32_load"):
@@ -229,6 +231,9 @@ def worker_torch(spec: dict) -> dict:
                                      threshold=0.0 if mode == "int8-t0" else 6.0, compute_dtype="fp32")
             model, _ = loading.load_quantized(spec["model_dir"], cfg, loading.checkpoint_dtype(spec["model_dir"]))
             res["load_s"] = time.perf_counter() - t0  # includes quantization (done at load)
+        if system == "ours-q8head" and mode != "fp32":  # as `bnb-ms quantize --quantize-lm-head`, but int8 (row
+            # absmax, threshold 0) in every mode: the bits of llama.cpp's Q8_0 output layer
+            quant_8bit(model, threshold=0.0, modules_to_not_convert=[], progress=False)
         res["fused"] = False
         if mode != "fp32" and spec.get("fuse", True):  # as `bnb-ms quantize` does by default
             import warnings
@@ -1016,7 +1021,7 @@ def main(argv=None) -> int:
         # alternate: for each mode, ours then upstream; llama.cpp's GGUF types interleaved between the modes
         ll_types = list(ggufs)
         for i, mode in enumerate(modes):
-            for system in ("ours", "hf-bf16", "hf-fp32", "upstream"):
+            for system in ("ours", "ours-q8head", "hf-bf16", "hf-fp32", "upstream"):
                 if system not in systems:
                     continue
                 log(f"{model} {system} {mode} (load {loadavg()})")
