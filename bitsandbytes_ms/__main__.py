@@ -188,10 +188,16 @@ def quantize_job(args) -> int:
         except UnicodeDecodeError as e:
             raise CliError(f"--eval-file {args.eval_file}: not UTF-8 text (byte {e.start}: {e.reason}); pass a "
                            f"UTF-8 text file") from e
+    if args.save is not None and not args.save.strip():  # "" was falsy: the job ran and saved nothing, exit 0
+        raise CliError("--save: empty path; pass the directory to write the checkpoint to")
     if args.save:
         save_dir = Path(args.save)
         if save_dir.exists() and not save_dir.is_dir():
             raise CliError(f"--save {save_dir}: exists and is not a directory")
+        if save_dir.is_dir() and any(save_dir.iterdir()) and not (save_dir / "config.json").exists():
+            # the save swaps a new directory in: the files already there (not a checkpoint) would be deleted
+            raise CliError(f"--save {save_dir}: a non-empty directory that holds no checkpoint (no config.json); its "
+                           f"files would be replaced: pick a new or empty directory")
         if save_dir.resolve() == model_dir.resolve() and gguf_file is None:
             raise CliError(f"--save {save_dir}: is the --model directory; pick another directory")
         _check_writable(save_dir)

@@ -1,5 +1,6 @@
 """What every format module and backend shares, below them all: blocksizes and row limits, the 4-bit codes, the
-byte views of packed 4-bit tensors and the dtype sizes (issue 35's ``formats/_common``).
+byte views of packed 4-bit tensors, the dtype sizes and the argument checks on tensors, dtypes and blocksizes
+(issue 35's ``formats/_common``).
 
 It imports nothing from this package but :mod:`bitsandbytes_ms.utils` and :mod:`bitsandbytes_ms._device_tag`,
 so :mod:`bitsandbytes_ms.functional` (which re-exports these names under upstream's spelling),
@@ -7,14 +8,15 @@ so :mod:`bitsandbytes_ms.functional` (which re-exports these names under upstrea
 
 from __future__ import annotations
 
-from typing import Dict
+import math
+from typing import Dict, Sequence
 
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
 from ._device_tag import tag as _tag
-from .utils import ITEMSIZES as _ITEMSIZE, NP_DTYPES as _NP_DTYPE
+from .utils import ITEMSIZES as _ITEMSIZE, NP_DTYPES as _NP_DTYPE, dtype_name
 
 #: Blocksizes accepted by blockwise 8-bit quantization: powers of two from 32 to 16384 (upstream's
 #: CUDA kernels take 64..4096; its CPU kernel any size, and its CPU tests use 16384).
@@ -128,3 +130,49 @@ def as_uint8(A: Tensor) -> Tensor:
         return ms.ops.reshape(A, (-1,))
     raw = A.asnumpy().view(np.uint8)  # bf16 bits as stored (not via float32: NaN patterns would change)
     return Tensor(np.ascontiguousarray(raw).reshape(-1))
+
+
+# ---- argument checks on shapes and dtypes (functional re-exports them; the format modules call them) ----
+FLOAT_DTYPES = (ms.float32, ms.float16, ms.bfloat16)
+FLOAT_SET = frozenset(FLOAT_DTYPES)  # a hash lookup: comparing MindSpore dtypes one by one costs ~1 us each
+
+
+def _fn_name(fn: str, arg: str) -> str:
+    return f"{fn}: `{arg}`"
+
+
+def _check_tensor(t, fn: str, arg: str) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{_fn_name(fn, arg)} must be a mindspore.Tensor, got {type(t).__name__}")
+
+
+def _check_dtype(t: Tensor, allowed: Sequence, fn: str, arg: str) -> None:
+    _check_tensor(t, fn, arg)
+    if t.dtype not in allowed:
+        names = ", ".join(dtype_name(d) for d in allowed)
+        raise ValueError(f"{_fn_name(fn, arg)} must have dtype {names}; got {dtype_name(t.dtype)}")
+
+
+def _check_blocksize(blocksize, allowed: Sequence[int], fn: str) -> int:
+    if isinstance(blocksize, bool) or not isinstance(blocksize, (int, np.integer)):
+        raise TypeError(f"{_fn_name(fn, 'blocksize')} must be an int, got {type(blocksize).__name__}")
+    if int(blocksize) not in allowed:
+        raise ValueError(f"{_fn_name(fn, 'blocksize')} must be one of {tuple(allowed)}; got {blocksize}")
+    return int(blocksize)
+
+
+def _contiguous(t: Tensor) -> Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _numel(t: Tensor) -> int:
+    return int(math.prod(t.shape))
+
+
+def _empty_np(shape, dtype) -> Tensor:
+    """A zero-filled tensor (used for zero-size results, where there is nothing to compute)."""
+    if dtype == ms.bfloat16:
+        t = Tensor(np.zeros(tuple(shape), dtype=np.float32)).astype(dtype)
+    else:
+        t = Tensor(np.zeros(tuple(shape), dtype=_NP_DTYPE[dtype]))
+    return _tag(t)

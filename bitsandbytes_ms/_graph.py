@@ -26,7 +26,8 @@ whose result has a fixed shape.
 
 Names: ``_C`` is :mod:`bitsandbytes_ms._formats_common` (the blocksizes, row limits and codes functional
 re-exports); ``ops`` is ``mindspore.ops``. This module does not import :mod:`bitsandbytes_ms.functional` (which
-imports it) except, inside two compile-time helpers, for the dynamic 8-bit map and the bf16-dot switch.
+imports it) except, inside one compile-time helper, for the dynamic 8-bit map; the bf16-dot switch it reads at compile
+time from :mod:`bitsandbytes_ms.formats.fourbit`.
 
 Everything here uses MindSpore's functional ``ops``, not Tensor methods or operators: the 4-bit dequantize and
 backward also run in PyNative from a Cell's ``bprop``, on tensors without mindtorch's device tag, which
@@ -534,7 +535,7 @@ def _linear4_plan(shape, a_shape, a_dtype, bias_shape, bf16_dot, blocksize, fn):
     rows = int(math.prod(a_shape[:-1]))
     if rows == 0 or N == 0:
         raise NotImplementedError(f"{fn}: empty inputs are not supported under mindspore.jit / GRAPH_MODE")
-    from .functional import _use_bf16_dot  # at compile time: the switch is functional's (it imports this module)
+    from .formats.fourbit import _use_bf16_dot  # at compile time: the switch is the 4-bit format's
 
     dot = a_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows, fn, K, blocksize)
     from .backends.native import linear_4bit_name  # the op layer's native backend spells the C names

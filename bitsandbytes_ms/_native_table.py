@@ -13,7 +13,8 @@ part of the cache key of the ``ops.Custom`` object (one object per distinct valu
 ``bnb_args`` is upstream's positional argument order for the same symbol, so code written against
 bitsandbytes (``lib.cquantize_blockwise_fp32(get_ptr(code), get_ptr(A), get_ptr(absmax),
 get_ptr(out), ct.c_int32(blocksize), ct.c_int(n))``) runs unchanged: names that are not inputs or
-outputs of ours (such as ``n``) are accepted and ignored.
+outputs of ours (such as ``n``) are accepted; the sizes among them (``n``, ``m``/``k``, ``rows``/``cols``,
+``numRows``/``numCols``) must match the tensors' (``cextension._check_bnb_sizes``), the others are ignored.
 """
 
 from __future__ import annotations

@@ -318,6 +318,8 @@ class NativeFunction:
                 raise TypeError(f"lib.{op.name}: `{k}` must be a non-negative int (it sizes the outputs); got "
                                 f"{type(v).__name__} {v!r}")
         inputs = [values[n] for n in op.inputs]
+        if op.name.startswith("cgemm_4bit_inference_naive"):
+            _check_gemv_4bit_sizes(op.name, values)
         try:
             op.infer({n: _shape_of(getattr(a, "shape", None)) for n, a in zip(op.inputs, inputs)}, {}, static)
         except (IndexError, KeyError, TypeError, ValueError) as e:
@@ -341,7 +343,9 @@ class NativeFunction:
         op = self.op
         if op.bnb_args is None:
             raise TypeError(f"lib.{op.name} has no bitsandbytes-style signature")
+        args, kwargs = _drop_stream(op, args, kwargs)
         named = _bind(op.name, op.bnb_args, args, kwargs, "arguments")
+        _upstream_4bit_forms(op.name, named)
         for n in op.outputs:  # anything but a get_ptr handle would silently receive nothing
             if n in named and named[n] is not None and not isinstance(named[n], TensorPointer):
                 raise TypeError(f"lib.{op.name}: output `{n}` must be get_ptr(tensor) or None; got "
@@ -358,6 +362,7 @@ class NativeFunction:
             return a
 
         inputs = [value(n, named[n]) for n in op.inputs]
+        _check_bnb_sizes(op.name, named)
         self._check_out_buffers_before(named, inputs)
         results = self(*inputs)
         if not isinstance(results, (tuple, list)):
@@ -392,6 +397,92 @@ class NativeFunction:
             target = named.get(name)
             if isinstance(target, TensorPointer):
                 _check_out_buffer(op.name, name, target.tensor, _Expected(tuple(shape), dtype))
+
+
+def _bnb_sizes(name: str, named: Dict[str, Any]) -> Dict[str, int]:
+    """The size scalars of an upstream-style call (``n``, ``m``/``n``/``k``, ``rows``/``cols``,
+    ``numRows``/``numCols``) as the tensors behind its pointers give them."""
+    def t(k):
+        v = named.get(k)
+        return v.tensor if isinstance(v, TensorPointer) else None
+
+    def rows_cols(A):
+        cols = int(A.shape[-1]) if A.ndim else 1
+        return (math.prod(A.shape) // cols if cols else 0), cols
+
+    A, p = t("A"), t("p")
+    fourbit_dequant = name.startswith("cdequantize_blockwise") and name.endswith(("_nf4", "_fp4"))  # n: an input
+    if name.startswith(("cquantize_blockwise", "cdequantize_blockwise")) and A is not None and not fourbit_dequant:
+        return {"n": math.prod(A.shape)}
+    if {"rows", "cols"} <= named.keys() and A is not None:  # the int8 vector quantizer's (rows, cols)
+        return dict(zip(("rows", "cols"), rows_cols(A)))
+    if name.startswith("cdequant_mm_int32") and A is not None:
+        return dict(zip(("numRows", "numCols"), rows_cols(A)))
+    if name.startswith("cgemm_4bit_inference_naive") and A is not None:
+        return {"k": rows_cols(A)[1]}
+    if "_grad_" in name and p is not None:
+        return {"n": math.prod(p.shape)}
+    return {}
+
+
+def _check_gemv_4bit_sizes(name: str, values: Dict[str, Any]) -> None:
+    """The packed weight ``B`` holds ``n_out * K`` nibbles, K being ``A``'s last dimension: the kernel reads B's rows
+    with stride K/2 bytes, so another K would pair A with the wrong weights without an error (issue 34)."""
+    A, B, n_out = values.get("A"), values.get("B"), values.get("n_out")
+    if not (isinstance(A, Tensor) and isinstance(B, Tensor)) or not A.ndim:
+        return
+    from .utils import ITEMSIZES
+    nbytes = math.prod(B.shape) * ITEMSIZES.get(B.dtype, 1)
+    want = int(n_out) * int(A.shape[-1])
+    if nbytes != (want + 1) // 2:  # two values a byte, an odd count padded
+        raise ValueError(f"lib.{name}: `B` must hold n_out * K = {int(n_out)} * {int(A.shape[-1])} 4-bit values "
+                         f"in {(want + 1) // 2} bytes (K: `A`'s last dimension); got {nbytes} bytes "
+                         f"({B.dtype} {tuple(B.shape)})")
+
+
+def _drop_stream(op, args, kwargs):
+    """Upstream passes its CUDA stream last to the (de)quantize and 4-bit GEMV entry points
+    (``lib.cdequantize_blockwise_fp32(..., ct.c_int(n), stream)``); a row without ``stream`` takes that call too
+    (the CPU library has no streams)."""
+    if op.bnb_args[-1] == "stream":
+        return args, kwargs
+    if len(args) == len(op.bnb_args) + 1 and not isinstance(args[-1], TensorPointer):  # a buffer is no stream
+        args = args[:-1]
+    if "stream" in kwargs:
+        kwargs = {k: v for k, v in kwargs.items() if k != "stream"}
+    return args, kwargs
+
+
+def _upstream_4bit_forms(name: str, named: Dict[str, Any]) -> None:
+    """Upstream's own calls of the 4-bit entry points: ``code`` None (the kernel knows its NF4/FP4 table), and
+    the GEMV as ``(m = output features, n = 1, k, ...)`` where this table reads ``(rows, n_out, k, ...)`` (the out
+    buffer's size tells which order the caller used)."""
+    if name.endswith(("_nf4", "_fp4")) and "code" in named and named["code"] is None:
+        from ._formats_common import get_4bit_type
+        named["code"] = get_ptr(get_4bit_type(name[-3:]))
+    if name.startswith("cgemm_4bit_inference_naive"):
+        A, out = named.get("A"), named.get("out")
+        if not (isinstance(A, TensorPointer) and isinstance(out, TensorPointer)) or not A.tensor.ndim:
+            return
+        val = lambda v: v.value if isinstance(v, ct._SimpleCData) else v  # noqa: E731
+        m, n_out = val(named.get("m")), val(named.get("n_out"))
+        rows = math.prod(A.tensor.shape[:-1])
+        have = math.prod(out.tensor.shape)
+        if isinstance(m, int) and isinstance(n_out, int) and have != rows * n_out and have == rows * m:
+            named["m"], named["n_out"] = n_out, m
+
+
+def _check_bnb_sizes(name: str, named: Dict[str, Any]) -> None:
+    """Upstream's kernels read and write as many elements as these scalars say; the kernels here take the sizes
+    from the tensors, so a scalar that disagrees with them would be silently ignored (upstream: reads or writes
+    past the buffers). Refused instead, naming it (issue 34)."""
+    for arg, want in _bnb_sizes(name, named).items():
+        if arg not in named:
+            continue
+        v = named[arg]
+        v = v.value if isinstance(v, ct._SimpleCData) else v
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) != want:
+            raise ValueError(f"lib.{name}: `{arg}` must be {want} (the size of the tensors passed); got {v!r}")
 
 
 #: What an input of a MindSpore-style call may be (the C ABI table's inputs are tensors or scalars).

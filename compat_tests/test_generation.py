@@ -16,13 +16,12 @@ from itertools import product
 import math  # noqa: F401  PORT: unused (upstream compares with str(math.pi))
 from pathlib import Path  # PORT: location of the embedded model
 
-import sys
-
 import pytest
 import torch
 
 import bitsandbytes_ms as bnb  # PORT: register() makes transformers' `import bitsandbytes` resolve to bitsandbytes_ms
 from bitsandbytes_ms import functional as F  # PORT: to check which 4-bit kernel each case ran (see test_pi)
+from bitsandbytes_ms.formats import fourbit  # PORT: the same, for the layer's door (see test_pi)
 from helpers import TRUE_FALSE, describe_dtype, id_formatter  # PORT: was `from tests.helpers import`
 
 transformers = pytest.importorskip("transformers")
@@ -213,32 +212,18 @@ def test_pi(model_and_tokenizer, reference_continuations, inference_kernel, DQ, 
 
     for name in calls:
         monkeypatch.setattr(F, name, counting(name))
-    # PORT: Linear4bit.forward's lean host calls (plan.fast: the same native call as F.linear_4bit, only the
-    # activation and output re-pointed; plan.fast_compute: the same for F.linear_4bit_compute) count as an
-    # F.linear_4bit call when the layer makes them directly
-    def counted_lean(name):
-        lean = getattr(F._Linear4bitPlan, name)
+    # PORT: Linear4bit.forward's one door to the 4-bit kernels (formats.fourbit.linear: the lean host call, the
+    # full F.linear_4bit call, or its fp32-input / 16-bit compute_dtype form, each one native call) counts as an
+    # F.linear_4bit call when it serves the forward (None: the layer's own path, counted above where it runs one)
+    door = fourbit.linear
 
-        def run(self, *args, **kwargs):
-            res = lean(self, *args, **kwargs)
-            if res is not None and sys._getframe(1).f_code.co_name == "forward":
-                calls["linear_4bit"] += 1
-            return res
-
-        return run
-
-    for name in ("fast", "fast_compute"):
-        monkeypatch.setattr(F._Linear4bitPlan, name, counted_lean(name))
-    # PORT: so does its fp32-input / 16-bit compute_dtype form (cast, layer and cast back in one native call)
-    compute = F.linear_4bit_compute
-
-    def counted_compute(*args, **kwargs):
-        res = compute(*args, **kwargs)
+    def counted_door(*args, **kwargs):
+        res = door(*args, **kwargs)
         if res is not None:
             calls["linear_4bit"] += 1
         return res
 
-    monkeypatch.setattr(F, "linear_4bit_compute", counted_compute)
+    monkeypatch.setattr(fourbit, "linear", counted_door)
 
     if not inference_kernel:
         text = texts  # PORT: was `text = [text] * n_cases`

@@ -201,3 +201,97 @@ def test_no_c_symbol_spelled_outside_backends():
                 if len(head) > 2 and head.startswith("c") and any(n.startswith(head) for n in names):
                     found.append((rel, node.lineno, head))
     assert found == []
+
+
+# ---- the 4-bit format's one door (formats/fourbit.py) ----
+from bitsandbytes_ms.formats import fourbit  # noqa: E402
+
+
+def _linear4bit_source_names():
+    """Every dotted name the Linear4bit class body reads (``_fourbit.linear``, ``_F.FLOAT_DTYPES``, ...)."""
+    tree = ast.parse((PKG / "nn" / "modules.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Linear4bit")
+    return {ast.unparse(n) for n in ast.walk(cls) if isinstance(n, ast.Attribute)}
+
+
+def test_linear4bit_calls_one_door_and_chooses_no_kernel():
+    names = _linear4bit_source_names()
+    assert "_fourbit.linear" in names
+    kernel_level = [n for n in names if n.split(".")[0] in ("_hostcall", "_graph", "_ops", "_native")
+                    or n in ("_F.linear_4bit", "_F.linear_4bit_compute") or "plan" in n or "_linear_plan" in n]
+    assert kernel_level == []
+
+
+def test_functional_names_are_the_format_modules():
+    assert F._Linear4bitPlan is fourbit.Linear4bitPlan
+    for name in ("linear_4bit_compute", "set_bf16_dot", "bf16_dot_enabled", "bf16_gemv_applies", "_plan_4bit",
+                 "_check_4bit_sizes", "_4bit_size_errors", "_use_bf16_dot"):
+        assert getattr(F, name) is getattr(fourbit, name), name
+    assert F.BF16_DOT_AUTO_MIN_ROWS == fourbit.BF16_DOT_AUTO_MIN_ROWS == 2
+
+
+def test_route_is_decided_by_the_dtypes():
+    f32, f16, b16 = ms.float32, ms.float16, ms.bfloat16
+    assert fourbit._route_of(f32, None, None) is fourbit._route_same
+    assert fourbit._route_of(b16, b16, b16) is fourbit._route_same
+    assert fourbit._route_of(f32, b16, b16) is fourbit._route_compute
+    assert fourbit._route_of(f32, f16, None) is fourbit._route_compute
+    assert fourbit._route_of(f32, b16, f32) is fourbit._route_none  # the layer casts its bias parameter first
+    assert fourbit._route_of(f16, f32, None) is fourbit._route_none  # the autograd form, as upstream
+    assert fourbit._route_of(ms.int32, None, None) is fourbit._route_none
+
+
+def _layer(compute_dtype, K=64, N=48, seed=0):
+    import mindtorch as torch
+    import bitsandbytes_ms.nn as bnn
+    rng = np.random.RandomState(seed)
+    layer = bnn.Linear4bit(K, N, compute_dtype=compute_dtype, quant_type="nf4")
+    layer.weight = bnn.Params4bit(torch.tensor((rng.randn(N, K) * 0.1).astype(np.float32)), requires_grad=False,
+                                  quant_type="nf4")
+    layer.bias = torch.nn.Parameter(torch.tensor(rng.randn(N).astype(np.float32)), requires_grad=False)
+    return layer.to("cpu").eval(), torch.tensor(rng.randn(3, K).astype(np.float32)) + 0.0
+
+
+@pytest.mark.parametrize("cdt, route", [(ms.float32, "_route_same"), (ms.bfloat16, "_route_compute")])
+def test_plan_records_the_route_once_and_the_door_keeps_the_bytes(monkeypatch, cdt, route):
+    import mindtorch as torch
+    layer, x = _layer(cdt)
+    asked = []
+    decide = fourbit._route_of
+    monkeypatch.setattr(fourbit, "_route_of", lambda *a: asked.append(a) or decide(*a))
+    with torch.no_grad():
+        outs = [layer(x).float().asnumpy() for _ in range(4)]
+    qs = layer.weight.quant_state
+    plan = qs.__dict__["_linear_plan"]
+    assert [(r[0], r[1], r[3].__name__) for r in plan.routes] == [(ms.float32, cdt, route)]
+    # asked on the first call (no plan yet: the bias is still fp32 for a bf16 compute dtype, then once more after
+    # the layer cast it), then once for the plan, and never again
+    assert len(asked) == (1 if cdt == ms.float32 else 2) + 1
+    if cdt == ms.float32:
+        want = F.linear_4bit(x, layer.weight, qs, layer.bias).asnumpy()
+    else:
+        assert layer.bias.dtype == ms.bfloat16  # upstream casts the bias parameter itself, once
+        want = F.linear_4bit_compute(x, layer.weight, qs, layer.bias, ms.bfloat16).asnumpy()
+    ref = F.dequantize_4bit(layer.weight, qs).asnumpy()
+    np.testing.assert_allclose(want, x.asnumpy() @ ref.T + layer.bias.float().asnumpy(), rtol=2e-2, atol=2e-2)
+    for out in outs:
+        np.testing.assert_array_equal(out, want)
+
+
+def test_door_leaves_long_inputs_and_gradients_to_the_layer():
+    import mindtorch as torch
+    layer, x = _layer(ms.float32)
+    qs = layer.weight.quant_state
+    with torch.no_grad():
+        layer(x)  # the plan and its lean record
+        long_x = torch.tensor(np.ones((F.LINEAR_4BIT_MAX_ROWS + 1, 64), np.float32))
+        assert fourbit.linear(long_x, layer.weight, qs, layer.bias, ms.float32) is None
+        assert fourbit.linear(x, layer.weight, qs, layer.bias, ms.float32) is not None
+    seen = []
+
+    def f(t):  # under ms.grad: a gradient is recorded, no host call may run
+        seen.append(fourbit.linear(t, layer.weight, qs, layer.bias, ms.float32))
+        return t.sum()
+
+    ms.grad(f)(ms.Tensor(x.asnumpy()))
+    assert seen == [None]

@@ -86,9 +86,14 @@ class LinearFP(_CudaGuard, torch.nn.Linear):
         if dt != w.dtype:  # torch: "mat1 and mat2 must have the same dtype"; MindSpore's dense: a C++ error
             raise RuntimeError(f"LinearFP: `input` must have the weight's dtype {_dtype_name(w.dtype)}; got "
                                f"{_dtype_name(dt)}")
+        b = self.bias
+        if b is not None and b.dtype != w.dtype:
+            # torch's linear refuses it ("self and mat2 must have the same dtype"), as does nn.Linear's own path here
+            # (MindSpore's Dense, with a C++ stack); only the no-grad fast path accepted it (issue 34)
+            raise RuntimeError(f"LinearFP: `bias` must have the weight's dtype {_dtype_name(w.dtype)}; got "
+                               f"{_dtype_name(b.dtype)}")
         if dt not in _FLOAT:
             return super().forward(x)
-        b = self.bias
         shape = x.shape
         if not len(shape) or len(w.shape) != 2 or shape[-1] != w.shape[1]:
             raise ValueError(f"LinearFP: `input` must have shape [..., {int(w.shape[-1])}] (the weight is "

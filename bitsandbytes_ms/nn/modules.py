@@ -19,7 +19,9 @@ from mindspore import ops as _msops
 from .. import _hostcall, _launch_blocking
 from .. import functional as _F
 from ..autograd import _functions as _autograd
+from ..formats import fourbit as _fourbit
 from .._ops import tag as _tag_device
+from ..utils import dtype_from_name as _dtype_from_name
 from ..optim import GlobalOptimManager as _GlobalOptimManager
 
 _logger = _logging.getLogger(__name__)
@@ -286,6 +288,27 @@ def _loaded_tensor_error(key: str, t, dtypes, numel: _Optional[int], shape=None,
     return None
 
 
+def _check_features(owner: str, **dims) -> None:
+    """torch's nn.Linear refuses a negative size ("Trying to create tensor with negative dimension"); mindtorch's
+    init failed in math with "math domain error" naming nothing (issue 34)."""
+    for arg, v in dims.items():
+        if isinstance(v, bool) or not isinstance(v, (int, _np.integer)) or v < 0:
+            raise RuntimeError(f"{owner}: `{arg}` must be a non-negative int; got {type(v).__name__} {v!r}")
+
+
+def _check_compute_dtype(compute_dtype):
+    """None or a float dtype (a name such as "float16" is resolved); anything else failed only at forward, with a
+    KeyError inside mindtorch's Tensor.to."""
+    if isinstance(compute_dtype, str):
+        try:
+            compute_dtype = _dtype_from_name(compute_dtype)
+        except ValueError:
+            pass  # refused below, naming the value
+    if compute_dtype is not None and compute_dtype not in (_ms.float32, _ms.float16, _ms.bfloat16):
+        raise TypeError(f"Linear4bit: `compute_dtype` must be None, float32, float16 or bfloat16; got {compute_dtype!r}")
+    return compute_dtype
+
+
 def _check_linear_input(layer, x) -> None:
     """What torch's ``linear`` requires of its input, checked before any kernel runs (torch raises
     RuntimeError for an integer or a 0-d input; without this an int64 input came back as truncated int64)."""
@@ -326,6 +349,8 @@ class Linear4bit(_CudaGuard, torch.nn.Linear):
 
     def __init__(self, input_features, output_features, bias=True, compute_dtype=None, compress_statistics=True,
                  quant_type="fp4", quant_storage=_ms.uint8, device=None):
+        _check_features(type(self).__name__, input_features=input_features, output_features=output_features)
+        compute_dtype = _check_compute_dtype(compute_dtype)
         super().__init__(input_features, output_features, bias, device)
         self.weight = Params4bit(self.weight.data, requires_grad=False, compress_statistics=compress_statistics,
                                  quant_type=quant_type, quant_storage=quant_storage, module=self)
@@ -413,49 +438,17 @@ class Linear4bit(_CudaGuard, torch.nn.Linear):
         _check_linear_input(self, x)
         w = self.weight
         qs = getattr(w, "quant_state", None)
-        if qs is not None and self.compute_type_is_set:
-            plan = qs.__dict__.get("_linear_plan")
-            if plan is not None and plan.matches(qs) and _hostcall.active() and isinstance(w, Params4bit):
-                # the lean forms of the fused calls below (their weight and bias seen before, nothing moved)
-                cdt, b = self.compute_dtype, self.bias
-                if x.dtype == (cdt or x.dtype) and (b is None or b.dtype == x.dtype):  # else: the bias is cast below
-                    res = plan.fast(x, w, b, _F.LINEAR_4BIT_MAX_ROWS)
-                    if res is not None:
-                        return res
-                elif (x.dtype == _ms.float32 and cdt in (_ms.bfloat16, _ms.float16)
-                      and (b is None or b.dtype == cdt)):  # (the full path below casts an fp32 bias once)
-                    res = plan.fast_compute(x, w, b, cdt, _F.LINEAR_4BIT_MAX_ROWS)
-                    if res is not None:
-                        return res
-        K = int(qs.shape[1]) if qs is not None and qs.shape is not None else int(self.in_features)
-        if x.shape[-1] != K:  # (x has a dimension: _check_linear_input)  # never matmul_4bit's deprecated [K, N] branch: the weight is [N, K]
-            raise ValueError(f"{type(self).__name__}: `x` must have last dimension {K} (in_features); got shape "
-                             f"{tuple(x.shape)}")
-        if not self.compute_type_is_set:
-            self.set_compute_type(x)
-            self.compute_type_is_set = True
-        b = self.bias
-        cdt = self.compute_dtype or x.dtype  # x's dtype in the matmul
-        if b is not None and b.dtype != cdt and cdt in _F.FLOAT_DTYPES:
-            b.data = _as_mindtorch(b.data.to(cdt))  # as upstream: the bias parameter itself is cast, once
-        if (qs is not None and self.compute_type_is_set and _hostcall.active() and isinstance(w, Params4bit)
-                and x.dtype == (self.compute_dtype or x.dtype)
-                and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
-            # inference, compute dtype = input dtype: one native call (kernel, bias and double-quant absmax fused)
-            return _F.linear_4bit(x, w, qs, self.bias)
-        if (qs is not None and self.compute_type_is_set and x.dtype == _ms.float32 and isinstance(w, Params4bit)
-                and self.compute_dtype in (_ms.bfloat16, _ms.float16) and _hostcall.active()):
-            plan = qs.__dict__.get("_linear_plan")
-            if plan is not None and plan.matches(qs):
-                # the lean form of linear_4bit_compute below (its weight and bias seen before, nothing moved)
-                res = plan.fast_compute(x, w, self.bias, self.compute_dtype, _F.LINEAR_4BIT_MAX_ROWS)
-                if res is not None:
-                    return res
-        if (qs is not None and self.compute_type_is_set and x.dtype == _ms.float32 and isinstance(w, Params4bit)
-                and self.compute_dtype in (_ms.bfloat16, _ms.float16)
-                and _math.prod(x.shape[:-1]) <= _F.LINEAR_4BIT_MAX_ROWS):
-            # inference, fp32 input with a 16-bit compute dtype: the cast, the layer and the cast back in one call
-            res = _F.linear_4bit_compute(x, w, qs, self.bias, self.compute_dtype)
+        if qs is not None and self.compute_type_is_set and isinstance(w, Params4bit):
+            res = _fourbit.linear(x, w, qs, self.bias, self.compute_dtype)  # the 4-bit format's one door
+            if res is not None:
+                return res
+        return self._forward_unserved(x, qs)
+
+    def _forward_unserved(self, x, qs):
+        """What the format's door left to the layer: its checks, the first call's compute dtype and bias cast (after
+        which the door is asked once more), quantizing a weight not yet quantized, and the autograd form."""
+        if self._prepare(x, qs) and qs is not None and isinstance(self.weight, Params4bit):
+            res = _fourbit.linear(x, self.weight, qs, self.bias, self.compute_dtype)
             if res is not None:
                 return res
         if not isinstance(self.weight, Params4bit) or getattr(self.weight, "quant_state", None) is None:
@@ -468,6 +461,24 @@ class Linear4bit(_CudaGuard, torch.nn.Linear):
             x = x.to(self.compute_dtype)
         out = _autograd.matmul_4bit(x, self.weight.t(), quant_state=self.weight.quant_state, bias=self.bias)
         return out.to(inp_dtype)
+
+    def _prepare(self, x, qs) -> bool:
+        """Checks x's width and sets what the first forward sets (the compute dtype, the bias in it); True when
+        something was set."""
+        K = int(qs.shape[1]) if qs is not None and qs.shape is not None else int(self.in_features)
+        if x.shape[-1] != K:  # (x has a dimension: _check_linear_input)  # never matmul_4bit's deprecated [K, N] branch: the weight is [N, K]
+            raise ValueError(f"{type(self).__name__}: `x` must have last dimension {K} (in_features); got shape "
+                             f"{tuple(x.shape)}")
+        changed = not self.compute_type_is_set
+        if changed:
+            self.set_compute_type(x)
+            self.compute_type_is_set = True
+        b = self.bias
+        cdt = self.compute_dtype or x.dtype  # x's dtype in the matmul
+        if b is not None and b.dtype != cdt and cdt in _F.FLOAT_DTYPES:
+            b.data = _as_mindtorch(b.data.to(cdt))  # as upstream: the bias parameter itself is cast, once
+            changed = True
+        return changed
 
 
 class LinearFP4(Linear4bit):
@@ -607,6 +618,7 @@ class Linear8bitLt(_CudaGuard, torch.nn.Linear):
 
     def __init__(self, input_features, output_features, bias=True, has_fp16_weights=True, threshold=0.0,
                  index=None, device=None):
+        _check_features(type(self).__name__, input_features=input_features, output_features=output_features)
         super().__init__(input_features, output_features, bias)
         self.state = _autograd.MatmulLtState()
         self.index = index

@@ -399,8 +399,11 @@ def _check_nonnegative(owner: str, **values) -> None:
     with the argument named; a value that is not a number is a TypeError naming it (not a failed comparison)."""
     for arg, v in values.items():
         try:
-            ok = 0.0 <= float(v)
+            # torch compares `0.0 <= lr`, a TypeError for a string: float("0.1") must not let one through
+            ok = 0.0 <= float(v) and not isinstance(v, (str, bytes))
         except (TypeError, ValueError):
+            ok = None
+        if ok is None or isinstance(v, (str, bytes)):
             raise TypeError(f"{owner}: `{arg}` must be a number; got {type(v).__name__} {v!r}") from None
         if not ok:
             raise ValueError(f"Invalid {_HYPER_WORDS[arg]}: {v} ({owner}: `{arg}` must be >= 0)")
