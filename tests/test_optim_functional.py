@@ -232,17 +232,22 @@ def test_8bit_state_block_of_subnormals_keeps_its_zeros(opt):
     assert np.all(np.abs(state[zeros]) < 0.01 * np.repeat(a1, 256)[zeros])  # was -absmax
 
 
-@pytest.mark.parametrize("code_kind", ["dynamic", "unsigned", "linear", "sparse"])
+@pytest.mark.parametrize("code_kind", ["dynamic", "unsigned", "linear", "sparse", "nudged"])
 def test_8bit_requantization_of_every_grid_bin(code_kind):
     """The optimizers' state requantization (on AVX-512 VBMI: the gather-free Grid256Vbmi of cpu/code256.h, whose
     bucket tables are built per code) at, just below and just above every grid bin's value, against the numpy
     reference: 8-bit Momentum's first step stores the gradient itself as its state (weight decay 0), in blocks of
-    256 whose absmax is exactly 1.  The codes give different bucket layouts: the dynamic map (3 levels, 4 dense
+    256 whose absmax is exactly 1.  The codes give different bucket layouts: the dynamic map (3 levels, 2 dense
     buckets), its unsigned form (6 and 2), the linear map (one change per bucket) and a code of few runs whose
-    changes jump by many codes (dense-bucket tables only)."""
+    changes jump by many codes (dense-bucket tables only).  The dynamic and linear maps' tables are point-symmetric
+    and are looked up folded onto the grid's upper half (the dynamic map with 116 exception bins at each end); the
+    nudged dynamic map (one entry moved) is not symmetric and takes the unfolded tables."""
     from tests.test_blockwise import grid_probe_code, grid_probe_values
 
-    code = grid_probe_code("dynamic" if code_kind == "unsigned" else code_kind, code_kind != "unsigned")
+    kind = {"unsigned": "dynamic", "nudged": "dynamic"}.get(code_kind, code_kind)
+    code = grid_probe_code(kind, code_kind != "unsigned").copy()
+    if code_kind == "nudged":
+        code[200] = np.float32((code[199] + code[201]) / 2 + 1e-3)
     vals = grid_probe_values()
     vals = np.concatenate([vals, np.zeros((-len(vals)) % 255, np.float32)]).reshape(-1, 255)
     g = np.concatenate([np.ones((len(vals), 1), np.float32), vals], axis=1).reshape(-1)

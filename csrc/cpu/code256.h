@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "cpu/cpu_features.h"
 
@@ -77,6 +78,8 @@ struct ByteTab256 {
   BNB_MS_TARGET_AVX512VBMI BNB_MS_INLINE __m512i at(__m512i x, __mmask64 upper) const {
     return _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(t[0], x, t[1]), _mm512_permutex2var_epi8(t[2], x, t[3]));
   }
+  // at(x, upper) when every x >= 128 (upper all ones): one vpermi2b
+  BNB_MS_TARGET_AVX512VBMI BNB_MS_INLINE __m512i at_hi(__m512i x) const { return _mm512_permutex2var_epi8(t[2], x, t[3]); }
 };
 
 // Grid256Vbmi: table[idx] of a 65536-entry grid table (cpu/quant_lut.h: idx -> code) for 64 indices without a
@@ -84,9 +87,11 @@ struct ByteTab256 {
 // base[h] plus one for each change at or below l: K levels of per-bucket positions (l >= pos_j[h]; a bucket with
 // fewer changes takes pos 0, always true, and a base one lower: byte arithmetic wraps).  Each of the D other
 // (dense) buckets (near idx 32768, where the dynamic code is dense) has a 256-entry table of code - base on l,
-// added where h matches.  K + D <= kMaxLevels (else ok = false), K chosen to minimize it (signed dynamic map: K 3,
-// D 4; unsigned: K 6, D 2).  All lookups are ByteTab256 (measured on the AVX-512 EPYC, Zen 4, one thread, values
-// in L1: 20M codes in 5-6 ms, 16-lane gathers from the 64 KiB table 14-17 ms).
+// added where h matches.  K + D <= kMaxLevels (else ok = false), K chosen to minimize it (signed dynamic map,
+// folded (below): K 3, D 2; unsigned: K 6, D 2).  All lookups are ByteTab256 (measured on the AVX-512 EPYC, Zen 4,
+// one thread, values in L1: 20M codes in 5-6 ms, 16-lane gathers from the 64 KiB table 14-17 ms).  Lookups by h
+// take one vpermi2b when every h of the 64 is >= 128 (values >= 0, or a folded table); vpermi2b is what the
+// requantization spends its time on (Adam8bit step, 20M parameters, one thread on that EPYC: 26 -> 23 ms).
 struct Grid256Vbmi {
   static constexpr int kMaxLevels = 8;
   bool ok = false;
@@ -94,8 +99,33 @@ struct Grid256Vbmi {
   ByteTab256 base, pos[kMaxLevels], sub[kMaxLevels];
   __m512i dh[kMaxLevels];
   __m512i sel_lo, sel_hi;
+  // Folding (fold): the table is point-symmetric about the grid's middle, table[i] = fc - table[65535 - i]
+  // + (i <= fe) for every i < 32768 (the signed dynamic map: fc 254, fe 115); then a lower-half index i
+  // (h < 128) is looked up as 65535 - i = ~i (h and l bytes complemented) in the upper half, and only the
+  // upper half's buckets are built: every bucket table takes one vpermi2b instead of two and a blend, and the
+  // dense buckets around the middle pair up (signed map: D 4 -> 2).
+  bool fold = false;
+  int fc = 0, fe = -1;
 
   BNB_MS_TARGET_AVX512VBMI bool init(const uint8_t *table) {
+    fold = false;
+    fc = table[32767] + table[32768];
+    int i = 32767;
+    for (; i >= 0 && table[i] + table[65535 - i] == fc; --i) {}
+    fe = i;
+    for (; i >= 0 && table[i] + table[65535 - i] == fc + 1; --i) {}
+    if (i >= 0) {  // not point-symmetric
+      fc = 0;
+      fe = -1;
+      return build(table);
+    }
+    fold = true;
+    std::vector<uint8_t> upper(table, table + 65536);
+    std::memset(upper.data(), 0, 32768);  // the lower half is never looked up
+    return build(upper.data());
+  }
+
+  BNB_MS_TARGET_AVX512VBMI bool build(const uint8_t *table) {
     int cnt[256];
     bool unit[256];  // every change in the bucket is +1
     for (int h = 0; h < 256; ++h) {
@@ -151,10 +181,31 @@ struct Grid256Vbmi {
   BNB_MS_TARGET_AVX512VBMI BNB_MS_INLINE __m512i codes(const __m512i i[4]) const {
     const __m512i w01 = _mm512_packus_epi32(i[0], i[1]), w23 = _mm512_packus_epi32(i[2], i[3]);
     const __m512i h = _mm512_permutex2var_epi8(w01, sel_hi, w23), l = _mm512_permutex2var_epi8(w01, sel_lo, w23);
-    const __mmask64 hu = _mm512_movepi8_mask(h), lu = _mm512_movepi8_mask(l);
+    const __mmask64 hu = _mm512_movepi8_mask(h);
+    if (fold) {
+      const __m512i ones = _mm512_set1_epi8(-1);
+      const __mmask64 lo = ~hu;  // lanes of the lower half: looked up at ~i, then fc - code (+ 1 for i <= fe)
+      const __mmask64 exc = fe < 0 ? 0
+                                   : _mm512_mask_cmplt_epu8_mask(lo, h, _mm512_set1_epi8((char)(fe >> 8))) |
+                                         (_mm512_mask_cmpeq_epi8_mask(lo, h, _mm512_set1_epi8((char)(fe >> 8))) &
+                                          _mm512_cmple_epu8_mask(l, _mm512_set1_epi8((char)(fe & 255))));
+      const __m512i h2 = _mm512_mask_blend_epi8(lo, h, _mm512_xor_si512(h, ones));
+      const __m512i l2 = _mm512_mask_blend_epi8(lo, l, _mm512_xor_si512(l, ones));
+      __m512i r = codes_hl<true>(h2, l2, ~(__mmask64)0);
+      r = _mm512_mask_sub_epi8(r, lo, _mm512_set1_epi8((char)fc), r);
+      return _mm512_mask_add_epi8(r, exc, r, _mm512_set1_epi8(1));
+    }
+    // every h >= 128 (the upper half of the grid: all values >= 0, as the unsigned map's states): one vpermi2b
+    // per bucket table instead of two and a blend (Adam8bit's second state; the same bytes)
+    return hu == ~(__mmask64)0 ? codes_hl<true>(h, l, hu) : codes_hl<false>(h, l, hu);
+  }
+  template <bool HI>
+  BNB_MS_TARGET_AVX512VBMI BNB_MS_INLINE __m512i codes_hl(__m512i h, __m512i l, __mmask64 hu) const {
+    const __mmask64 lu = _mm512_movepi8_mask(l);
     const __m512i one = _mm512_set1_epi8(1);
-    __m512i r = base.at(h, hu);
-    for (int j = 0; j < K; ++j) r = _mm512_mask_add_epi8(r, _mm512_cmpge_epu8_mask(l, pos[j].at(h, hu)), r, one);
+    __m512i r = HI ? base.at_hi(h) : base.at(h, hu);
+    for (int j = 0; j < K; ++j)
+      r = _mm512_mask_add_epi8(r, _mm512_cmpge_epu8_mask(l, HI ? pos[j].at_hi(h) : pos[j].at(h, hu)), r, one);
     for (int d = 0; d < D; ++d) r = _mm512_mask_add_epi8(r, _mm512_cmpeq_epi8_mask(h, dh[d]), r, sub[d].at(l, lu));
     return r;
   }
