@@ -15,6 +15,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
+from . import _reference
 from ._device_tag import tag as _tag
 from .utils import ITEMSIZES as _ITEMSIZE, NP_DTYPES as _NP_DTYPE, dtype_name
 
@@ -176,3 +177,71 @@ def _empty_np(shape, dtype) -> Tensor:
     else:
         t = Tensor(np.zeros(tuple(shape), dtype=_NP_DTYPE[dtype]))
     return _tag(t)
+
+
+# ---------------------------------------------------------------------------------------------
+# code maps (functional re-exports them; _graph reads the dynamic map at compile time, so they live here)
+# ---------------------------------------------------------------------------------------------
+name2qmap: Dict[str, Tensor] = {}
+
+
+def _check_code_range(values: np.ndarray, fn: str, arg: str, value, expected: str) -> np.ndarray:
+    """A code's entries must be finite and in [-1, 1] (quantize_blockwise maps x/absmax onto them): else a
+    ValueError naming the argument that produced them."""
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(values) | (np.abs(values) > 1)
+    if bad.any():
+        raise ValueError(f"{fn}: `{arg}` must be {expected}; got {value!r}, which gives entries outside [-1, 1] "
+                         f"or non-finite ones (e.g. {values[bad][0]})")
+    return values
+
+
+def _check_map_bits(fn: str, lo: int, hi: int, **bits) -> None:
+    """The code maps' bit counts: ints in [lo, hi] (a code has at most 256 entries), else an error naming them."""
+    for name, v in bits.items():
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{fn}: `{name}` must be an int; got {type(v).__name__} {v!r}")
+        if not lo <= v <= hi:
+            raise ValueError(f"{fn}: `{name}` must be in [{lo}, {hi}]; got {v}")
+
+
+def create_dynamic_map(signed: bool = True, max_exponent_bits: int = 7, total_bits: int = 8) -> Tensor:
+    """The dynamic (tree) quantization code (Dettmers, "8-Bit Approximations for Parallelism in Deep
+    Learning", arXiv 1511.04561): for exponent ``i`` a run of ``10**(i - max_exponent_bits + 1)``
+    scaled bucket means, plus 0 and 1, sorted; 256 float32 entries. Same values as upstream."""
+    _check_map_bits("create_dynamic_map", 0, 8, max_exponent_bits=max_exponent_bits, total_bits=total_bits)
+    data = []
+    non_sign_bits = total_bits - 1
+    additional_items = 2 ** (non_sign_bits - max_exponent_bits) - 1
+    i = 0
+    for i in range(max_exponent_bits):
+        items = int(2 ** (i + non_sign_bits - max_exponent_bits) + 1 if signed
+                    else 2 ** (i + non_sign_bits - max_exponent_bits + 1) + 1)
+        b = _reference.torch_linspace_f32(0.1, 1, items)
+        means = ((b[:-1] + b[1:]) / np.float32(2.0)).astype(np.float32)
+        scale = np.float32(10 ** (-(max_exponent_bits - 1) + i))
+        data += (scale * means).astype(np.float32).tolist()
+        if signed:
+            data += (-scale * means).astype(np.float32).tolist()
+    if additional_items > 0:
+        b = _reference.torch_linspace_f32(0.1, 1, additional_items + 1)
+        means = ((b[:-1] + b[1:]) / np.float32(2.0)).astype(np.float32)
+        scale = np.float32(10 ** (-(max_exponent_bits - 1) + i))
+        data += (scale * means).astype(np.float32).tolist()
+        if signed:
+            data += (-scale * means).astype(np.float32).tolist()
+    data += [0.0, 1.0]
+    if len(data) != 2**total_bits:
+        raise ValueError(f"create_dynamic_map: inconsistent max_exponent_bits/total_bits: `max_exponent_bits` "
+                         f"{max_exponent_bits} gives {len(data)} values, `total_bits` {total_bits} needs "
+                         f"2**total_bits = {2**total_bits}")
+    data += [0.0] * (256 - len(data))
+    code = _check_code_range(np.array(sorted(data), dtype=np.float32), "create_dynamic_map", "max_exponent_bits",
+                             max_exponent_bits, ">= 1 (0 scales the last run by 10)")
+    return Tensor(code)
+
+
+def _dynamic_code() -> Tensor:
+    if "dynamic" not in name2qmap:
+        name2qmap["dynamic"] = create_dynamic_map()
+    return _tag(name2qmap["dynamic"])  # cached before mindtorch was imported: give it a device now

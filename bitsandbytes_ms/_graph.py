@@ -26,8 +26,8 @@ whose result has a fixed shape.
 
 Names: ``_C`` is :mod:`bitsandbytes_ms._formats_common` (the blocksizes, row limits and codes functional
 re-exports); ``ops`` is ``mindspore.ops``. This module does not import :mod:`bitsandbytes_ms.functional` (which
-imports it) except, inside one compile-time helper, for the dynamic 8-bit map; the bf16-dot switch it reads at compile
-time from :mod:`bitsandbytes_ms.formats.fourbit`.
+imports it): the dynamic 8-bit map comes from ``_C``; the bf16-dot switch it reads at compile time from
+:mod:`bitsandbytes_ms.formats.fourbit`.
 
 Everything here uses MindSpore's functional ``ops``, not Tensor methods or operators: the 4-bit dequantize and
 backward also run in PyNative from a Cell's ``bprop``, on tensors without mindtorch's device tag, which
@@ -129,8 +129,7 @@ def _cname(namer, kind, dtype, extra=None):
 def _const_code(kind):
     """The default code tensors (the dynamic 8-bit map, the NF4/FP4 maps), as graph constants."""
     if kind == "dynamic":
-        from .functional import _dynamic_code  # at compile time (functional imports this module)
-        return _dynamic_code()
+        return _C._dynamic_code()
     return _C._code4(kind)
 
 

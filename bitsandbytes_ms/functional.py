@@ -44,9 +44,10 @@ from .utils import unpack_tensor_to_dict  # noqa: F401  (upstream's functional i
 from ._formats_common import (  # noqa: F401  (the checks every format shares, written once there)
     FLOAT_DTYPES, FLOAT_SET as _FLOAT_SET, _check_blocksize, _check_dtype, _check_tensor, _contiguous, _empty_np,
     _fn_name, _numel)
+from ._formats_common import (  # noqa: F401  (the code maps _graph needs at compile time live there: no circle)
+    _check_code_range, _check_map_bits, _dynamic_code, create_dynamic_map, name2qmap)
 
 
-name2qmap: Dict[str, Tensor] = {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,24 +115,6 @@ def empty_like(A: Tensor, dtype=None) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 # code maps (upstream values, bit for bit)
 # ---------------------------------------------------------------------------------------------
-def _check_code_range(values: np.ndarray, fn: str, arg: str, value, expected: str) -> np.ndarray:
-    """A code's entries must be finite and in [-1, 1] (quantize_blockwise maps x/absmax onto them): else a
-    ValueError naming the argument that produced them."""
-    with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(values) | (np.abs(values) > 1)
-    if bad.any():
-        raise ValueError(f"{fn}: `{arg}` must be {expected}; got {value!r}, which gives entries outside [-1, 1] "
-                         f"or non-finite ones (e.g. {values[bad][0]})")
-    return values
-
-
-def _check_map_bits(fn: str, lo: int, hi: int, **bits) -> None:
-    """The code maps' bit counts: ints in [lo, hi] (a code has at most 256 entries), else an error naming them."""
-    for name, v in bits.items():
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{fn}: `{name}` must be an int; got {type(v).__name__} {v!r}")
-        if not lo <= v <= hi:
-            raise ValueError(f"{fn}: `{name}` must be in [{lo}, {hi}]; got {v}")
 
 
 def create_linear_map(signed: bool = True, total_bits: int = 8, add_zero: bool = True) -> Tensor:
@@ -204,49 +187,7 @@ def create_fp8_map(signed: bool = True, exponent_bits: int = 5, precision_bits: 
     return Tensor(code.astype(np.float32))
 
 
-def create_dynamic_map(signed: bool = True, max_exponent_bits: int = 7, total_bits: int = 8) -> Tensor:
-    """The dynamic (tree) quantization code (Dettmers, "8-Bit Approximations for Parallelism in Deep
-    Learning", arXiv 1511.04561): for exponent ``i`` a run of ``10**(i - max_exponent_bits + 1)``
-    scaled bucket means, plus 0 and 1, sorted; 256 float32 entries. Same values as upstream."""
-    _check_map_bits("create_dynamic_map", 0, 8, max_exponent_bits=max_exponent_bits, total_bits=total_bits)
-    data = []
-    non_sign_bits = total_bits - 1
-    additional_items = 2 ** (non_sign_bits - max_exponent_bits) - 1
-    i = 0
-    for i in range(max_exponent_bits):
-        items = int(2 ** (i + non_sign_bits - max_exponent_bits) + 1 if signed
-                    else 2 ** (i + non_sign_bits - max_exponent_bits + 1) + 1)
-        b = _reference.torch_linspace_f32(0.1, 1, items)
-        means = ((b[:-1] + b[1:]) / np.float32(2.0)).astype(np.float32)
-        scale = np.float32(10 ** (-(max_exponent_bits - 1) + i))
-        data += (scale * means).astype(np.float32).tolist()
-        if signed:
-            data += (-scale * means).astype(np.float32).tolist()
-    if additional_items > 0:
-        b = _reference.torch_linspace_f32(0.1, 1, additional_items + 1)
-        means = ((b[:-1] + b[1:]) / np.float32(2.0)).astype(np.float32)
-        scale = np.float32(10 ** (-(max_exponent_bits - 1) + i))
-        data += (scale * means).astype(np.float32).tolist()
-        if signed:
-            data += (-scale * means).astype(np.float32).tolist()
-    data += [0.0, 1.0]
-    if len(data) != 2**total_bits:
-        raise ValueError(f"create_dynamic_map: inconsistent max_exponent_bits/total_bits: `max_exponent_bits` "
-                         f"{max_exponent_bits} gives {len(data)} values, `total_bits` {total_bits} needs "
-                         f"2**total_bits = {2**total_bits}")
-    data += [0.0] * (256 - len(data))
-    code = _check_code_range(np.array(sorted(data), dtype=np.float32), "create_dynamic_map", "max_exponent_bits",
-                             max_exponent_bits, ">= 1 (0 scales the last run by 10)")
-    return Tensor(code)
-
-
 # get_4bit_type and the 4-bit code tables live in bitsandbytes_ms/_formats_common.py (imported above).
-
-
-def _dynamic_code() -> Tensor:
-    if "dynamic" not in name2qmap:
-        name2qmap["dynamic"] = create_dynamic_map()
-    return _tag(name2qmap["dynamic"])  # cached before mindtorch was imported: give it a device now
 
 
 # ---------------------------------------------------------------------------------------------
