@@ -385,7 +385,7 @@ def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, c
     are rounded to nearest even with bf16 denormals flushed; per 32-element chunk, lane l takes the pair
     (2l, 2l+1): acc = ftz(fma(w_odd, x_odd, acc)), then acc = ftz(fma(w_even, x_even, acc)); the 16 lanes
     are reduced as v = a[l] + a[l+8], u = v[l] + v[l+4], (u0 + u2) + (u1 + u3); the result is rounded to
-    bf16 (not flushed) and the bias added in float32 and rounded again. One row with K a multiple of 128 and of
+    bf16 (not flushed) and the bias added in float32 and rounded again. One row with K a multiple of 64 and of
     the blocksize (a power of two >= 64): the one-row kernel's arithmetic instead (:func:`_bf16_gemv_one_row`)."""
     if absmax2 is not None:
         qa = np.asarray(absmax).reshape(-1)
@@ -407,10 +407,10 @@ def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, c
 
 
 def bf16_gemv_applies(K: int, blocksize: int) -> bool:
-    """Where one row runs the one-row kernel (csrc/cpu/fourbit.cpp ``bf16_gemv_applies``): K a multiple of 128 and
+    """Where one row runs the one-row kernel (csrc/cpu/fourbit.cpp ``bf16_gemv_applies``): K a multiple of 64 and
     of the blocksize, the blocksize a power of two >= 64."""
     K, blocksize = int(K), int(blocksize)
-    return blocksize >= 64 and blocksize & (blocksize - 1) == 0 and K % blocksize == 0 and K % 128 == 0
+    return blocksize >= 64 and blocksize & (blocksize - 1) == 0 and K % blocksize == 0 and K % 64 == 0
 
 
 def _ftz(a: np.ndarray) -> np.ndarray:
@@ -425,8 +425,8 @@ def _lanes_reduce(acc: np.ndarray) -> np.ndarray:
 
 def _bf16_gemv_one_row(x: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int,
                        N: int) -> np.ndarray:
-    """One activation row (K a multiple of 128 and of the blocksize, a power of two >= 64): w = bf16(code[q]),
-    each 128-element unit in halves h = 0, 1 of 64 elements; lane l's chain s_h takes, from 0 in each unit,
+    """One activation row (K a multiple of 64 and of the blocksize, a power of two >= 64): w = bf16(code[q]),
+    each 128-element unit in halves h = 0, 1 of 64 elements (the last unit of K = 64 (2 j + 1): half 0 alone); lane l's chain s_h takes, from 0 in each unit,
     elements 4l + 2, 4l, 4l + 3, 4l + 1 of the half (its even-element vector, then its odd one; vdpbf16ps: the odd
     word of a pair first, ftz after each fma); acc_h += s_h * the absmax of the half's block (one fma); the lanes of
     acc_0 + acc_1 reduced as the table kernel's."""
@@ -437,7 +437,7 @@ def _bf16_gemv_one_row(x: np.ndarray, packed: np.ndarray, absmax: np.ndarray, co
     acc = [np.zeros((N, 16), np.float32), np.zeros((N, 16), np.float32)]
     am = absmax.reshape(N, K // blocksize)
     for u in range(0, K, 128):
-        for h in (0, 1):
+        for h in (0, 1) if K - u >= 128 else (0,):  # a K of an odd number of 64s ends in a half unit
             base = u + 64 * h
             sv = np.zeros((N, 16), np.float32)
             for off in (2, 0, 3, 1):
@@ -695,7 +695,7 @@ def linear_spec_weight(spec, N: int, K: int) -> np.ndarray:
 
 def linear_spec_bf16_gemv(x: np.ndarray, spec, N: int) -> np.ndarray:
     """Twin of the fused decoder's one-row bf16 GEMV (a 4-bit spec through ``cdecoder_*_fp32_bf16dot`` at one row,
-    K a multiple of 128 and of the blocksize: csrc/cpu/fourbit.cpp ``linear4_bf16_gemv_f32``): x [K] rounded to
+    K a multiple of 64 and of the blocksize: csrc/cpu/fourbit.cpp ``linear4_bf16_gemv_f32``): x [K] rounded to
     bf16 (flushed), :func:`_bf16_gemv_one_row`'s fp32 result, the bias added in fp32 (not rounded to bf16)."""
     W, _absmax, code, _a2, _c2, _off, bias, bs, _bs2 = spec
     xb = bf16_bits_f32(bf16_round_bits(np.asarray(x, np.float32).reshape(1, -1), flush=True))[0]

@@ -63,9 +63,9 @@ def test_bf16_prefill_linear_is_its_twin(mode, M, N, K):
 
 
 @pytest.mark.parametrize("mode", ["nf4", "fp4", "dq"])
-@pytest.mark.parametrize("N, K", [(40, 128), (33, 256), (7, 384)])
+@pytest.mark.parametrize("N, K", [(40, 128), (33, 256), (7, 384), (24, 576), (9, 192), (5, 64)])
 def test_bf16_decode_row_is_its_twin(mode, N, K):
-    """One row of a 4-bit weight (K a multiple of 128, blocksize 64) runs the one-row bf16 GEMV: the bytes of its
+    """One row of a 4-bit weight (K a multiple of 64, blocksize 64; an odd number of 64s ends in a half unit) runs the one-row bf16 GEMV: the bytes of its
     numpy twin (_reference.linear_spec_bf16_gemv), within the exact path's documented bound, and not its bytes."""
     rng = np.random.RandomState(N + K)
     spec = _spec(rng, N, K, mode, bias=True)
@@ -78,9 +78,9 @@ def test_bf16_decode_row_is_its_twin(mode, N, K):
     assert np.all(np.abs(got - exact) <= _bound(x, spec, N, K))
 
 
-@pytest.mark.parametrize("mode, M, K", [("nf4", 2, 128), ("dq", 8, 256), ("nf4", 1, 96), ("dq", 1, 192)])
+@pytest.mark.parametrize("mode, M, K", [("nf4", 2, 128), ("dq", 8, 256), ("nf4", 1, 96), ("dq", 1, 160)])
 def test_bf16_decode_other_rows_and_shapes_exact(mode, M, K):
-    """2-8 rows, and one row of a K the one-row kernel does not take (not a multiple of 128), run the exact GEMV."""
+    """2-8 rows, and one row of a K the one-row kernel does not take (not a multiple of 64), run the exact GEMV."""
     rng = np.random.RandomState(M + K)
     spec = _spec(rng, 24, K, mode, bias=True)
     x = rng.randn(M, K).astype(np.float32)
@@ -93,7 +93,7 @@ def test_bf16_decode_other_rows_and_shapes_exact(mode, M, K):
 @pytest.mark.parametrize("mode, M", [("nf4", 1), ("dq", 8), ("fp32", 13), ("fp16", 40), ("bf16", 13),
                                      ("int8", 13), ("int8-t6", 40)])
 def test_bf16_prefill_leaves_decode_rows_and_other_weights_exact(mode, M):
-    """Up to 8 rows a 4-bit linear of K not a multiple of 128 runs the GEMV kernel (the unfused layer's bits);
+    """Up to 8 rows a 4-bit linear of K not a multiple of 64 runs the GEMV kernel (the unfused layer's bits);
     fp32/fp16/bf16 and int8 weights run as in the exact entry at every row count."""
     rng = np.random.RandomState(5)
     N, K = 48, 96

@@ -59,8 +59,9 @@ SHAPES = [(1, 40, 192, 64), (3, 33, 100, 64), (8, 16, 512, 128), (2, 7, 77, 32),
           # K over the native kernel's 512-column slices (chains carried across slices), odd K: odd row starts
           (5, 19, 1111, 64), (16, 16, 1536, 256), (9, 8, 1024, 32),
           (6, 301, 2048, 64),  # over the threading threshold: row chunks split across the pool
-          # one row, K a multiple of 128 and of the blocksize: the one-row kernel (threaded in the last)
-          (1, 40, 256, 64), (1, 33, 512, 128), (1, 9, 1024, 256), (1, 301, 2048, 64)]
+          # one row, K a multiple of 64 and of the blocksize: the one-row kernel (threaded in the last)
+          (1, 40, 256, 64), (1, 33, 512, 128), (1, 9, 1024, 256), (1, 301, 2048, 64),
+          (1, 24, 576, 64), (1, 1024, 576, 64)]  # an odd number of 64s: the last unit is a half
 
 
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "dq"])

@@ -145,7 +145,7 @@ def bf16_dot_one_row() -> bool:
 
 
 def bf16_gemv_applies(K: int, blocksize: int) -> bool:
-    """Whether one activation row of a [N, K] 4-bit weight runs the one-row bf16 kernel (K a multiple of 128 and
+    """Whether one activation row of a [N, K] 4-bit weight runs the one-row bf16 kernel (K a multiple of 64 and
     of the blocksize, the blocksize a power of two >= 64: csrc/cpu/fourbit.cpp ``bf16_gemv_applies``); other
     shapes run the table kernel, slower than the exact gemv at one row."""
     return _reference.bf16_gemv_applies(K, blocksize)

@@ -74,6 +74,7 @@ import mindspore as ms
 import numpy as np
 
 from .. import _hostcall
+from . import fused_generate as _gen
 from . import mindtorch_patches as _mindtorch_patches  # noqa: F401  (registers mindtorch-isin)
 from .. import functional as F
 from ..backends.native import decoder_entry as _decoder
@@ -89,7 +90,7 @@ _SPEC_NONE = (None, None, None, None, None, None, None, 64, 256)
 _FLOAT = (ms.float32, ms.float16, ms.bfloat16)
 _warned: set = set()
 #: how many forwards took the fused path (tests and benchmarks read it)
-stats = {"fused_forwards": 0, "cache_reorders": 0, "cache_crops": 0, "fast_prepares": 0}
+stats = {"fused_forwards": 0, "cache_reorders": 0, "cache_crops": 0, "fast_prepares": 0, "numpy_loops": 0}
 
 #: architectures (config.model_type) -> the modeling module whose ``*ForCausalLM.forward`` is patched
 FAMILIES = {
@@ -99,7 +100,7 @@ FAMILIES = {
     "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3ForCausalLM"),
 }
 FUSED_PATCHES = [f"fused-{k}-causal-lm-forward" for k in FAMILIES] + [
-    "fused-cache-get-seq-length", "fused-cache-reorder", "fused-cache-crop", "fused-prepare-inputs",
+    "fused-cache-get-seq-length", "fused-cache-reorder", "fused-cache-crop", "fused-prepare-inputs", "fused-sample",
     "mindtorch-isin"]  # (generate's EOS check at every step: integrations/mindtorch_patches.py)
 
 
@@ -516,9 +517,24 @@ def _dot(rows: int) -> bool:
 
 
 def _fused_forward(model, plan: _Plan, kw):
-    import torch
-    from transformers.cache_utils import DynamicCache
     from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    logits, pkv, use_cache = _fused_logits(model, plan, kw)
+    logits_t = _hostcall.wrap(logits) if isinstance(logits, np.ndarray) else logits
+    loss = None
+    if kw.get("labels") is not None:
+        loss = model.loss_function(logits=logits_t, labels=kw["labels"], vocab_size=model.config.vocab_size)
+    out = CausalLMOutputWithPast(loss=loss, logits=logits_t, past_key_values=pkv if use_cache else None)
+    rd = kw.get("return_dict")
+    if rd is None:
+        rd = getattr(model.config, "use_return_dict", True)
+    return out if rd else out.to_tuple()
+
+
+def _fused_logits(model, plan: _Plan, kw):
+    """The fused forward's logits (a host float32 array; a tensor where the lm_head is not fused), its cache and
+    whether the cache is kept."""
+    from transformers.cache_utils import DynamicCache
 
     stats["fused_forwards"] += 1
     ids, emb = kw.get("input_ids"), kw.get("inputs_embeds")
@@ -609,31 +625,20 @@ def _fused_forward(model, plan: _Plan, kw):
             lc.run_as(plan.lm_dot)
         else:
             lc()
-        logits_t = _hostcall.wrap(logits)
-    else:
-        logits_t = model.lm_head(_hostcall.wrap(hs))
-    loss = None
-    if kw.get("labels") is not None:
-        loss = model.loss_function(logits=logits_t, labels=kw["labels"], vocab_size=model.config.vocab_size)
-    out = CausalLMOutputWithPast(loss=loss, logits=logits_t, past_key_values=pkv if use_cache else None)
-    rd = kw.get("return_dict")
-    if rd is None:
-        rd = getattr(model.config, "use_return_dict", True)
-    return out if rd else out.to_tuple()
+        return logits, pkv, use_cache
+    return model.lm_head(_hostcall.wrap(hs)), pkv, use_cache
 
 
-def _causal_lm_forward(wrapped, instance, args, kwargs):
-    if instance is None or not _enabled:
-        return wrapped(*args, **kwargs)
+def _plan_for(instance, kw) -> Optional[_Plan]:
+    """The plan a forward with arguments ``kw`` runs fused with (made or rebuilt here when due), or None: the unfused
+    path runs (warned once where the user should know why)."""
     plan = instance.__dict__.get(_PLAN)
     if plan is None and instance.__dict__.get(_AUTO) in ("tried", "no", "off"):  # the usual unfused model
-        return wrapped(*args, **kwargs)
-    kw = dict(zip(_FWD_ARGS, args))
-    kw.update(kwargs)
+        return None
     if plan is None:
         plan = _auto_plan(instance, kw)
         if plan is None:
-            return wrapped(*_tensors(args), **_tensors(kwargs))
+            return None
     reason = _runtime_reason(instance, kw)
     if reason is not None:
         pkv = kw.get("past_key_values")
@@ -642,7 +647,7 @@ def _causal_lm_forward(wrapped, instance, args, kwargs):
                                f"cannot continue here: {reason}")
         if not (plan.auto and reason in _QUIET_REASONS):
             _warn_once(("run", reason), f"bitsandbytes_ms fused forward: the unfused path runs: {reason}")
-        return wrapped(*_tensors(args), **_tensors(kwargs))
+        return None
     if _state_of(kw.get("past_key_values")) is None and _signature(instance) != plan.sig:
         # a new generation on weights that changed since the plan was made: read them again
         auto = plan.auto
@@ -650,9 +655,22 @@ def _causal_lm_forward(wrapped, instance, args, kwargs):
         if plan is None:
             unfuse(instance)
             _warn_once(("rebuild", reason), f"bitsandbytes_ms fused forward: the unfused path runs: {reason}")
-            return wrapped(*_tensors(args), **_tensors(kwargs))
+            return None
         plan.auto = auto
         object.__setattr__(instance, _PLAN, plan)
+    return plan
+
+
+def _causal_lm_forward(wrapped, instance, args, kwargs):
+    if instance is None or not _enabled:
+        return wrapped(*args, **kwargs)
+    if instance.__dict__.get(_PLAN) is None and instance.__dict__.get(_AUTO) in ("tried", "no", "off"):
+        return wrapped(*args, **kwargs)  # the usual unfused model, at no cost
+    kw = dict(zip(_FWD_ARGS, args))
+    kw.update(kwargs)
+    plan = _plan_for(instance, kw)
+    if plan is None:
+        return wrapped(*_tensors(args), **_tensors(kwargs))
     unknown = set(kw) - set(_FWD_ARGS) - {"return_dict", "output_attentions", "output_hidden_states"}
     if unknown:
         _warn_once(("kw", tuple(sorted(unknown))), f"bitsandbytes_ms fused forward ignores {sorted(unknown)}")
@@ -718,10 +736,7 @@ def _prepare_inputs(wrapped, instance, args, kwargs):
         tok = tok[:, pos_c]
     out = {"cache_position": cp, "past_key_values": pkv, "input_ids": np.ascontiguousarray(tok), "inputs_embeds": None}
     if am is not None:
-        m = _host_int(am)
-        pos = np.cumsum(m.astype(np.int64), axis=-1) - 1
-        pos[m == 0] = 1
-        out["position_ids"] = np.ascontiguousarray(pos[:, pos.shape[1] - tok.shape[1]:])
+        out["position_ids"] = _gen.positions(_host_int(am), tok.shape[1])
         out["attention_mask"] = am
     for k, v in kw.items():
         out.setdefault(k, v)
@@ -760,3 +775,42 @@ def _crop(wrapped, instance, args, kwargs):
     stats["cache_crops"] += 1
     st.length = max(0, st.length + n) if n < 0 else min(st.length, n)
     return None
+
+
+_SAMPLE_ARGS = ("input_ids", "logits_processor", "stopping_criteria", "generation_config", "synced_gpus", "streamer")
+
+
+@registry.register("fused-sample", "transformers.generation.utils", "GenerationMixin._sample",
+                   "around a fused forward generate's sampling loop runs ~35 mindtorch ops a token (logits copy, "
+                   "processors, argmax, EOS arithmetic, concatenations, stopping criteria): 5-7 ms of a 21 ms "
+                   "SmolLM2 step measured; for a fused model the same loop runs in numpy (fused_generate.py)")
+def _sample(wrapped, instance, args, kwargs):
+    if instance is None or not _enabled or len(args) > len(_SAMPLE_ARGS):
+        return wrapped(*args, **kwargs)
+    if instance.__dict__.get(_PLAN) is None and instance.__dict__.get(_AUTO) in ("tried", "no", "off"):
+        return wrapped(*args, **kwargs)
+    kw = dict(zip(_SAMPLE_ARGS, args))
+    if set(kw) & set(kwargs):
+        return wrapped(*args, **kwargs)
+    kw.update(kwargs)
+    head = {k: kw.pop(k, None) for k in _SAMPLE_ARGS}
+    ids = head["input_ids"]
+    if head["generation_config"] is None or ids is None:
+        return wrapped(*args, **kwargs)
+    kw = instance._get_initial_cache_position(ids.shape[1], ids.device, kw)
+    if _gen.loop_reason(head["generation_config"], head["synced_gpus"], kw, instance.config.is_encoder_decoder):
+        return wrapped(*args, **kwargs)
+    first = {"input_ids": ids, "attention_mask": kw.get("attention_mask"), "past_key_values": kw["past_key_values"],
+             "cache_position": kw["cache_position"], "use_cache": True}
+    plan = _plan_for(instance, first)
+    if plan is None:
+        return wrapped(*args, **kwargs)
+
+    stats["numpy_loops"] += 1
+
+    def step(fkw):
+        logits = _fused_logits(instance, plan, fkw)[0]
+        return logits if isinstance(logits, np.ndarray) else _hostcall.host(logits)
+
+    return _gen.sample_loop(step, ids, head["logits_processor"], head["stopping_criteria"], head["generation_config"],
+                            head["streamer"], kw, kw["past_key_values"])

@@ -1265,7 +1265,7 @@ BNB_MS_TARGET_AVX512BF16 void dot_rows_bf16_avx512(const float *code, const uint
 }
 
 // ---- bf16 compute, one activation row (decode) ------------------------------------------------------
-// K a multiple of 128 and of the blocksize, the blocksize a power of two >= 64: a kernel that decodes in registers
+// K a multiple of 64 and of the blocksize, the blocksize a power of two >= 64: a kernel that decodes in registers
 // and scales per 64-element half unit, as upstream's AVX512-BF16 gemv scales per block (the table kernel above
 // rounds code * absmax per block, which costs as much as the dot products at one row).  Decode: each packed byte
 // zero-extended to a word (vpmovzxbw) is its own vpermw index (vpermw reads 5 bits: the table holds bf16(code)
@@ -1275,7 +1275,7 @@ BNB_MS_TARGET_AVX512BF16 void dot_rows_bf16_avx512(const float *code, const uint
 // _reference._bf16_gemv_one_row are its twins, bit for bit):
 //   * w = bf16(code[nibble]) (code rounded once, flushed), x flushed bf16.
 //   * row cut into 128-element units (64 packed bytes), each into halves h = 0, 1 (elements 64 h .. 64 h + 63,
-//     bytes 32 h ..).  Per half two word vectors: E (word j = element 64 h + 2 j, the high nibble of byte j) and
+//     bytes 32 h ..); a K of an odd number of 64s (SmolLM2's 576) ends in a unit of half 0 alone.  Per half two word vectors: E (word j = element 64 h + 2 j, the high nibble of byte j) and
 //     O (word j = element 64 h + 2 j + 1, the low nibble).  fp32 lane l takes words 2l + 1 then 2l (vdpbf16ps: odd
 //     word first, ftz after each fma): chain s_h = E then O, from 0 in each unit, i.e. elements 4l + 2, 4l,
 //     4l + 3, 4l + 1 of the half.
@@ -1285,8 +1285,11 @@ BNB_MS_TARGET_AVX512BF16 void dot_rows_bf16_avx512(const float *code, const uint
 constexpr int64_t kUnit1 = 128;
 
 BNB_MS_INLINE bool bf16_gemv_applies(int64_t M, int64_t K, int64_t bs) {
-  return M == 1 && bs >= 64 && (bs & (bs - 1)) == 0 && K % bs == 0 && K % kUnit1 == 0;
+  return M == 1 && bs >= 64 && (bs & (bs - 1)) == 0 && K % bs == 0 && K % (kUnit1 / 2) == 0;
 }
+
+// Halves of the unit starting at element u (the last unit of a K = 64 (2 j + 1) has one).
+BNB_MS_INLINE int unit_halves(int64_t u, int64_t K) { return K - u >= kUnit1 ? 2 : 1; }
 
 // Element (0..127) of a unit that word w (0..31) of vector R (0 = E, 1 = O of half 0; 2 = E, 3 = O of half 1) holds.
 BNB_MS_INLINE int unit_elem(int R, int w) { return 64 * (R >> 1) + 2 * w + (R & 1); }
@@ -1299,7 +1302,7 @@ void gemv_bf16_rows_portable(const float *code, const uint8_t *q, const float *a
     float acc[2][kLanes] = {};
     const int64_t r0 = n * K;
     for (int64_t u = 0; u < K; u += kUnit1) {
-      for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < unit_halves(u, K); ++h) {
         float sv[kLanes] = {};
         for (int l = 0; l < kLanes; ++l)
           for (int R : {2 * h, 2 * h + 1})  // E then O
@@ -1354,7 +1357,8 @@ BNB_MS_TARGET_AVX512BF16 void gemv_bf16_rows_avx512(const float *code, const uin
     const uint8_t *qr = q + r0 / 2;
     const int64_t b0 = r0 >> sh;  // the row's first block (K is a multiple of bs)
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int64_t u = 0; u < K; u += kUnit1, qr += kUnit1 / 2) {
+    const int64_t K2 = K - K % kUnit1;  // whole units; then a half unit where K is an odd number of 64s
+    for (int64_t u = 0; u < K2; u += kUnit1, qr += kUnit1 / 2) {
       const __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)qr));
       const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qr + 32)));
       const uint16_t *xu = xs + u;
@@ -1366,6 +1370,14 @@ BNB_MS_TARGET_AVX512BF16 void gemv_bf16_rows_avx512(const float *code, const uin
       s2 = _mm512_dpbf16_ps(s2, (__m512bh)_mm512_permutexvar_epi16(b, t), bh(xu + 96));
       acc0 = _mm512_fmadd_ps(s, _mm512_set1_ps(scale.at(b0 + (u >> sh))), acc0);
       acc1 = _mm512_fmadd_ps(s2, _mm512_set1_ps(scale.at(b0 + ((u + 64) >> sh))), acc1);
+    }
+    if (K2 < K) {  // half 0 of the last unit: its E then O words, into acc0 as every half 0
+      const __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)qr));
+      const uint16_t *xu = xs + K2;
+      __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(a, 4), t),
+                                  bh(xu));
+      s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_permutexvar_epi16(a, t), bh(xu + 32));
+      acc0 = _mm512_fmadd_ps(s, _mm512_set1_ps(scale.at(b0 + (K2 >> sh))), acc0);
     }
     r[n - n0] = reduce16_avx512(_mm512_add_ps(acc0, acc1));
   }
@@ -1379,7 +1391,7 @@ void gemv4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, cons
   if (native) {
     xs.resize((size_t)K);
     for (int64_t u = 0; u < K; u += kUnit1)
-      for (int R = 0; R < 4; ++R)
+      for (int R = 0; R < 2 * unit_halves(u, K); ++R)
         for (int w = 0; w < 32; ++w) xs[u + 32 * R + w] = xb[u + unit_elem(R, w)];
   }
   const uint16_t *xsp = xs.data();
