@@ -1328,6 +1328,9 @@ struct ScaleF32 {
   int64_t off;
   BNB_MS_INLINE float at(int64_t b) const { return am[b - off]; }
 };
+// SH2: log2(bs2) known at compile time (8: upstream's nested blocksize 256), or 0 (read at run time: a
+// variable shift is 3 uops on Intel and a division more; the one-row kernel reads two scales per 128 weights).
+template <int SH2 = 0>
 struct ScaleNested {
   const uint8_t *q;
   const float *code2, *absmax2;
@@ -1338,7 +1341,7 @@ struct ScaleNested {
       : q(a.q), code2(a.code2), absmax2(a.absmax2), offset(a.offset), bs2(a.bs2),
         sh2((a.bs2 & (a.bs2 - 1)) == 0 ? __builtin_ctzll((unsigned long long)a.bs2) : -1) {}
   BNB_MS_INLINE float at(int64_t b) const {
-    const float s = code2[q[b]] * absmax2[sh2 >= 0 ? b >> sh2 : b / bs2];
+    const float s = code2[q[b]] * absmax2[SH2 ? b >> SH2 : sh2 >= 0 ? b >> sh2 : b / bs2];
     return s + offset;
   }
 };
@@ -1347,18 +1350,20 @@ struct ScaleNested {
 // 4-bit weights come from L3 or memory, and the hardware prefetchers alone kept too few lines in flight (one
 // thread read ~3 GB/s of a SmolLM2 layer's weights where numpy streams 16): on the 2-core Xeon (AMX) measured,
 // SmolLM2 NF4 decode 14.2 -> 12.2 ms/token at 2 KiB (1 KiB 12.0-12.7, 4 KiB 11.5 but 2x slower on 22 MB
-// matrices), 4096 x 11008 from L3 1.25 -> 1.14 ms.  (A non-temporal hint, which helped on a Zen 4 EPYC, halved
-// the speed here.)  A prefetch past the matrix's end is harmless: prefetches do not fault.
+// matrices: 4 KiB apart lines alias in L1), 4096 x 11008 from L3 1.25 -> 1.14 ms, 40 such matrices from memory
+// 3.1 -> 1.7 ms each (3, 8 and 16 KiB, or a T1 hint: the same).  (A non-temporal hint, which helped on a Zen 4
+// EPYC, halved the speed here.)  A prefetch past the matrix's end is harmless: prefetches do not fault.
 constexpr int64_t kPF = 2048;
 // xs: x in the kernel's order, per unit the words of E, O of half 0, then of half 1 (32 each).
-template <class Scale>
+// SH: log2(bs) known at compile time (6: blocksize 64, the 4-bit default) or 0 (read at run time; see ScaleNested).
+template <int SH, class Scale>
 BNB_MS_TARGET_AVX512BF16 void gemv_bf16_rows_avx512(const float *code, const uint8_t *q, const Scale &scale,
                                                      const uint16_t *xs, int64_t K, int64_t bs, int64_t n0, int64_t n1,
                                                      float *r) {
   alignas(64) uint16_t tab[32];  // bf16(code[i & 15]): vpermw's 5-bit index
   for (int i = 0; i < 32; ++i) tab[i] = to_bf16_flushed(code[i % kCode4]);
   const __m512i t = _mm512_load_si512(tab);
-  const int sh = __builtin_ctzll((unsigned long long)bs);  // bs a power of two (bf16_gemv_applies)
+  const int sh = SH ? SH : __builtin_ctzll((unsigned long long)bs);  // bs a power of two (bf16_gemv_applies)
   for (int64_t n = n0; n < n1; ++n) {
     const int64_t r0 = n * K;
     const uint8_t *qr = q + r0 / 2;
@@ -1407,11 +1412,12 @@ void gemv4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, cons
     for (int64_t n = n0; n < n1; ++n) out[n] = with_bias(from_f32<T>(res[n - n0]), bias, n);
   };
   if (native && amx.nested()) {  // double quant: its codes decoded inside the kernel
-    const ScaleNested sc(amx);
+    const bool common = bs == 64 && amx.bs2 == 256;  // the defaults: shifts by constants
     gemv4_parallel_rows(N, K, [&](int64_t n0, int64_t n1) {
       static thread_local std::vector<float> res;
       res.resize((size_t)(n1 - n0));
-      gemv_bf16_rows_avx512(code, q, sc, xsp, K, bs, n0, n1, res.data());
+      if (common) gemv_bf16_rows_avx512<6>(code, q, ScaleNested<8>(amx), xsp, K, bs, n0, n1, res.data());
+      else gemv_bf16_rows_avx512<0>(code, q, ScaleNested<>(amx), xsp, K, bs, n0, n1, res.data());
       finish(n0, n1, res.data());
     });
     return;
@@ -1419,7 +1425,8 @@ void gemv4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, cons
   gemv4_parallel_rows(N, K, absmax_runs(amx, K, bs, 1, [&](int64_t n0, int64_t n1, const float *am, int64_t off) {
     static thread_local std::vector<float> res;
     res.resize((size_t)(n1 - n0));
-    if (native) gemv_bf16_rows_avx512(code, q, ScaleF32{am, off}, xsp, K, bs, n0, n1, res.data());
+    if (native && bs == 64) gemv_bf16_rows_avx512<6>(code, q, ScaleF32{am, off}, xsp, K, bs, n0, n1, res.data());
+    else if (native) gemv_bf16_rows_avx512<0>(code, q, ScaleF32{am, off}, xsp, K, bs, n0, n1, res.data());
     else gemv_bf16_rows_portable(code, q, am, off, xb, K, bs, n0, n1, res.data());
     finish(n0, n1, res.data());
   }));

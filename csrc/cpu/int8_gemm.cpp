@@ -168,11 +168,18 @@ BNB_MS_TARGET_AVX512VNNI BNB_MS_INLINE __m512i dpbusd_reg(__m512i acc, __m512i u
   return acc;
 }
 
+// One or two rows of A (a decode step) with short weight rows: each B row of the tile is K <= kPrefetchMaxK bytes,
+// too short for the hardware prefetchers to ramp up on, so the tile prefetches the next tile's rows (NR * K bytes
+// ahead, same column): SmolLM2 int8 decode 18.9 -> 16.4 ms/token on the 2-core Xeon (AMX) measured.  Longer rows
+// gained nothing measurable there (the prefetchers follow them), so they are left alone.
+constexpr int64_t kPrefetchMaxK = 2048;
+
 // asum: sums of A over this K block, indexed by the row of A.
 template <int MR, int NR>
 BNB_MS_TARGET_AVX512VNNI void tile_avx512vnni(const int8_t *A, const int8_t *B, const int32_t *asum, int32_t *C,
                                               int64_t K, int64_t ldc, int64_t k0, int64_t k1, int64_t m0, int64_t n0,
                                               bool first) {
+  const int64_t pf = MR <= 2 && K <= kPrefetchMaxK ? NR * K : 0;  // see kPrefetchMaxK
   const __m512i flip = _mm512_set1_epi8((char)0x80);
   __m512i acc[MR][NR];
   for (int i = 0; i < MR; ++i)
@@ -184,6 +191,8 @@ BNB_MS_TARGET_AVX512VNNI void tile_avx512vnni(const int8_t *A, const int8_t *B, 
   int64_t k = k0;
   for (; k + 64 <= k1; k += 64) {
     __m512i vb[NR];
+    if (pf)
+      for (int j = 0; j < NR; ++j) _mm_prefetch((const char *)(b[j] + k + pf), _MM_HINT_T0);
     for (int j = 0; j < NR; ++j) vb[j] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(b[j] + k)), flip);
     for (int i = 0; i < MR; ++i) {
       const __m512i va = _mm512_loadu_si512((const void *)(a[i] + k));
