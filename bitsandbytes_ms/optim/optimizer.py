@@ -206,7 +206,10 @@ class Optimizer8bit(_TorchOptimizer):
     def load_state_dict(self, state_dict, move_to_device=True):
         """Restores a :meth:`state_dict`. Tensors keep their dtypes (qmaps, absmax and 8-bit states are
         never cast to the parameter dtype; upstream's cast produced NaN for AdEMAMix). ``move_to_device``
-        is accepted as upstream's (everything stays in host memory on CPU).
+        is accepted as upstream's (everything stays in host memory on CPU). Upstream 0.50's format (each
+        parameter's quantization tensors nested under ``"__bnb_optimizer_quant_state__"``) loads as well, and a
+        state dict saved by bitsandbytes < 0.44 (groups without ``alpha``/``t_alpha``/``t_beta3``) gets upstream's
+        defaults for them (alpha 0, no warm-up).
 
         Raises ValueError naming the key for a dict that is not an optimizer state dict, a group without
         one of this optimizer's hyper-parameters, or a parameter state this optimizer cannot step (e.g.
@@ -217,28 +220,44 @@ class Optimizer8bit(_TorchOptimizer):
             if key not in state_dict:
                 raise ValueError(f"load_state_dict: `state_dict` has no {key!r} key (keys: {sorted(map(str, state_dict))}); "
                                  "expected the dict returned by an optimizer's state_dict()")
-        state_dict = deepcopy({"param_groups": state_dict["param_groups"]}) | {"state": state_dict["state"]}
+        state_dict = deepcopy({"param_groups": state_dict["param_groups"]}) | {"state": _unwrap_quant_state(state_dict["state"])}
         groups = self.param_groups
         saved_groups = state_dict["param_groups"]
         if len(groups) != len(saved_groups):
             raise ValueError(f"loaded state dict has a different number of parameter groups: `param_groups` holds "
                              f"{len(saved_groups)}, the optimizer has {len(groups)} (load_state_dict expects the same)")
+        legacy = None  # the error for a group without the keys added in 0.44, if its state turns out not to fit either
         for gi, s in enumerate(saved_groups):
             if "params" not in s:
                 raise ValueError(f"load_state_dict: param_groups[{gi}] has no 'params' key")
             missing = [k for k in self.defaults if k not in s]
             if missing:
-                raise ValueError(f"load_state_dict: param_groups[{gi}] lacks {missing[0]!r} (a hyper-parameter of "
-                                 f"{type(self).__name__}: {sorted(self.defaults)}); is it the state dict of another optimizer?")
+                err = (f"load_state_dict: param_groups[{gi}] lacks {missing[0]!r} (a hyper-parameter of "
+                       f"{type(self).__name__}: {sorted(self.defaults)}); is it the state dict of another optimizer?")
+                if any(k not in _PRE_044_GROUP_KEYS for k in missing):
+                    raise ValueError(err)
+                legacy = legacy or err
         for gi, (g, s) in enumerate(zip(groups, saved_groups)):
             if len(g["params"]) != len(s["params"]):
                 raise ValueError(f"loaded state dict contains a parameter group that doesn't match the size of "
                                  f"optimizer's group: `param_groups[{gi}]['params']` lists {len(s['params'])}, the "
                                  f"optimizer's group {gi} has {len(g['params'])} (load_state_dict expects the same)")
         id_map = {old: p for s, g in zip(saved_groups, groups) for old, p in zip(s["params"], g["params"])}
-        for k, v in state_dict["state"].items():
-            if k in id_map:
-                self._check_loaded_state(k, id_map[k], v)
+        try:
+            for k, v in state_dict["state"].items():
+                if k in id_map:
+                    self._check_loaded_state(k, id_map[k], v)
+        except ValueError as e:
+            if legacy is None:
+                raise
+            raise ValueError(f"{legacy} ({e})") from None
+        if legacy is not None:
+            # a state dict saved by bitsandbytes < 0.44 (no AdEMAMix keys) whose state fits: upstream steps it with
+            # alpha 0 and no warm-up (its get_config defaults, PR #1647); the groups get those values
+            for s in saved_groups:
+                for k, v in _PRE_044_GROUP_KEYS.items():
+                    if k in self.defaults and k not in s:
+                        s[k] = v
         self.state = defaultdict(dict)
         for k, v in state_dict["state"].items():
             if k in id_map:
@@ -373,6 +392,29 @@ class Optimizer8bit(_TorchOptimizer):
 
     def update_step(self, group, p, gindex, pindex, g):
         raise NotImplementedError
+
+
+#: upstream 0.50's Optimizer8bit.state_dict() nests each parameter's quantization tensors (state1, state2, qmap1,
+#: absmax1, ...) under this key (for FSDP, PR #1840); its load_state_dict unwraps them, and so does ours
+_WRAPPED_QUANT_STATE_KEY = "__bnb_optimizer_quant_state__"
+
+#: the param-group keys added in bitsandbytes 0.44 (AdEMAMix), with the values upstream's get_config uses where a
+#: loaded group lacks them (alpha 0, no warm-up: t_alpha / t_beta3 None here mean what 0 means there)
+_PRE_044_GROUP_KEYS = {"alpha": 0.0, "t_alpha": None, "t_beta3": None}
+
+
+def _unwrap_quant_state(state):
+    """``state_dict["state"]`` with upstream's wrapped quantization tensors merged back into each parameter's state
+    (the caller's dicts are not changed); anything else as given."""
+    if not isinstance(state, container_abcs.Mapping):
+        return state
+    out = {}
+    for k, v in state.items():
+        if isinstance(v, container_abcs.Mapping) and isinstance(v.get(_WRAPPED_QUANT_STATE_KEY), container_abcs.Mapping):
+            v = dict(v)
+            v.update(v.pop(_WRAPPED_QUANT_STATE_KEY))
+        out[k] = v
+    return out
 
 
 def _no_grad_error(owner: str, grads_given: bool) -> RuntimeError:
