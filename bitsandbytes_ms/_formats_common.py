@@ -9,7 +9,7 @@ so :mod:`bitsandbytes_ms.functional` (which re-exports these names under upstrea
 from __future__ import annotations
 
 import math
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import mindspore as ms
@@ -245,3 +245,38 @@ def _dynamic_code() -> Tensor:
     if "dynamic" not in name2qmap:
         name2qmap["dynamic"] = create_dynamic_map()
     return _tag(name2qmap["dynamic"])  # cached before mindtorch was imported: give it a device now
+
+
+# ---------------------------------------------------------------------------------------------
+# out= buffers (every format's public functions take upstream's out= arguments; written by _hostcall.write_out)
+# ---------------------------------------------------------------------------------------------
+def _check_out(out: Optional[Tensor], shape, dtype, fn: str, arg: str = "out") -> None:
+    if out is None:
+        return
+    _check_tensor(out, fn, arg)
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{_fn_name(fn, arg)} must have shape {tuple(shape)}; got {tuple(out.shape)}")
+    if out.dtype != dtype:
+        raise ValueError(f"{_fn_name(fn, arg)} must have dtype {dtype_name(dtype)}; got {dtype_name(out.dtype)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# lean calls (a layer's host call re-pointed at a new activation: the 4-bit and int8 plans)
+# ---------------------------------------------------------------------------------------------
+def _lean_rows(A: Tensor, K: int, max_rows: int = 1 << 62) -> tuple:
+    """``(shape, rows)`` of an activation a lean call can take: [..., K] with 1..max_rows rows and K > 0;
+    rows is 0 otherwise (the caller runs its full path)."""
+    shape = tuple(A.shape)
+    if not shape or shape[-1] != K or K == 0:
+        return shape, 0
+    rows = math.prod(shape[:-1])
+    return shape, (rows if rows <= max_rows else 0)
+
+
+def _unmoved(watch) -> bool:
+    """True when every (tensor, address, dtype) a lean call reads in place still has that address and dtype
+    (a parameter cast in place, ``p.data = p.data.to(dt)``, can get the address its old buffer had)."""
+    for t, ptr, dt in watch:
+        if t._data_ptr() != ptr or t.dtype != dt:
+            return False
+    return True

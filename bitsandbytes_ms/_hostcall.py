@@ -364,4 +364,21 @@ def convert(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return out
 
 
-__all__ = ["active", "set_enabled", "convert", "host", "own_memory", "host_view", "host_ptr", "act_ptr", "act_array", "DeviceView", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype"]
+__all__ = ["active", "set_enabled", "convert", "host", "own_memory", "host_view", "host_ptr", "act_ptr", "act_array", "DeviceView", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype", "write_out"]
+
+
+def write_out(out: Optional[Tensor], result: Tensor, fn: str = "functional", arg: str = "out") -> Tensor:
+    """Honours an ``out=`` argument: writes ``result`` into ``out``'s own memory and returns ``out``. A view (a row,
+    a slice, a transpose of a preallocated buffer) is written where it lives, so its base holds the result too, as
+    torch's ``out=`` does: mindtorch's ``copy_`` into a view leaves the base as it was (as its ``contiguous()``
+    returns the view itself, see :func:`own_memory`). Where host memory is not available, ``copy_``."""
+    if out is None or result is out:
+        return result
+    if active():
+        out.wait_pipeline()
+        mem = own_memory(out, fn, arg)
+        if mem is not None:
+            mem[...] = host(result).reshape(mem.shape)
+            return out
+    out.copy_(result)
+    return out

@@ -25,7 +25,7 @@ from mindspore import Tensor
 from .. import _hostcall, _ops, _reference
 from .._formats_common import (BLOCKWISE_BLOCKSIZES, FLOAT_DTYPES, FLOAT_SET as _FLOAT_SET, FOURBIT_BLOCKSIZES,
                                LINEAR_4BIT_MAX_ROWS, _check_blocksize, _check_dtype, _check_tensor, _contiguous,
-                               _empty_np, _itemsize, _numel)
+                               _empty_np, _itemsize, _lean_rows, _numel, _unmoved)
 from ..backends import native as _native
 from ..cextension import BNB_BACKEND
 from ..quant_state import QuantState
@@ -359,25 +359,6 @@ class Linear4bitPlan:
         out = np.empty(shape[:-1] + (self.N,), npdt)
         entry[0].run_rows(0, xa.ctypes.data, rows, K, 11, out)
         return _hostcall.wrap(_hostcall.convert(out, np.float32))
-
-
-def _lean_rows(A: Tensor, K: int, max_rows: int = 1 << 62) -> tuple:
-    """``(shape, rows)`` of an activation a lean call can take: [..., K] with 1..max_rows rows and K > 0;
-    rows is 0 otherwise (the caller runs its full path)."""
-    shape = tuple(A.shape)
-    if not shape or shape[-1] != K or K == 0:
-        return shape, 0
-    rows = math.prod(shape[:-1])
-    return shape, (rows if rows <= max_rows else 0)
-
-
-def _unmoved(watch) -> bool:
-    """True when every (tensor, address, dtype) a lean call reads in place still has that address and dtype
-    (a parameter cast in place, ``p.data = p.data.to(dt)``, can get the address its old buffer had)."""
-    for t, ptr, dt in watch:
-        if t._data_ptr() != ptr or t.dtype != dt:
-            return False
-    return True
 
 
 _Linear4bitPlan = Linear4bitPlan  # the name functional and the fused decoder knew it by
