@@ -13,11 +13,9 @@ these functions serve plain MindSpore code and mindnlp models alike.
 
 from __future__ import annotations
 
-import ctypes as ct
 import itertools
 import math
-import threading
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -39,6 +37,13 @@ from .formats.int8 import (  # noqa: F401  (the int8 format's names under their 
     Int8LinearPlan, _check_rank, _check_threshold, _int8_matmul_long_k, _mm_dequant, _outlier_flags,
     int8_double_quant, int8_linear, int8_linear_matmul, int8_linear_plan, int8_mixed_scaled_mm, int8_mm_dequant,
     int8_scaled_mm, int8_vectorwise_dequant, int8_vectorwise_quant)
+from .formats.blockwise import (  # noqa: F401  (the blockwise format's names under their old spellings here)
+    _mean_f32, dequantize_blockwise, quantize_blockwise)
+from .formats.optim import (  # noqa: F401  (the optim format's names under their old spellings here)
+    OPTIM_BLOCKSIZE, _OPT_ALIAS, _TWO_STATE, _check_numel, _check_optim_scalars, _optim_name,
+    optimizer_update_32bit, optimizer_update_8bit_blockwise)
+from .formats.weightonly import (  # noqa: F401  (the weightonly format's names under their old spellings here)
+    _check_bits, _check_weight_only, _scale_f32, dequantize_weight_only, gemm_weight_only, quantize_weight_only)
 from .quant_state import QuantState  # noqa: F401  (upstream: bitsandbytes.functional.QuantState)
 from .cextension import BNB_BACKEND, get_ptr, lib  # noqa: F401  (get_ptr, lib re-exported as upstream)
 from .utils import Singleton as _Singleton, dtype_from_name, dtype_name, pack_dict_to_tensor, to_numpy as _to_numpy
@@ -54,21 +59,8 @@ from ._formats_common import (  # noqa: F401  (the code maps _graph needs at com
 
 
 
-
 # ---------------------------------------------------------------------------------------------
-# argument checks (shared by every op in this module)
-# ---------------------------------------------------------------------------------------------
-def _mean_f32(t: Tensor) -> Tensor:
-    """float32 mean as upstream gets it from ``torch.mean`` to within its summation order: the sum
-    is taken in float64 and rounded once, then divided in float32 (matches torch's cascaded float32
-    sum in most cases; the two can differ by a few ulps)."""
-    a = t.asnumpy().astype(np.float64).reshape(-1)
-    n = max(a.size, 1)
-    return _tag(Tensor(np.float32(np.float32(a.sum()) / np.float32(n))), (t,))
-
-
-# ---------------------------------------------------------------------------------------------
-# allocation
+# allocation (the argument checks every format shares live in _formats_common)
 # ---------------------------------------------------------------------------------------------
 def empty(shape, dtype=ms.float32) -> Tensor:
     """An uninitialised tensor of ``shape`` and ``dtype``: no zero fill and no numpy round trip.
@@ -174,267 +166,9 @@ def create_fp8_map(signed: bool = True, exponent_bits: int = 5, precision_bits: 
 # :class:`QuantState` lives in bitsandbytes_ms/quant_state.py (imported above, re-exported under this name).
 
 
-# ---------------------------------------------------------------------------------------------
-# blockwise 8-bit quantization
-# ---------------------------------------------------------------------------------------------
-def quantize_blockwise(A: Tensor, code: Optional[Tensor] = None, absmax: Optional[Tensor] = None,
-                       out: Optional[Tensor] = None, blocksize: int = 4096, nested: bool = False
-                       ) -> Tuple[Tensor, QuantState]:
-    """Blockwise 8-bit quantization (upstream ``bitsandbytes.functional.quantize_blockwise``;
-    Dettmers et al., arXiv 2110.02861).
+# ---- blockwise 8-bit: bitsandbytes_ms/formats/blockwise.py (re-exported above) ----
+# ---- optimizer updates: bitsandbytes_ms/formats/optim.py (re-exported above) ----
 
-    ``A`` is split into consecutive blocks of ``blocksize`` elements (the last may be partial); each
-    block is scaled by its absolute maximum to [-1, 1] and every value is replaced by the index of
-    the nearest entry of ``code``.
-
-    Args:
-        A: float32/float16/bfloat16 tensor of any shape (non-contiguous input is copied first).
-        code: fp32 [256] code; default the signed dynamic map (:func:`create_dynamic_map`).
-        absmax: optional fp32 [ceil(n/blocksize)] tensor that receives the absmax values.
-        out: optional uint8 tensor shaped like ``A`` that receives the codes.
-        blocksize: one of :data:`BLOCKWISE_BLOCKSIZES` (default 4096).
-        nested: also quantize the absmax values (minus their mean) with the same blocksize.
-
-    Returns:
-        (uint8 tensor shaped like ``A``, :class:`QuantState`).
-
-    Raises:
-        ValueError: ``A`` not a 16/32-bit float tensor, blocksize not allowed, ``code`` not fp32
-            [256], ``out``/``absmax`` of the wrong shape or dtype.
-        TypeError: an argument is not a tensor / int.
-    """
-    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
-        return _graph.quantize_blockwise(A, code, absmax, out, blocksize, nested)
-    fn = "quantize_blockwise"
-    _check_dtype(A, FLOAT_DTYPES, fn, "A")
-    blocksize = _check_blocksize(blocksize, BLOCKWISE_BLOCKSIZES, fn)
-    if code is None:
-        code = _dynamic_code()
-    _check_dtype(code, (ms.float32,), fn, "code")
-    if _numel(code) != 256:
-        raise ValueError(f"{fn}: `code` must have 256 entries; got {_numel(code)}")
-    n = _numel(A)
-    nblocks = -(-n // blocksize)
-    _check_out(out, A.shape, ms.uint8, fn, "out")
-    _check_out(absmax, (nblocks,), ms.float32, fn, "absmax")
-
-    if n == 0:
-        q, amax = _empty_np(A.shape, ms.uint8), _empty_np((0,), ms.float32)
-    else:
-        q, amax = _ops.quantize_blockwise(_contiguous(A), code, blocksize)
-
-    if nested:
-        offset = _mean_f32(amax)
-        qabsmax, state2 = quantize_blockwise(amax - offset, blocksize=blocksize, nested=False)
-        state = QuantState(absmax=qabsmax, code=code.copy(), blocksize=blocksize, dtype=A.dtype, offset=offset,
-                           state2=state2, shape=A.shape)
-    else:
-        state = QuantState(absmax=amax, code=code.copy(), blocksize=blocksize, dtype=A.dtype, shape=A.shape)
-    q = _write(out, q, fn)
-    if absmax is not None and nested:
-        # the buffer receives the block absmax it is declared for (fp32 [nblocks]); the state keeps its nested
-        # uint8 codes (upstream copies those codes into the float buffer and makes it the state's absmax)
-        _write(absmax, amax, fn, "absmax")
-    elif absmax is not None:
-        state.absmax = _write(absmax, state.absmax, fn, "absmax")
-    return q, state
-
-
-def dequantize_blockwise(A: Tensor, quant_state: Optional[QuantState] = None, absmax: Optional[Tensor] = None,
-                         code: Optional[Tensor] = None, out: Optional[Tensor] = None, blocksize: int = 4096,
-                         nested: bool = False) -> Tensor:
-    """Inverse of :func:`quantize_blockwise` (upstream ``dequantize_blockwise``):
-    ``out = code[A] * absmax[block]`` in ``quant_state.dtype`` (float32 when only ``absmax`` is given).
-
-    Args:
-        A: uint8 codes of any shape.
-        quant_state: from :func:`quantize_blockwise`; if given, ``absmax``/``code``/``blocksize`` are ignored.
-        absmax: fp32 [ceil(n/blocksize)] scales, when there is no ``quant_state``.
-        code: fp32 [256] code (default dynamic map), when there is no ``quant_state``.
-        out: optional tensor shaped like ``A`` in the output dtype.
-        blocksize: when there is no ``quant_state``.
-
-    Raises:
-        ValueError: ``A`` not uint8; neither ``quant_state`` nor ``absmax``; blocksize not allowed;
-            absmax length not ceil(n/blocksize); ``out`` of the wrong shape/dtype.
-    """
-    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
-        return _graph.dequantize_blockwise(A, quant_state, absmax, code, out, blocksize, nested)
-    fn = "dequantize_blockwise"
-    _check_dtype(A, (ms.uint8,), fn, "A")
-    if quant_state is not None and not isinstance(quant_state, QuantState):  # not an AttributeError further down
-        raise TypeError(f"{fn}: `quant_state` must be a QuantState (from quantize_blockwise) or None; got "
-                        f"{type(quant_state).__name__}")
-    if quant_state is None and absmax is None:
-        raise ValueError(f"{fn} requires either `quant_state` or `absmax`")
-    if quant_state is None:
-        quant_state = QuantState(absmax=absmax, code=code if code is not None else _dynamic_code(),
-                                 blocksize=blocksize, dtype=ms.float32)
-    bs = _check_blocksize(quant_state.blocksize, BLOCKWISE_BLOCKSIZES, fn)
-    _check_dtype(quant_state.code, (ms.float32,), fn, "code")
-    if _numel(quant_state.code) != 256:
-        raise ValueError(f"{fn}: `code` must have 256 entries; got {_numel(quant_state.code)}")
-    if quant_state.dtype not in FLOAT_DTYPES:
-        raise ValueError(f"{fn}: quant_state.dtype must be float32, float16 or bfloat16; got {quant_state.dtype}")
-    _check_out(out, A.shape, quant_state.dtype, fn, "out")
-
-    amax = quant_state.absmax
-    if quant_state.nested:
-        amax = dequantize_blockwise(quant_state.absmax, quant_state.state2) + quant_state.offset
-        if amax.dtype != ms.float32:
-            amax = amax.astype(ms.float32)
-    _check_dtype(amax, (ms.float32,), fn, "absmax")
-    n = _numel(A)
-    if _numel(amax) != -(-n // bs):
-        raise ValueError(f"{fn}: `absmax` must have ceil({n}/{bs}) = {-(-n // bs)} entries; got {_numel(amax)}")
-    if n == 0:
-        return _write(out, _empty_np(A.shape, quant_state.dtype), fn)
-    res = _ops.dequantize_blockwise(_contiguous(A), _contiguous(amax), quant_state.code, bs, quant_state.dtype)
-    return _write(out, res, fn)
-
-
-# ---- optim ----
-# Optimizer updates (upstream functional.optimizer_update_32bit / optimizer_update_8bit_blockwise): validated
-# here, run by the op (in place: the native kernels update p / state / absmax in the tensors' own buffers, as
-# bitsandbytes' C functions do; see bitsandbytes_ms.backends.native).
-
-OPTIM_BLOCKSIZE = 256
-_OPT_ALIAS = {"lamb": "adam", "lars": "momentum"}
-_TWO_STATE = ("adam", "ademamix")
-
-
-def _optim_name(fn: str, optimizer_name: str) -> str:
-    name = _OPT_ALIAS.get(optimizer_name, optimizer_name)
-    if name not in _ops.OPTIMIZERS:
-        raise ValueError(f"{_fn_name(fn, 'optimizer_name')} must be one of "
-                         f"{tuple(sorted(set(_ops.OPTIMIZERS) | set(_OPT_ALIAS)))}; got {optimizer_name!r}")
-    return name
-
-
-def _check_numel(t: Tensor, n: int, fn: str, arg: str) -> None:
-    if _numel(t) != n:
-        raise ValueError(f"{_fn_name(fn, arg)} must have {n} elements; got shape {tuple(t.shape)}")
-
-
-def _check_optim_scalars(fn: str, step, **values) -> None:
-    """The update's scalar hyper-parameters must be numbers and ``step`` an int, as upstream's ctypes call
-    (``c_float("0.1")`` / ``c_int32(1.5)`` raise TypeError there): a string would otherwise pass ``float()`` here
-    and run (issue 34)."""
-    for arg, v in values.items():
-        if isinstance(v, Tensor) and v.ndim == 0 and v.dtype in FLOAT_DTYPES + (ms.int32, ms.int64):
-            continue
-        if not isinstance(v, (int, float, np.integer, np.floating)):
-            raise TypeError(f"{_fn_name(fn, arg)} must be a number; got {type(v).__name__} {v!r}")
-    ok = isinstance(step, (int, np.integer)) and not isinstance(step, bool)
-    if isinstance(step, Tensor) and step.ndim == 0 and step.dtype in (ms.int32, ms.int64):
-        ok = True
-    if not ok:
-        raise TypeError(f"{_fn_name(fn, 'step')} must be an int; got {type(step).__name__} {step!r}")
-
-
-def optimizer_update_32bit(optimizer_name: str, g: Tensor, p: Tensor, state1: Tensor, beta1: float, eps: float,
-                           step: int, lr: float, state2: Optional[Tensor] = None, beta2: float = 0.0,
-                           beta3: float = 0.0, alpha: float = 0.0, weight_decay: float = 0.0,
-                           gnorm_scale: float = 1.0, unorm_vec: Optional[Tensor] = None, max_unorm: float = 0.0,
-                           skip_zeros=False) -> None:
-    """In-place optimizer update with 32-bit state (upstream 0.50 CPU numerics, native kernel).
-
-    Args:
-        optimizer_name: adam, momentum, rmsprop, lion, adagrad, ademamix, lamb (adam rule + trust
-            ratio), lars (momentum rule + trust ratio).
-        g, p: gradient and parameter, same dtype (float32 / float16 / bfloat16) and element count.
-        state1: float32, p's size ([2, *p.shape] for ademamix: m1, m2). state2: float32 (adam,
-            ademamix: the second moment), else None.
-        max_unorm: > 0 scales the step so that ||update|| <= max_unorm * ||p|| (LAMB/LARS;
-            adam/momentum/rmsprop rules); ``unorm_vec`` (float32[1]) then receives ||update||.
-        skip_zeros: accepted and ignored, as on upstream's CPU backend.
-
-    p, state1, state2 and unorm_vec are updated in place. Raises ValueError/TypeError naming the
-    argument for a bad optimizer name, dtype or size.
-    """
-    fn = "optimizer_update_32bit"
-    _check_dtype(p, FLOAT_DTYPES, fn, "p")
-    _check_dtype(g, (p.dtype,), fn, "g")
-    name = _optim_name(fn, optimizer_name)
-    n = _numel(p)
-    _check_numel(g, n, fn, "g")
-    _check_dtype(state1, (ms.float32,), fn, "state1")
-    _check_numel(state1, 2 * n if name == "ademamix" else n, fn, "state1")
-    if name in _TWO_STATE:
-        if state2 is None:
-            raise ValueError(f"{_fn_name(fn, 'state2')} is required for {optimizer_name}")
-        _check_dtype(state2, (ms.float32,), fn, "state2")
-        _check_numel(state2, n, fn, "state2")
-    else:
-        state2 = None
-    if unorm_vec is not None:
-        _check_dtype(unorm_vec, (ms.float32,), fn, "unorm_vec")
-        _check_numel(unorm_vec, 1, fn, "unorm_vec")  # upstream's float32[1]: receives ||update||
-    _check_optim_scalars(fn, step, beta1=beta1, beta2=beta2, beta3=beta3, alpha=alpha, eps=eps, lr=lr,
-                         weight_decay=weight_decay, gnorm_scale=gnorm_scale, max_unorm=max_unorm)
-    if int(step) < 1:
-        raise ValueError(f"{_fn_name(fn, 'step')} must be >= 1; got {step}")
-    if n == 0:
-        return None
-    _ops.optimizer_update_32bit(name, g, p, state1, state2, unorm_vec, float(max_unorm), 0.0, float(beta1),
-                                float(beta2), float(beta3), float(alpha), float(eps), float(weight_decay), int(step),
-                                float(lr), float(gnorm_scale), bool(skip_zeros))
-    return None
-
-
-def optimizer_update_8bit_blockwise(optimizer_name: str, g: Tensor, p: Tensor, state1: Tensor,
-                                    state2: Optional[Tensor], beta1: float, beta2: float, beta3: float, alpha: float,
-                                    eps: float, step: int, lr: float, qmap1: Tensor, qmap2: Optional[Tensor],
-                                    absmax1: Tensor, absmax2: Optional[Tensor], weight_decay: float = 0.0,
-                                    gnorm_scale: float = 1.0, skip_zeros=False) -> None:
-    """In-place optimizer update with blockwise 8-bit state (blocksize 256), fused per block:
-    dequantize ``code[q] * absmax``, update in float32 (upstream 0.50 CPU rules), requantize with
-    quantize_blockwise's lookup table (same bytes as upstream's CPU kernel).
-
-    Args:
-        g, p: same float dtype and size. state1: uint8 (``[2, *p.shape]`` for ademamix), state2:
-            uint8 or None (adam, ademamix need it). qmap1/qmap2: float32[256] codes (upstream uses
-            the signed / unsigned dynamic maps). absmax1: float32[ceil(n/256)] (``[2, nb]`` for
-            ademamix), absmax2 likewise or None.
-
-    p, state1, state2, absmax1, absmax2 are updated in place.
-    """
-    fn = "optimizer_update_8bit_blockwise"
-    _check_dtype(p, FLOAT_DTYPES, fn, "p")
-    _check_dtype(g, (p.dtype,), fn, "g")
-    name = _optim_name(fn, optimizer_name)
-    n = _numel(p)
-    nb = -(-n // OPTIM_BLOCKSIZE)
-    mult = 2 if name == "ademamix" else 1
-    _check_numel(g, n, fn, "g")
-    _check_dtype(state1, (ms.uint8,), fn, "state1")
-    _check_numel(state1, mult * n, fn, "state1")
-    _check_dtype(qmap1, (ms.float32,), fn, "qmap1")
-    _check_numel(qmap1, 256, fn, "qmap1")
-    _check_dtype(absmax1, (ms.float32,), fn, "absmax1")
-    _check_numel(absmax1, mult * nb, fn, "absmax1")
-    if name in _TWO_STATE:
-        for t, arg in ((state2, "state2"), (qmap2, "qmap2"), (absmax2, "absmax2")):
-            if t is None:
-                raise ValueError(f"{_fn_name(fn, arg)} is required for {optimizer_name}")
-        _check_dtype(state2, (ms.uint8,), fn, "state2")
-        _check_numel(state2, n, fn, "state2")
-        _check_dtype(qmap2, (ms.float32,), fn, "qmap2")
-        _check_numel(qmap2, 256, fn, "qmap2")
-        _check_dtype(absmax2, (ms.float32,), fn, "absmax2")
-        _check_numel(absmax2, nb, fn, "absmax2")
-    else:
-        state2 = qmap2 = absmax2 = None
-    _check_optim_scalars(fn, step, beta1=beta1, beta2=beta2, beta3=beta3, alpha=alpha, eps=eps, lr=lr,
-                         weight_decay=weight_decay, gnorm_scale=gnorm_scale)
-    if int(step) < 1:
-        raise ValueError(f"{_fn_name(fn, 'step')} must be >= 1; got {step}")
-    if n == 0:
-        return None
-    _ops.optimizer_update_8bit_blockwise(name, g, p, state1, state2, float(beta1), float(beta2), float(beta3),
-                                         float(alpha), float(eps), int(step), float(lr), qmap1, qmap2, absmax1,
-                                         absmax2, float(weight_decay), float(gnorm_scale), bool(skip_zeros))
-    return None
 
 # ---------------------------------------------------------------------------------------------
 # ---- 4-bit (NF4/FP4) ----
@@ -707,151 +441,7 @@ def linear_4bit(A: Tensor, B: Tensor, quant_state: QuantState, bias: Optional[Te
 
 
 
-# ---- weight-only int8/int4 (W8A16/W4A16) ----
-
-def _check_bits(bits, fn: str) -> int:
-    if bits not in (8, 4) or isinstance(bits, bool):
-        raise ValueError(f"{fn}: `bits` must be 8 or 4; got {bits!r}")
-    return int(bits)
-
-
-def quantize_weight_only(W: Tensor, bits: int = 8) -> Tuple[Tensor, Tensor]:
-    """Per-output-channel symmetric weight quantization for weight-only linears (W8A16 / W4A16, the
-    scheme of ChatGLM-6B's quantized checkpoints).
-
-    ``scale[n] = max_k |W[n, k]| / qmax`` (qmax = 127 for int8, 7 for int4), ``q = round(W / scale)``
-    (half to even; 0 for an all-zero row). int4 values are packed two per byte, row by row: ``k`` even
-    in the high nibble, ``k+1`` in the low one, as two's-complement nibbles; odd K pads each row.
-
-    Args:
-        W: [N, K] float32/float16/bfloat16 weight (out_features, in_features); non-contiguous is copied.
-        bits: 8 or 4.
-
-    Returns:
-        (q, scale): q int8 [N, K] (bits=8) or uint8 [N, (K+1)//2] (bits=4); scale fp32 [N].
-
-    Raises:
-        ValueError: W not a 2-D float tensor, bits not 8/4.
-    """
-    if _graph.compiling(W):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
-        return _graph.quantize_weight_only(W, bits)
-    fn = "quantize_weight_only"
-    _check_dtype(W, FLOAT_DTYPES, fn, "W")
-    bits = _check_bits(bits, fn)
-    if len(W.shape) != 2:
-        raise ValueError(f"{fn}: `W` must be 2-D [out_features, in_features]; got shape {tuple(W.shape)}")
-    N, K = (int(s) for s in W.shape)
-    if N * K == 0:
-        q = _empty_np((N, K if bits == 8 else (K + 1) // 2), ms.int8 if bits == 8 else ms.uint8)
-        return q, _empty_np((N,), ms.float32)  # a K = 0 weight: scale 0 per row (what the kernel writes)
-    return _ops.quantize_weight_only(_contiguous(W), bits)
-
-
-def _check_weight_only(q: Tensor, scale: Tensor, K: int, bits: int, fn: str) -> None:
-    _check_dtype(q, (ms.int8,) if bits == 8 else (ms.uint8,), fn, "q")
-    _check_dtype(scale, (ms.float32,), fn, "scale")
-    N = _numel(scale)
-    width = K if bits == 8 else (K + 1) // 2
-    if len(q.shape) != 2 or tuple(q.shape) != (N, width):
-        raise ValueError(f"{fn}: `q` must have shape [{N}, {width}] for {N} output channels, K={K}, bits={bits}; "
-                         f"got {tuple(q.shape)}")
-
-
-def _scale_f32(scale: Tensor, fn: str) -> Tensor:
-    _check_tensor(scale, fn, "scale")
-    if scale.dtype in (ms.float16, ms.bfloat16):  # checkpoints (ChatGLM) store the scale in half precision
-        scale = ms.ops.cast(scale, ms.float32)
-    return _contiguous(ms.ops.reshape(scale, (-1,)))
-
-
-def dequantize_weight_only(q: Tensor, scale: Tensor, in_features: Optional[int] = None, bits: int = 8,
-                           dtype=ms.float32, out: Optional[Tensor] = None) -> Tensor:
-    """``W'[n, k] = q[n, k] * scale[n]`` (fp32, rounded to ``dtype``): inverse of :func:`quantize_weight_only`.
-
-    Args:
-        q, scale: from :func:`quantize_weight_only` (scale may be fp16/bf16; it is widened to fp32).
-        in_features: K (needed for int4 with odd K; default ``q.shape[1]`` (int8) or ``2*q.shape[1]`` (int4)).
-        bits: 8 or 4. dtype: result dtype (float32/float16/bfloat16). out: optional [N, K] tensor of ``dtype``.
-
-    Raises:
-        ValueError: wrong dtypes/shapes, bits not 8/4.
-    """
-    if _graph.compiling(q):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
-        return _graph.dequantize_weight_only(q, scale, in_features, bits, dtype, out)
-    fn = "dequantize_weight_only"
-    bits = _check_bits(bits, fn)
-    _check_tensor(q, fn, "q")
-    scale = _scale_f32(scale, fn)
-    if dtype not in FLOAT_DTYPES:
-        raise ValueError(f"{fn}: `dtype` must be float32, float16 or bfloat16; got {dtype}")
-    K = int(in_features) if in_features is not None else (int(q.shape[-1]) * (1 if bits == 8 else 2))
-    _check_weight_only(q, scale, K, bits, fn)
-    N = _numel(scale)
-    _check_out(out, (N, K), dtype, fn)
-    if N * K == 0:
-        return _write(out, _empty_np((N, K), dtype), fn)
-    return _write(out, _ops.dequantize_weight_only(_contiguous(q), scale, K, bits, dtype), fn)
-
-
-def gemm_weight_only(A: Tensor, q: Tensor, scale: Tensor, bits: int = 8, bias: Optional[Tensor] = None,
-                     out: Optional[Tensor] = None, in_features: Optional[int] = None) -> Tensor:
-    """Weight-only linear ``A @ (q * scale[:, None]).T (+ bias)`` in A's dtype (W8A16 / W4A16).
-
-    Up to :data:`WEIGHT_ONLY_NATIVE_MAX_ROWS` rows of ``A`` the native kernel streams the int weight once,
-    widens it in registers and accumulates in fp32 (``scale`` applied to each dot product); more rows
-    dequantize the weight to fp32 (native) and use MindSpore's matmul (fp32), then round to A's dtype.
-
-    Args:
-        A: [..., K] float32/float16/bfloat16 activations.
-        q, scale: from :func:`quantize_weight_only` ([N, K] int8 or [N, (K+1)//2] uint8; [N] scale).
-        bits: 8 or 4. bias: optional [N] (added in fp32). out: optional [..., N] tensor of A's dtype.
-        in_features: the weight's K, when known (int4 packs K = 2j - 1 and 2j into the same j bytes a row, so
-            ``q`` alone cannot tell them apart); A's last dimension must equal it.
-
-    Raises:
-        ValueError: wrong dtypes/shapes, bits not 8/4.
-    """
-    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the graph form (bitsandbytes_ms/_graph.py)
-        return _graph.gemm_weight_only(A, q, scale, bits, bias, out, in_features)
-    fn = "gemm_weight_only"
-    bits = _check_bits(bits, fn)
-    _check_dtype(A, FLOAT_DTYPES, fn, "A")
-    _check_tensor(q, fn, "q")
-    scale = _scale_f32(scale, fn)
-    if len(A.shape) == 0:
-        raise ValueError(f"{fn}: `A` must have at least one dimension")
-    K = int(A.shape[-1])
-    if in_features is not None and K != int(in_features):
-        raise ValueError(f"{fn}: `A` must have last dimension in_features = {int(in_features)}; got shape "
-                         f"{tuple(A.shape)}")
-    _check_weight_only(q, scale, K, bits, fn)
-    N = _numel(scale)
-    if bias is not None:
-        _check_tensor(bias, fn, "bias")
-        if _numel(bias) != N:
-            raise ValueError(f"{fn}: `bias` must have {N} elements; got {_numel(bias)}")
-    out_shape = tuple(A.shape[:-1]) + (N,)
-    _check_out(out, out_shape, A.dtype, fn)
-    rows = _numel(A) // K if K else int(math.prod(A.shape[:-1]))
-    if rows * N == 0:
-        return _write(out, _empty_np(out_shape, A.dtype), fn)
-    O = ms.ops  # MindSpore ops throughout: the result is tagged once, at the return
-    b32 = None if bias is None else O.cast(O.reshape(bias, (-1,)), ms.float32)
-    if K == 0:  # empty dot products: 0 (+ bias); the entry point counts no rows in a [..., 0] A
-        res = _empty_np(out_shape, ms.float32)
-        res = O.cast(res if b32 is None else O.add(res, b32), A.dtype)
-    elif rows <= WEIGHT_ONLY_NATIVE_MAX_ROWS:
-        res = _ops.gemm_weight_only(_contiguous(A), _contiguous(q), scale, bits)
-        if b32 is not None:
-            res = O.cast(O.add(O.cast(res, ms.float32), b32), A.dtype)
-    else:
-        W = _ops.dequantize_weight_only(_contiguous(q), scale, K, bits, ms.float32)
-        res = O.matmul(O.cast(O.reshape(A, (rows, K)), ms.float32), O.transpose(W, (1, 0)))
-        if b32 is not None:
-            res = O.add(res, b32)
-        res = O.cast(O.reshape(res, out_shape), A.dtype)
-    return _write(out, _tag(res, (A,)), fn)
-
+# ---- weight-only int8/int4 (W8A16/W4A16): bitsandbytes_ms/formats/weightonly.py (re-exported above) ----
 
 # ---- full-precision linear (the layers a quantized model keeps in full precision: lm_head) ----
 _MATMUL_TB = None
