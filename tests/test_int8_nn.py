@@ -439,3 +439,25 @@ def test_linear8bitlt_grad_weight_and_bias_fp16_weights(dtype):
     np.testing.assert_allclose(gb, refb, atol=0.008, rtol=0.05)
     # and the weight stays float after the step (quantized per forward, not in place)
     assert m.weight.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_int8params_large_weight_quantizes_in_row_chunks_with_the_same_bytes(monkeypatch, dtype):
+    """A weight above the chunk size quantizes a chunk of rows at a time (no whole float16 copy left in MindSpore's
+    memory pool): the bytes of int8_vectorwise_quant over the whole weight (chunks of 2 rows, the last of 1)."""
+    import bitsandbytes_ms.nn.modules as M
+    from bitsandbytes_ms.autograd import _functions as AF
+
+    rng = np.random.RandomState(3)
+    W = (rng.randn(37, 50) * 3).astype(np.float32)
+    W[5, 7] = 40.0  # an outlier-sized value: threshold 0 quantizes rows on their own either way
+    t = torch.tensor(W).to(dtype)
+    want_cb, want_scb, _ = F.int8_vectorwise_quant(AF._as_quant_input(t))
+    monkeypatch.setattr(M, "_QUANT_CHUNK", 120)  # 2 rows a chunk, 19 chunks, the last one row
+    seen = []
+    real = M._quantize_rows_chunked
+    monkeypatch.setattr(M, "_quantize_rows_chunked", lambda d: seen.append(1) or real(d))
+    p = Int8Params(t, requires_grad=False, has_fp16_weights=False).quantize()
+    assert seen and p.dtype == torch.int8
+    np.testing.assert_array_equal(p.data.asnumpy(), want_cb.asnumpy())
+    np.testing.assert_array_equal(p.SCB.asnumpy(), want_scb.asnumpy())
