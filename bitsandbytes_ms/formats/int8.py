@@ -397,12 +397,9 @@ class Int8LinearPlan:
             entry[0].run_rows(0, xp, rows, K, 5, out)
         return _hostcall.wrap(out), flags
 
-    def __call__(self, A: Tensor, bias: Optional[Tensor], threshold: float, fn: str = "int8_linear"):
-        """``(out [..., N] in A.dtype, col_flags)`` for validated-here ``A``/``bias`` and a checked threshold;
-        ``col_flags`` (uint8 [K], the outlier columns) is a host numpy array after a host call, else a tensor."""
+    def check_shapes(self, A: Tensor, bias: Optional[Tensor], fn: str) -> None:
+        """``A`` [..., K] against the weight, and ``bias`` (a float tensor of N values or None)."""
         shape = A.shape
-        if not isinstance(A, Tensor) or A.dtype not in _FLOAT_SET:
-            _check_dtype(A, FLOAT_DTYPES, fn, "A")
         if len(shape) == 0 or shape[-1] != self.K:
             raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(shape)} @ `CB`.T ({self.N}, {self.K}) "
                              f"(A.shape[-1] must equal CB.shape[1])")
@@ -410,6 +407,14 @@ class Int8LinearPlan:
             _check_dtype(bias, FLOAT_DTYPES, fn, "bias")
             if _numel(bias) != self.N:
                 raise ValueError(f"{_fn_name(fn, 'bias')} must have CB.shape[0] = {self.N} values; got {_numel(bias)}")
+
+    def __call__(self, A: Tensor, bias: Optional[Tensor], threshold: float, fn: str = "int8_linear"):
+        """``(out [..., N] in A.dtype, col_flags)`` for validated-here ``A``/``bias`` and a checked threshold;
+        ``col_flags`` (uint8 [K], the outlier columns) is a host numpy array after a host call, else a tensor."""
+        shape = A.shape
+        if not isinstance(A, Tensor) or A.dtype not in _FLOAT_SET:
+            _check_dtype(A, FLOAT_DTYPES, fn, "A")
+        self.check_shapes(A, bias, fn)
         out_shape = tuple(shape[:-1]) + (self.N,)
         if _hostcall.active():
             entry = self.host_call(A.dtype)
@@ -487,13 +492,7 @@ def int8_linear(A: Tensor, CB: Tensor, SCB: Tensor, bias: Optional[Tensor] = Non
     _check_dtype(A, FLOAT_DTYPES, fn, "A")
     _check_rank(A, 1, fn, "A")
     plan = Int8LinearPlan(CB, SCB, fn)
-    if int(A.shape[-1]) != plan.K:
-        raise ValueError(f"{fn}: inner dimensions do not match: `A` {tuple(A.shape)} @ `CB`.T {tuple(CB.shape)} "
-                         f"(A.shape[-1] must equal CB.shape[1])")
-    if bias is not None:
-        _check_dtype(bias, FLOAT_DTYPES, fn, "bias")
-        if _numel(bias) != plan.N:
-            raise ValueError(f"{_fn_name(fn, 'bias')} must have CB.shape[0] = {plan.N} values; got {_numel(bias)}")
+    plan.check_shapes(A, bias, fn)
     threshold = _check_threshold(threshold, fn)
     shape = tuple(A.shape[:-1]) + (plan.N,)
     if _numel(A) == 0 or plan.N == 0:

@@ -629,12 +629,17 @@ def _fused_logits(model, plan: _Plan, kw):
     return model.lm_head(_hostcall.wrap(hs)), pkv, use_cache
 
 
+def _unfused_for_good(instance) -> bool:
+    """The usual unfused model: no plan, and none will be made (tried, no quantized layer, or switched off)."""
+    return instance.__dict__.get(_PLAN) is None and instance.__dict__.get(_AUTO) in ("tried", "no", "off")
+
+
 def _plan_for(instance, kw) -> Optional[_Plan]:
     """The plan a forward with arguments ``kw`` runs fused with (made or rebuilt here when due), or None: the unfused
     path runs (warned once where the user should know why)."""
-    plan = instance.__dict__.get(_PLAN)
-    if plan is None and instance.__dict__.get(_AUTO) in ("tried", "no", "off"):  # the usual unfused model
+    if _unfused_for_good(instance):
         return None
+    plan = instance.__dict__.get(_PLAN)
     if plan is None:
         plan = _auto_plan(instance, kw)
         if plan is None:
@@ -664,8 +669,8 @@ def _plan_for(instance, kw) -> Optional[_Plan]:
 def _causal_lm_forward(wrapped, instance, args, kwargs):
     if instance is None or not _enabled:
         return wrapped(*args, **kwargs)
-    if instance.__dict__.get(_PLAN) is None and instance.__dict__.get(_AUTO) in ("tried", "no", "off"):
-        return wrapped(*args, **kwargs)  # the usual unfused model, at no cost
+    if _unfused_for_good(instance):
+        return wrapped(*args, **kwargs)  # at no cost
     kw = dict(zip(_FWD_ARGS, args))
     kw.update(kwargs)
     plan = _plan_for(instance, kw)
@@ -787,7 +792,7 @@ _SAMPLE_ARGS = ("input_ids", "logits_processor", "stopping_criteria", "generatio
 def _sample(wrapped, instance, args, kwargs):
     if instance is None or not _enabled or len(args) > len(_SAMPLE_ARGS):
         return wrapped(*args, **kwargs)
-    if instance.__dict__.get(_PLAN) is None and instance.__dict__.get(_AUTO) in ("tried", "no", "off"):
+    if _unfused_for_good(instance):
         return wrapped(*args, **kwargs)
     kw = dict(zip(_SAMPLE_ARGS, args))
     if set(kw) & set(kwargs):
