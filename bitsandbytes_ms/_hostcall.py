@@ -124,7 +124,9 @@ def own_memory(t: Tensor, fn: str, arg: str) -> Optional[np.ndarray]:
     of a view), which an ops.Custom call cannot do: MindSpore hands an AOT kernel a contiguous copy of
     a view (non-contiguous or not), and mindtorch's ``contiguous()`` returns a non-contiguous tensor
     itself, so an in-place update of a view used to be lost."""
-    ptr = _ms_threads.quiet_ptr(t.data_ptr)  # mindtorch: the storage's start (the offset is separate)
+    # mindtorch's data_ptr: the storage's start (the offset is separate); it raises for a tensor mindtorch never
+    # placed (no `_device`: an ms.Parameter made in plain MindSpore), whose MindSpore pointer is its data's own
+    ptr = _ms_threads.quiet_ptr(t.data_ptr if hasattr(t, "_device") else t._data_ptr)
     if not ptr:
         return None
     dtype = np_dtype(t.dtype)

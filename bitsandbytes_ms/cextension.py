@@ -121,7 +121,7 @@ except NativeLibraryError as _e:
 # CPU feature diagnostics (plain C helpers, not MindSpore ops)
 # ---------------------------------------------------------------------------------------------
 _CPU_FEATURE_BITS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
-                     "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+                     "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16", "avx512_vbmi")
 _SIMD_LEVELS = ("scalar", "avx2", "avx512")
 
 

@@ -76,7 +76,7 @@ SimdLevel detect_level(uint32_t f) {
     SimdLevel want = hw;
     if (!std::strcmp(env, "scalar")) want = SimdLevel::scalar;
     else if (!std::strcmp(env, "avx2")) want = SimdLevel::avx2;
-    else if (!std::strcmp(env, "avx512")) want = SimdLevel::avx512;
+    else if (!std::strcmp(env, "avx512") || !std::strcmp(env, "avx512-novbmi")) want = SimdLevel::avx512;
     if (want < hw) hw = want;  // only ever lower it
   }
   return hw;
@@ -84,8 +84,15 @@ SimdLevel detect_level(uint32_t f) {
 
 }  // namespace
 
+// BNB_MS_SIMD=avx512-novbmi also hides AVX-512 VBMI, so a VBMI machine runs (and the tests check) the AVX-512 paths
+// of CPUs without it (Skylake-X, Cascade Lake): gathers instead of in-register byte tables.
 uint32_t cpu_features() {
-  static const uint32_t f = detect();
+  static const uint32_t f = [] {
+    uint32_t x = detect();
+    const char *env = std::getenv("BNB_MS_SIMD");
+    if (env && !std::strcmp(env, "avx512-novbmi")) x &= ~(uint32_t)CPU_AVX512VBMI;
+    return x;
+  }();
   return f;
 }
 

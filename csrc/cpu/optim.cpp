@@ -18,8 +18,9 @@
 // table as quantize_blockwise (blockwise.cpp / upstream's CPU kernel), so the state bytes equal
 // upstream's.  The SIMD paths compute the grid indices in vectors and look codes up as blockwise.cpp does
 // (AVX2: scalar loads, dequantization through a per-block table of code * absmax; AVX-512: gathers), except that
-// with AVX-512 VBMI both lookups stay in registers: Code256Vbmi decodes, Grid256Vbmi (cpu/code256.h: the grid
-// table as per-bucket tables of 256 bytes, the same bytes) requantizes.
+// with AVX-512 VBMI both lookups stay in registers: Code256Vbmi decodes 64 states at a time inside the update
+// loop, Grid256Vbmi (cpu/code256.h: the grid table as per-bucket tables of 256 bytes, the same bytes) requantizes.
+// The vector loops divide by the call's bias corrections without the divider (optim_simd.inc, vdiv_by: exact).
 //
 // Non-finite gradients. 8-bit state: an element whose gradient is inf or NaN updates its parameter as
 // upstream 0.50.2's CPU path does (a NaN gradient gives a NaN parameter), and its states are reset to 0,
@@ -203,6 +204,7 @@ namespace avx2 {
 #define SIMD_TARGET BNB_MS_TARGET_AVX2
 using F = __m256;
 constexpr int W = 8;
+constexpr int64_t kChunk = 4 * W;
 SIMD_TARGET BNB_MS_INLINE F set1(float x) { return _mm256_set1_ps(x); }
 SIMD_TARGET BNB_MS_INLINE F vadd(F a, F b) { return _mm256_add_ps(a, b); }
 SIMD_TARGET BNB_MS_INLINE F vmul(F a, F b) { return _mm256_mul_ps(a, b); }
@@ -223,6 +225,20 @@ SIMD_TARGET BNB_MS_INLINE Mk vfinite(F x) {
   return _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x), _mm256_set1_ps(INFINITY), _CMP_LT_OQ);
 }
 SIMD_TARGET BNB_MS_INLINE F vsel(Mk m, F a, F b) { return _mm256_blendv_ps(b, a, m); }
+SIMD_TARGET BNB_MS_INLINE bool vall(Mk m) { return _mm256_movemask_ps(m) == 0xff; }
+SIMD_TARGET BNB_MS_INLINE F vfma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+SIMD_TARGET BNB_MS_INLINE F vfnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+SIMD_TARGET BNB_MS_INLINE Mk vnonneg_finite(F x) {
+  const __m256i u = _mm256_castps_si256(x);  // 0 <= u < 0x7f800000 as signed integers
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f800000), u),
+                                              _mm256_cmpgt_epi32(u, _mm256_set1_epi32(-1))));
+}
+SIMD_TARGET BNB_MS_INLINE Mk vdiv_exact_lanes(F x) {  // +0, or |x| in [2^-80, 2^100] (bits 0x17800000 .. 0x71800000)
+  const __m256i u = _mm256_castps_si256(x), a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  const __m256i in = _mm256_andnot_si256(_mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x71800000)),
+                                         _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x177fffff)));
+  return _mm256_castsi256_ps(_mm256_or_si256(in, _mm256_cmpeq_epi32(u, _mm256_setzero_si256())));
+}
 // element loads/stores: cpu/simd_convert.h (to_f32 / from_f32's bytes, NaNs included)
 template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p) { return load8<T>(p); }
 template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v) { store8<T>(p, v); }
@@ -246,6 +262,9 @@ struct StateSrc {
     table_lookup(tab, q, buf, len);
   }
   SIMD_TARGET BNB_MS_INLINE F at(int64_t i) const { return load<float>(buf + i); }
+  SIMD_TARGET BNB_MS_INLINE void at4(int64_t i, F v[4]) const {
+    for (int j = 0; j < 4; ++j) v[j] = at(i + j * W);
+  }
   BNB_MS_INLINE float at1(int64_t i) const { return buf[i]; }
 };
 SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F pre, F inv, uint8_t *q) {
@@ -270,11 +289,13 @@ SIMD_TARGET BNB_MS_INLINE float hmax(F v) {
 #undef SIMD_TARGET
 }  // namespace avx2
 
-// ---- AVX-512 (16 lanes): a mirror of the AVX2 primitives (cannot run on the development machine) --
+// ---- AVX-512 (16 lanes): a mirror of the AVX2 primitives; the states through gathers, or with VBMI (avx512::vbmi
+// below) in registers --------------------------------------------------------------------------------------------------
 namespace avx512 {
 #define SIMD_TARGET BNB_MS_TARGET_AVX512
 using F = __m512;
 constexpr int W = 16;
+constexpr int64_t kChunk = 4 * W;
 SIMD_TARGET BNB_MS_INLINE F set1(float x) { return _mm512_set1_ps(x); }
 SIMD_TARGET BNB_MS_INLINE F vadd(F a, F b) { return _mm512_add_ps(a, b); }
 SIMD_TARGET BNB_MS_INLINE F vmul(F a, F b) { return _mm512_mul_ps(a, b); }
@@ -290,23 +311,81 @@ SIMD_TARGET BNB_MS_INLINE F vsign(F u) {
   return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(u, u, _CMP_UNORD_Q), u);
 }
 using Mk = __mmask16;
-SIMD_TARGET BNB_MS_INLINE Mk vfinite(F x) {
-  return _mm512_cmp_ps_mask(_mm512_andnot_ps(_mm512_set1_ps(-0.0f), x), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
-}
+SIMD_TARGET BNB_MS_INLINE Mk vfinite(F x) { return (Mk)~_mm512_fpclass_ps_mask(x, 0x99); }  // not NaN or +-inf
 SIMD_TARGET BNB_MS_INLINE F vsel(Mk m, F a, F b) { return _mm512_mask_blend_ps(m, b, a); }
+SIMD_TARGET BNB_MS_INLINE bool vall(Mk m) { return m == (Mk)0xffff; }
+SIMD_TARGET BNB_MS_INLINE F vfma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+SIMD_TARGET BNB_MS_INLINE F vfnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+SIMD_TARGET BNB_MS_INLINE Mk vnonneg_finite(F x) {
+  return _mm512_cmplt_epu32_mask(_mm512_castps_si512(x), _mm512_set1_epi32(0x7f800000));  // unsigned: -0 fails
+}
+SIMD_TARGET BNB_MS_INLINE Mk vdiv_exact_lanes(F x) {  // +0, or |x| in [2^-80, 2^100]
+  const __m512i u = _mm512_castps_si512(x), a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+  const __m512i off = _mm512_sub_epi32(a, _mm512_set1_epi32(0x17800000));
+  return _mm512_cmple_epu32_mask(off, _mm512_set1_epi32(0x71800000 - 0x17800000)) |
+         _mm512_cmpeq_epi32_mask(u, _mm512_setzero_si512());
+}
 template <class T> SIMD_TARGET BNB_MS_INLINE F load(const T *p) { return load16<T>(p); }
 template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v) { store16<T>(p, v); }
-// The state lookups (cpu/code256.h): with VBMI the block is decoded into its buffer in registers (the tables
-// built once per call in StateCodes; Adam8bit step, 20M parameters, on the AVX-512 EPYC: 2.04x -> 1.78x the
-// 32-bit step), else by gathers in the update loop itself (cpu/quant_lut.h says why AVX-512 gathers; no block
-// buffer, no prefetch: measured faster on the Sapphire Rapids host).
+SIMD_TARGET BNB_MS_INLINE float hmax(F v) { return _mm512_reduce_max_ps(v); }
+SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F pre, F inv, uint8_t *q) {
+  for (int j = 0; j < 32; j += W)
+    _mm_storeu_si128((__m128i *)(q + j), lut_gather16(lut, quant_grid_index16(vmul(vmul(load<float>(v + j), pre), inv))));
+}
+
+// Without VBMI the state lookups are gathers in the update loop itself (cpu/quant_lut.h says why AVX-512 gathers;
+// no block buffer, no prefetch: measured faster on the Sapphire Rapids host).
 constexpr int64_t kAhead = 0;
+struct StateCodes {
+  const void *c1 = nullptr, *c2 = nullptr;
+  const void *r1 = nullptr, *r2 = nullptr;
+  explicit StateCodes(const State8 &) {}
+};
+struct StateSrc {
+  float *buf;
+  const void *unused;
+  const float *code = nullptr;
+  const uint8_t *q = nullptr;
+  float absmax = 0.0f;
+  BNB_MS_INLINE void prepare(const float *c, float a, const uint8_t *qq, int64_t) {
+    code = c;
+    absmax = a;
+    q = qq;
+  }
+  SIMD_TARGET BNB_MS_INLINE F at(int64_t i) const {
+    __m512 v;
+    Code256Gather{code}.lookup(q + i, &v);
+    return vmul(v, set1(absmax));
+  }
+  SIMD_TARGET BNB_MS_INLINE void at4(int64_t i, F v[4]) const {
+    for (int j = 0; j < 4; ++j) v[j] = at(i + j * W);
+  }
+  BNB_MS_INLINE float at1(int64_t i) const { return code[q[i]] * absmax; }
+};
+SIMD_TARGET BNB_MS_INLINE int64_t requant_vec(const OptLut *lut, const void *, const float *v, int64_t len, float pre,
+                                              float inv, uint8_t *q) {
+  int64_t i = 0;
+  for (; i + 32 <= len; i += 32) requant32(lut, v + i, set1(pre), set1(inv), q + i);
+  return i;
+}
+#include "cpu/optim_simd.inc"
+#undef SIMD_TARGET
+
+// With AVX-512 VBMI both lookups stay in registers (cpu/code256.h): Code256Vbmi decodes a whole block's states 64
+// at a time inside the update loop (StateSrc::at4; a partial last block through its buffer), Grid256Vbmi
+// requantizes.  The loop is the same source (optim_simd.inc) compiled for the VBMI target, so the lookups inline.
+// Adam8bit step, 20M parameters: on the AVX-512 EPYC (Zen 4) the in-register decode took it from 2.04x to 1.78x
+// the 32-bit step; on the 2-core Xeon (2026-12-06), decoding in the update loop instead of into block buffers, the
+// divider-free bias correction, prefetch 4 blocks ahead and the leaner grid index took it from 1.52x to ~0.95x
+// (benchmarks/cpu.md).  The loop is bound by the vector ports (decode and requantization ~30% each).
+namespace vbmi {
+#define SIMD_TARGET BNB_MS_TARGET_AVX512VBMI
+constexpr int64_t kAhead = 4;  // software prefetch 4 blocks ahead (Xeon: 19 -> 17 ms a 20M step; 1-16 measured)
 struct StateCodes {
   Code256Vbmi t1, t2;
   const Code256Vbmi *c1 = nullptr, *c2 = nullptr;
   const Grid256Vbmi *r1 = nullptr, *r2 = nullptr;  // requantization without gathers (null: gathers)
-  explicit StateCodes(const State8 &st) {
-    if (!has_avx512vbmi()) return;
+  SIMD_TARGET explicit StateCodes(const State8 &st) {
     t1.init(st.q1);
     c1 = &t1;
     r1 = opt_grid(st.l1);
@@ -319,60 +398,58 @@ struct StateCodes {
 };
 struct StateSrc {
   float *buf;
-  const Code256Vbmi *vb;  // null: gathers
+  const Code256Vbmi *vb;
   const float *code = nullptr;
   const uint8_t *q = nullptr;
   float absmax = 0.0f;
-  BNB_MS_INLINE void prepare(const float *c, float a, const uint8_t *qq, int64_t len) {
+  SIMD_TARGET BNB_MS_INLINE void prepare(const float *c, float a, const uint8_t *qq, int64_t len) {
     code = c;
     absmax = a;
     q = qq;
-    if (vb) code256_scaled(*vb, c, qq, a, len, buf);
+    if (len < kBlock) code256_scaled(*vb, c, qq, a, len, buf);  // the partial last block goes through at(i)
   }
-  SIMD_TARGET BNB_MS_INLINE F at(int64_t i) const {
-    if (vb) return load<float>(buf + i);
-    __m512 v;
-    Code256Gather{code}.lookup(q + i, &v);
-    return vmul(v, set1(absmax));
+  SIMD_TARGET BNB_MS_INLINE F at(int64_t i) const { return load<float>(buf + i); }
+  SIMD_TARGET BNB_MS_INLINE void at4(int64_t i, F v[4]) const {
+    vb->lookup(q + i, v);
+    for (int j = 0; j < 4; ++j) v[j] = vmul(v[j], set1(absmax));
   }
   BNB_MS_INLINE float at1(int64_t i) const { return code[q[i]] * absmax; }
 };
-SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F pre, F inv, uint8_t *q) {
-  for (int j = 0; j < 32; j += W)
-    _mm_storeu_si128((__m128i *)(q + j), lut_gather16(lut, quant_grid_index16(vmul(vmul(load<float>(v + j), pre), inv))));
-}
-// The codes of v[i] * pre * inv, 64 at a time, for i < len rounded down to 64 (returned). Not inlined: the VBMI
-// target is not the including loop's.  pre == 1 (every block but one of subnormals) skips that multiply: v * 1 is v,
-// a NaN included as far as the grid index goes (NaN -> 0 either way).
+// The codes of v[i] * pre * inv, 64 at a time, for i < len rounded down to 64 (returned).  pre == 1 (every block
+// but one of subnormals) skips that multiply: v * 1 is v, a NaN included as far as the grid index goes (NaN -> 0
+// either way).
 template <bool PRE>
-BNB_MS_TARGET_AVX512VBMI BNB_MS_INLINE int64_t requant_grid_loop(const Grid256Vbmi &gr, const float *v, int64_t len,
-                                                                 float pre, float inv, uint8_t *q) {
+SIMD_TARGET BNB_MS_INLINE int64_t requant_grid_loop(const Grid256Vbmi &gr, const float *v, int64_t len, float pre,
+                                                    float inv, uint8_t *q) {
   const __m512 vp = _mm512_set1_ps(pre), vi = _mm512_set1_ps(inv);
   int64_t i = 0;
+  const __m512 one = _mm512_set1_ps(1.0f), scale = _mm512_set1_ps(0.5f * (kQuantLut - 1)), half = _mm512_set1_ps(0.5f);
   for (; i + 64 <= len; i += 64) {
     __m512i idx[4];
     for (int j = 0; j < 4; ++j) {
       __m512 x = _mm512_loadu_ps(v + i + 16 * j);
       if (PRE) x = _mm512_mul_ps(x, vp);
-      idx[j] = quant_grid_index16(_mm512_mul_ps(x, vi));
+      // quant_grid_index16 without its clamps of v + 1 to [0, 2]: here v = x * pre * inv is NaN or within
+      // 1 + 2^-22 of [-1, 1] (|x| <= the block's absmax; an inf absmax gives inv 0), and codes() packs the
+      // indices with signed saturation, which gives what the clamps would: NaN -> cvtt's INT_MIN -> 0, v + 1 a
+      // hair below 0 -> index 0, a hair above 2 -> 65535.  Two operations fewer per 16 codes, the same bytes.
+      idx[j] = _mm512_cvttps_epi32(_mm512_fmadd_ps(_mm512_add_ps(_mm512_mul_ps(x, vi), one), scale, half));
     }
     _mm512_storeu_si512(q + i, gr.codes(idx));
   }
   return i;
 }
-BNB_MS_TARGET_AVX512VBMI int64_t requant_grid(const Grid256Vbmi &gr, const float *v, int64_t len, float pre, float inv,
-                                              uint8_t *q) {
-  return pre == 1.0f ? requant_grid_loop<false>(gr, v, len, pre, inv, q) : requant_grid_loop<true>(gr, v, len, pre, inv, q);
-}
 SIMD_TARGET BNB_MS_INLINE int64_t requant_vec(const OptLut *lut, const Grid256Vbmi *gr, const float *v, int64_t len,
                                               float pre, float inv, uint8_t *q) {
-  int64_t i = gr ? requant_grid(*gr, v, len, pre, inv, q) : 0;
+  int64_t i = !gr ? 0
+              : pre == 1.0f ? requant_grid_loop<false>(*gr, v, len, pre, inv, q)
+                            : requant_grid_loop<true>(*gr, v, len, pre, inv, q);
   for (; i + 32 <= len; i += 32) requant32(lut, v + i, set1(pre), set1(inv), q + i);
   return i;
 }
-SIMD_TARGET BNB_MS_INLINE float hmax(F v) { return _mm512_reduce_max_ps(v); }
 #include "cpu/optim_simd.inc"
 #undef SIMD_TARGET
+}  // namespace vbmi
 }  // namespace avx512
 
 template <class T, Opt O>
@@ -386,12 +463,20 @@ BNB_MS_TARGET_AVX512 void blocks8_avx512(const K &k, const T *g, T *p, const Sta
 }
 
 template <class T, Opt O>
+BNB_MS_TARGET_AVX512VBMI void blocks8_avx512vbmi(const K &k, const T *g, T *p, const State8 &st, int64_t n, int64_t b0,
+                                                 int64_t b1) {
+  avx512::vbmi::blocks8<T, O>(k, g, p, st, n, b0, b1);
+}
+
+template <class T, Opt O>
 void update8(const Hyper &h, const T *g, T *p, const State8 &st, int64_t n) {
   const K k = opt_consts(h);
   const int64_t nb = (n + kBlock - 1) / kBlock;
   const SimdLevel lvl = simd_level();
+  const bool vbmi = has_avx512vbmi();
   parallel_for(nb, 32, [&](int64_t b0, int64_t b1) {
-    if (lvl >= SimdLevel::avx512) blocks8_avx512<T, O>(k, g, p, st, n, b0, b1);
+    if (vbmi) blocks8_avx512vbmi<T, O>(k, g, p, st, n, b0, b1);
+    else if (lvl >= SimdLevel::avx512) blocks8_avx512<T, O>(k, g, p, st, n, b0, b1);
     else if (lvl >= SimdLevel::avx2) blocks8_avx2<T, O>(k, g, p, st, n, b0, b1);
     else blocks8_generic<T, O>(k, g, p, st, n, b0, b1);
   });
