@@ -332,3 +332,25 @@ def test_door_raises_the_layers_error_for_another_width():
         layer(x)
         with pytest.raises(ValueError, match=r"Linear4bit: `x` must have last dimension 64 \(in_features\)"):
             layer(torch.tensor(np.ones((2, 48), np.float32)))
+
+
+def test_bias_cast_route_checks_x_first_and_casts_the_parameter_once():
+    import mindtorch as torch
+    layer, x = _layer(ms.bfloat16)
+    bias = layer.bias
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"Linear4bit: `x` must have last dimension 64"):
+            layer(torch.tensor(np.ones((2, 48), np.float32)))
+        assert layer.bias is bias and bias.dtype == ms.float32  # a refused x leaves the bias as it was
+        out = layer(x).float().asnumpy()
+        assert layer.bias is bias and bias.dtype == ms.bfloat16  # the parameter itself, cast once (upstream)
+        np.testing.assert_array_equal(layer(x).float().asnumpy(), out)
+
+
+def test_layer_without_a_quant_state_says_so():
+    import mindtorch as torch
+    layer, x = _layer(ms.float32)
+    layer.weight.quant_state = None
+    layer.quant_state = None
+    with torch.no_grad(), pytest.raises(ValueError, match="quant_state is required"):
+        layer(x)

@@ -1182,6 +1182,7 @@ def _route_compute(plan, x, weight, state, bias, compute_dtype, owner):
 def _route_cast_bias(plan, x, weight, state, bias, compute_dtype, owner):
     """A bias of another dtype than the compute dtype: as upstream's layer, the bias parameter itself is cast (once:
     the next call finds it in the compute dtype), then the call goes the route of the new dtypes."""
+    _check_width(x, state, owner)  # (an x the layer refuses leaves its bias as it was)
     data = bias.data.to(compute_dtype or x.dtype)
     if not hasattr(data, "_device"):
         _tag(data)  # mindtorch's device tag
@@ -1192,13 +1193,18 @@ def _route_cast_bias(plan, x, weight, state, bias, compute_dtype, owner):
 def _route_autograd(plan, x, weight, state, bias, compute_dtype, owner):
     """The layer's autograd form, upstream's forward: x cast to the compute dtype, :func:`matmul_4bit` with the
     packed weight's ``.t()`` (MatMul4Bit where gradients are recorded), the result cast back to x's dtype."""
-    K = int(state.shape[1]) if state.shape is not None else None
-    if K is not None and x.shape[-1] != K:  # never matmul_4bit's deprecated [K, N] branch: the weight is [N, K]
-        raise ValueError(f"{owner}: `x` must have last dimension {K} (in_features); got shape {tuple(x.shape)}")
+    _check_width(x, state, owner)
     inp_dtype = x.dtype
     if compute_dtype is not None:
         x = x.to(compute_dtype)
     return matmul_4bit(x, weight.t(), quant_state=state, bias=bias).to(inp_dtype)
+
+
+def _check_width(x: Tensor, state: QuantState, owner: str) -> None:
+    """The layer's check of x: [..., K] (never matmul_4bit's deprecated [K, N] branch: the weight is [N, K])."""
+    if state.shape is not None and x.shape[-1] != int(state.shape[1]):
+        raise ValueError(f"{owner}: `x` must have last dimension {int(state.shape[1])} (in_features); got shape "
+                         f"{tuple(x.shape)}")
 
 
 def _fits(x: Tensor, state: QuantState) -> bool:

@@ -458,7 +458,10 @@ class Linear4bit(_CudaGuard, torch.nn.Linear):
                 self.weight.quantize()
             else:
                 fix_4bit_weight_quant_state_from_module(self)
-        return self.weight, self.weight.quant_state
+        qs = self.weight.quant_state
+        if qs is None:  # (fix_4bit_weight_quant_state_from_module warned: nothing to restore it from)
+            raise ValueError("quant_state is required")  # matmul_4bit's words, as before the door served every call
+        return self.weight, qs
 
 
 class LinearFP4(Linear4bit):
