@@ -690,7 +690,7 @@ def _linear_4bit_pynative(A: Tensor, B: Tensor, quant_state: QuantState, bias: O
                           bf16_dot: Optional[bool] = None) -> Tensor:
     """:func:`bitsandbytes_ms.functional.linear_4bit` in PyNative mode (its docstring tells the numerics): the lean
     call where this thread already ran the full one with these weight and bias objects, else the full call."""
-    fn = "linear_4bit"  # (functional.linear_4bit hands a graph being compiled to _graph before this)
+    fn = "linear_4bit"  # (linear_4bit hands a graph being compiled to graph_linear_4bit before this)
     if quant_state is None:
         raise ValueError(f"{fn}: `quant_state` is required")
     plan = quant_state.__dict__.get("_linear_plan")
@@ -753,7 +753,7 @@ def _custom_linear(plan: Linear4bitPlan, A, B, quant_state, bias, dot: bool) -> 
                             plan.bs, bias, absmax2, code2, offset, plan.bs2, dot)
 
 
-# ---- the graph forms (mindspore.jit / GRAPH_MODE: MindSpore parses their source; see bitsandbytes_ms/_graph.py) ----
+# ---- the graph forms (mindspore.jit / GRAPH_MODE: MindSpore parses their source; see _graph.py) ----
 @constexpr
 def _graph_check_quant_type(quant_type, fn):
     if quant_type not in ("nf4", "fp4"):
@@ -769,7 +769,7 @@ def _check_storage(dtype, fn):
 
 @constexpr
 def _graph_check_4bit_sizes(shape, blocksize, packed_shape, packed_dtype, absmax_shape, fn, packed):
-    """``functional._4bit_size_errors`` on constants."""
+    """:func:`_4bit_size_errors` on constants."""
     if shape is None:
         raise ValueError(f"{fn}: `quant_state.shape` must be the shape of the quantized tensor; got None")
     n = int(math.prod(shape))
@@ -794,7 +794,7 @@ def _check_4bit_state(st, B, fn, packed):
 
 
 def graph_quantize_4bit(A, absmax=None, out=None, blocksize=None, compress_statistics=False, quant_type="fp4",
-                  quant_storage=ms.uint8):
+                        quant_storage=ms.uint8):
     fn = "quantize_4bit"
     if blocksize is None:
         blocksize = 64
@@ -862,7 +862,7 @@ def graph_gemv_4bit(A, B, out=None, transposed_A=False, transposed_B=False, stat
 
 @constexpr
 def _linear4_plan(shape, a_shape, a_dtype, bias_shape, bf16_dot, blocksize, fn):
-    """(N, rows, entry point) of ``functional.linear_4bit`` for these constants (the bf16 dot-product kernel where
+    """(N, rows, entry point) of :func:`linear_4bit` for these constants (the bf16 dot-product kernel where
     PyNative would choose it)."""
     if shape is None or len(shape) != 2:
         raise ValueError(f"{fn}: quant_state.shape must be 2D [N, K]")
@@ -903,7 +903,7 @@ def _use_linear_4bit(a_shape, a_dtype):
 
 
 def graph_dequant_weight_f32(B, quant_state):
-    """``autograd._dequant_weight_f32``: the [N, K] weight in float32."""
+    """:func:`_dequant_weight_f32`: the [N, K] weight in float32."""
     st = _G.as_graph_state(quant_state)
     W = graph_dequantize_4bit(ops.reshape(B, (-1, 1)), st)
     if W.dtype != ms.float32:
@@ -912,7 +912,7 @@ def graph_dequant_weight_f32(B, quant_state):
 
 
 def graph_forward_4bit(A, B, quant_state, bias):
-    """``autograd._forward_4bit``: one native call up to ``LINEAR_4BIT_MAX_ROWS`` rows, else the fp32 weight and
+    """:func:`_forward_4bit`: one native call up to ``LINEAR_4BIT_MAX_ROWS`` rows, else the fp32 weight and
     MindSpore's matmul (the same ops, so the same bytes)."""
     st = _G.as_graph_state(quant_state)
     if _use_linear_4bit(A.shape, A.dtype):
@@ -926,7 +926,7 @@ def graph_forward_4bit(A, B, quant_state, bias):
 
 
 def graph_grad_4bit(A, B, quant_state, dout, bias):
-    """``autograd._grad_4bit``: (dA, dbias or None). MindSpore's functional ops only (no Tensor methods), so it also
+    """:func:`_grad_4bit`: (dA, dbias or None). MindSpore's functional ops only (no Tensor methods), so it also
     runs in PyNative on tensors without mindtorch's device tag (a Cell's ``bprop``)."""
     st = _G.as_graph_state(quant_state)
     N = st["shape"][0]
@@ -964,8 +964,8 @@ def _dequant_weight_f32(B, quant_state):
 
 
 def _forward_4bit(A, B, quant_state, bias):
-    """A[..., K] @ W[N, K]^T (+ bias) in A's dtype: up to ``functional.LINEAR_4BIT_MAX_ROWS`` rows one
-    native call (:func:`~bitsandbytes_ms.functional.linear_4bit`: the gemv kernel per row, bias fused),
+    """A[..., K] @ W[N, K]^T (+ bias) in A's dtype: up to ``LINEAR_4BIT_MAX_ROWS`` rows one
+    native call (:func:`linear_4bit`: the gemv kernel per row, bias fused),
     otherwise dequantize to fp32, matmul in fp32, cast."""
     if _compiling(A):
         return graph_forward_4bit(A, B, quant_state, bias)
