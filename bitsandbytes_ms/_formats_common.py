@@ -280,3 +280,10 @@ def _unmoved(watch) -> bool:
         if t._data_ptr() != ptr or t.dtype != dt:
             return False
     return True
+
+
+def _needs_input_grad(ctx):
+    """``ctx.needs_input_grad`` as torch sets it for (A, B, out, bias, state) of upstream's autograd functions (the
+    4-bit and int8 ones alike); every gradient when unset."""
+    need = getattr(ctx, "needs_input_grad", None)
+    return tuple(need) if need is not None else (True, True, False, True, False)

@@ -26,8 +26,8 @@ whose result has a fixed shape.
 
 Names: ``_C`` is :mod:`bitsandbytes_ms._formats_common` (the blocksizes, row limits and codes functional
 re-exports); ``ops`` is ``mindspore.ops``. This module does not import :mod:`bitsandbytes_ms.functional` (which
-imports it): the dynamic 8-bit map comes from ``_C``; the bf16-dot switch it reads at compile time from
-:mod:`bitsandbytes_ms.formats.fourbit`.
+imports it) nor any format: the dynamic 8-bit map comes from ``_C``. The 4-bit graph forms stand beside their
+PyNative forms in :mod:`bitsandbytes_ms.formats.fourbit` (``graph_<op>``), over the helpers here.
 
 Everything here uses MindSpore's functional ``ops``, not Tensor methods or operators: the 4-bit dequantize and
 backward also run in PyNative from a Cell's ``bprop``, on tensors without mindtorch's device tag, which
@@ -271,10 +271,6 @@ def dequantize_blockwise(A, quant_state=None, absmax=None, code=None, out=None, 
 
 
 # ---- 4-bit ----
-@constexpr
-def _check_quant_type(quant_type, fn):
-    if quant_type not in ("nf4", "fp4"):
-        raise ValueError(f"{fn}: `quant_type` must be 'nf4' or 'fp4', got {quant_type!r}")
 
 
 @constexpr
@@ -283,104 +279,18 @@ def _check_nonempty(shape, fn, arg):
         raise NotImplementedError(f"{fn}: an empty `{arg}` is not supported under mindspore.jit / GRAPH_MODE")
 
 
-@constexpr
-def _check_storage(dtype, fn):
-    if dtype != ms.uint8:
-        raise NotImplementedError(f"{fn}: a packed weight stored as {dtype_name(dtype)} (quant_storage) is not "
-                                  f"supported under mindspore.jit / GRAPH_MODE; quantize with quant_storage=uint8")
 
 
-@constexpr
-def _check_4bit_sizes(shape, blocksize, packed_shape, packed_dtype, absmax_shape, fn, packed):
-    """``functional._4bit_size_errors`` on constants."""
-    if shape is None:
-        raise ValueError(f"{fn}: `quant_state.shape` must be the shape of the quantized tensor; got None")
-    n = int(math.prod(shape))
-    nbytes = int(math.prod(packed_shape)) * _C._itemsize(packed_dtype)
-    if nbytes != (n + 1) // 2:
-        raise ValueError(f"{fn}: {packed} holds {nbytes} bytes; quant_state.shape {tuple(shape)} needs exactly "
-                         f"{(n + 1) // 2} (two 4-bit codes a byte)")
-    nb = -(-n // int(blocksize))
-    if int(math.prod(absmax_shape)) != nb:
-        raise ValueError(f"{fn}: quant_state.absmax has {int(math.prod(absmax_shape))} entries; quant_state.shape "
-                         f"{tuple(shape)} at blocksize {blocksize} needs exactly ceil({n}/{blocksize}) = {nb}")
 
 
-def _check_4bit_state(st, B, fn, packed):
-    _check_blocksize(st["blocksize"], _C.FOURBIT_BLOCKSIZES, fn)
-    _check_quant_type(st["quant_type"], fn)
-    _check_dtype(st["dtype"], _FLOAT, fn, "quant_state.dtype")
-    _check_dtype(st["quant_map"].dtype, (ms.float32,), fn, "quant_state.code")
-    _check_numel(st["quant_map"].shape, 16, fn, "quant_state.code")
-    _check_4bit_sizes(st["shape"], st["blocksize"], B.shape, B.dtype, st["absmax"].shape, fn, packed)
-    _check_storage(B.dtype, fn)
 
 
-def quantize_4bit(A, absmax=None, out=None, blocksize=None, compress_statistics=False, quant_type="fp4",
-                  quant_storage=ms.uint8):
-    fn = "quantize_4bit"
-    if blocksize is None:
-        blocksize = 64
-    _check_dtype(A.dtype, _FLOAT, fn, "A")
-    _check_blocksize(blocksize, _C.FOURBIT_BLOCKSIZES, fn)
-    _check_quant_type(quant_type, fn)
-    _no_output_arg(fn, "out", out is not None)
-    _no_output_arg(fn, "absmax", absmax is not None)
-    _check_storage(quant_storage, fn)
-    _check_nonempty(A.shape, fn, "A")
-    code = _const_code(quant_type)
-    packed, amax = _prim(_cname("fourbit_name", "quantize", A.dtype, quant_type), (blocksize,))(code, A, blocksize)
-    if compress_statistics:
-        offset = _mean_f32(amax)
-        code8 = _const_code("dynamic")
-        qabsmax, amax2 = _quantize_blockwise(ops.sub(amax, offset), code8, 256)
-        return packed, _nested_state(A, qabsmax, amax, amax2, offset, code, code8, blocksize, 256, quant_type)
-    return packed, graph_state(amax, A.shape, code, blocksize, quant_type, A.dtype)
 
 
-def dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, quant_type="fp4"):
-    fn = "dequantize_4bit"
-    _no_output_arg(fn, "out", out is not None)
-    if quant_state is None:
-        _fail(ValueError, f"{fn}: `quant_state` is required under mindspore.jit / GRAPH_MODE (without it upstream "
-                          f"needs `out`, an output argument)")
-    st = as_graph_state(quant_state)
-    _check_4bit_state(st, A, fn, "`A`")
-    shape = st["shape"]
-    n = _numel(shape)
-    _check_nonempty(shape, fn, "A")
-    amax = _absmax(st)
-    res = _prim(_cname("fourbit_name", "dequantize", st["dtype"], st["quant_type"]), (n,))(
-        st["quant_map"], ops.reshape(A, (-1,)), amax, st["blocksize"], n)
-    res = _reshape(res, shape)
-    if len(A.shape) == 2 and A.shape[0] == 1 and A.shape[1] > 1 and len(shape) == 2:
-        res = ops.transpose(res, (1, 0))  # upstream's transposed-view case (see functional.dequantize_4bit)
-    return res
 
 
-@constexpr
-def _check_gemv_shapes(shape, a_shape, fn):
-    if shape is None or len(shape) != 2:
-        raise ValueError(f"{fn}: `state.shape` must be 2-D [N, K]; got {shape}")
-    if len(a_shape) == 0 or a_shape[-1] != shape[1]:
-        raise ValueError(f"{fn}: `A` must have last dimension {shape[1]} (state.shape[1]); got shape {tuple(a_shape)}")
-    if int(math.prod(a_shape)) == 0 or shape[0] == 0:
-        raise NotImplementedError(f"{fn}: empty inputs are not supported under mindspore.jit / GRAPH_MODE")
 
 
-def gemv_4bit(A, B, out=None, transposed_A=False, transposed_B=False, state=None):
-    fn = "gemv_4bit"
-    _no_output_arg(fn, "out", out is not None)
-    if state is None:
-        _fail(ValueError, "state cannot be None. gemv_4bit() requires the state from quantize_4bit()")
-    st = as_graph_state(state)
-    _check_dtype(A.dtype, _FLOAT, fn, "A")
-    _check_gemv_shapes(st["shape"], A.shape, fn)
-    _check_4bit_state(st, B, fn, "`B`")
-    N = st["shape"][0]
-    amax = _absmax(st)
-    return _prim(_cname("fourbit_name", "gemv", A.dtype), (N,))(
-        A, B.reshape(-1), amax, st["quant_map"], st["blocksize"], N)
 
 
 # ---- int8 (LLM.int8()) ----
@@ -520,88 +430,19 @@ def int8_vectorwise_dequant(A, stats):
 
 
 # ---- the layers' forwards and backwards (autograd.MatMul4Bit, MatMul8bitLt; nn.cells) ----
-@constexpr
-def _linear4_plan(shape, a_shape, a_dtype, bias_shape, bf16_dot, blocksize, fn):
-    """(N, rows, entry point) of ``functional.linear_4bit`` for these constants (the bf16 dot-product kernel where
-    PyNative would choose it)."""
-    if shape is None or len(shape) != 2:
-        raise ValueError(f"{fn}: quant_state.shape must be 2D [N, K]")
-    N, K = int(shape[0]), int(shape[1])
-    if len(a_shape) == 0 or a_shape[-1] != K:
-        raise ValueError(f"{fn}: `A` must have last dimension {K} (quant_state.shape[1]); got shape {tuple(a_shape)}")
-    if bias_shape is not None and int(math.prod(bias_shape)) != N:
-        raise ValueError(f"{fn}: `bias` must have {N} elements; got shape {tuple(bias_shape)}")
-    rows = int(math.prod(a_shape[:-1]))
-    if rows == 0 or N == 0:
-        raise NotImplementedError(f"{fn}: empty inputs are not supported under mindspore.jit / GRAPH_MODE")
-    from .formats.fourbit import _use_bf16_dot  # at compile time: the switch is the 4-bit format's
-
-    dot = a_dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows, fn, K, blocksize)
-    from .backends.native import linear_4bit_name  # the op layer's native backend spells the C names
-
-    return N, rows, linear_4bit_name(a_dtype, dot)
 
 
-def linear_4bit(A, B, quant_state, bias=None, bf16_dot=None):
-    fn = "linear_4bit"
-    st = as_graph_state(quant_state)
-    _check_dtype(A.dtype, _FLOAT, fn, "A")
-    if bias is None:
-        N, rows, name = _linear4_plan(st["shape"], A.shape, A.dtype, None, bf16_dot, st["blocksize"], fn)
-    else:
-        _check_dtype(bias.dtype, _FLOAT, fn, "bias")
-        N, rows, name = _linear4_plan(st["shape"], A.shape, A.dtype, bias.shape, bf16_dot, st["blocksize"], fn)
-        if bias.dtype != A.dtype:
-            bias = bias.astype(A.dtype)
-    _check_4bit_state(st, B, fn, "`B`")
-    raw = B.reshape(-1)
-    if "nested_absmax" in st:
-        return _prim(name, (N,))(A, raw, st["absmax"], st["quant_map"], st["nested_absmax"], st["nested_quant_map"],
-                                 st["nested_offset"].reshape(()), bias, st["blocksize"], st["nested_blocksize"], N)
-    return _prim(name, (N,))(A, raw, st["absmax"], st["quant_map"], None, None, None, bias, st["blocksize"], 256, N)  # bs2 unused: 256 as functional passes
 
 
-@constexpr
-def _use_linear_4bit(a_shape, a_dtype):
-    return int(math.prod(a_shape[:-1])) <= _C.LINEAR_4BIT_MAX_ROWS and a_dtype in _FLOAT
 
 
 _MATMUL_NT = ops.MatMul(transpose_b=True)
 
 
-def dequant_weight_f32(B, quant_state):
-    """``autograd._dequant_weight_f32``: the [N, K] weight in float32."""
-    st = as_graph_state(quant_state)
-    W = dequantize_4bit(ops.reshape(B, (-1, 1)), st)
-    if W.dtype != ms.float32:
-        W = ops.cast(W, ms.float32)
-    return ops.reshape(W, st["shape"])
 
 
-def forward_4bit(A, B, quant_state, bias):
-    """``autograd._forward_4bit``: one native call up to ``LINEAR_4BIT_MAX_ROWS`` rows, else the fp32 weight and
-    MindSpore's matmul (the same ops, so the same bytes)."""
-    st = as_graph_state(quant_state)
-    if _use_linear_4bit(A.shape, A.dtype):
-        return linear_4bit(A, B, st, bias)
-    N = st["shape"][0]
-    K = A.shape[-1]
-    res = _MATMUL_NT(A.astype(ms.float32).reshape(-1, K), dequant_weight_f32(B, st))
-    if bias is not None:
-        res = res + bias.astype(ms.float32)
-    return res.reshape(A.shape[:-1] + (N,)).astype(A.dtype)
 
 
-def grad_4bit(A, B, quant_state, dout, bias):
-    """``autograd._grad_4bit``: (dA, dbias or None). MindSpore's functional ops only (no Tensor methods), so it also
-    runs in PyNative on tensors without mindtorch's device tag (a Cell's ``bprop``)."""
-    st = as_graph_state(quant_state)
-    N = st["shape"][0]
-    g = ops.reshape(ops.cast(dout, ms.float32), (-1, N))
-    dA = ops.cast(ops.reshape(ops.matmul(g, dequant_weight_f32(B, st)), A.shape), A.dtype)
-    if bias is None:
-        return dA, None
-    return dA, ops.cast(ops.reshape(ops.reduce_sum(g, 0), bias.shape), bias.dtype)
 
 
 @constexpr

@@ -235,9 +235,22 @@ def test_route_is_decided_by_the_dtypes():
     assert fourbit._route_of(b16, b16, b16) is fourbit._route_same
     assert fourbit._route_of(f32, b16, b16) is fourbit._route_compute
     assert fourbit._route_of(f32, f16, None) is fourbit._route_compute
-    assert fourbit._route_of(f32, b16, f32) is fourbit._route_none  # the layer casts its bias parameter first
-    assert fourbit._route_of(f16, f32, None) is fourbit._route_none  # the autograd form, as upstream
-    assert fourbit._route_of(ms.int32, None, None) is fourbit._route_none
+    assert fourbit._route_of(f32, b16, f32) is fourbit._route_cast_bias  # the bias parameter is cast once (upstream)
+    assert fourbit._route_of(f16, f32, None) is fourbit._route_autograd  # the autograd form, as upstream
+    assert fourbit._route_of(ms.int32, None, None) is fourbit._route_autograd
+
+
+def test_the_4bit_format_holds_its_public_functions_graph_forms_and_autograd_form():
+    """One door per format: functional, autograd and _graph hold no 4-bit code of their own (re-exports only)."""
+    from bitsandbytes_ms import _graph
+    from bitsandbytes_ms.autograd import _functions as AF
+    for name in ("quantize_4bit", "dequantize_4bit", "gemv_4bit", "linear_4bit", "quantize_nf4", "dequantize_fp4"):
+        assert getattr(F, name) is getattr(fourbit, name), name
+    assert AF.MatMul4Bit is fourbit.MatMul4Bit and AF.matmul_4bit is fourbit.matmul_4bit
+    assert bitsandbytes_ms.matmul_4bit is fourbit.matmul_4bit
+    for name in ("quantize_4bit", "dequantize_4bit", "gemv_4bit", "linear_4bit", "forward_4bit", "grad_4bit"):
+        assert not hasattr(_graph, name), name
+        assert callable(getattr(fourbit, "graph_" + name)), name
 
 
 def _layer(compute_dtype, K=64, N=48, seed=0):
@@ -277,20 +290,67 @@ def test_plan_records_the_route_once_and_the_door_keeps_the_bytes(monkeypatch, c
         np.testing.assert_array_equal(out, want)
 
 
-def test_door_leaves_long_inputs_and_gradients_to_the_layer():
+def test_door_serves_long_inputs_and_gradients_through_the_autograd_form():
+    """The layer calls the door alone: what no host call serves (more than LINEAR_4BIT_MAX_ROWS rows, a gradient
+    recorded) is the door's autograd route, with matmul_4bit's bytes."""
     import mindtorch as torch
     layer, x = _layer(ms.float32)
     qs = layer.weight.quant_state
     with torch.no_grad():
         layer(x)  # the plan and its lean record
-        long_x = torch.tensor(np.ones((F.LINEAR_4BIT_MAX_ROWS + 1, 64), np.float32))
-        assert fourbit.linear(long_x, layer.weight, qs, layer.bias, ms.float32) is None
-        assert fourbit.linear(x, layer.weight, qs, layer.bias, ms.float32) is not None
-    seen = []
+        long_x = torch.tensor(np.random.RandomState(1).randn(F.LINEAR_4BIT_MAX_ROWS + 1, 64).astype(np.float32))
+        got = fourbit.linear(long_x, layer.weight, qs, layer.bias, ms.float32)
+        want = bitsandbytes_ms.matmul_4bit(long_x, layer.weight.t(), quant_state=qs, bias=layer.bias)
+        np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
+        np.testing.assert_array_equal(layer(long_x).asnumpy(), want.asnumpy())
+    taken = []
+    real = fourbit._route_autograd
 
-    def f(t):  # under ms.grad: a gradient is recorded, no host call may run
-        seen.append(fourbit.linear(t, layer.weight, qs, layer.bias, ms.float32))
-        return t.sum()
+    def autograd_route(*args):
+        taken.append(1)
+        return real(*args)
 
-    ms.grad(f)(ms.Tensor(x.asnumpy()))
-    assert seen == [None]
+    fourbit_routes = qs.__dict__["_linear_plan"].routes
+    assert [r[3] for r in fourbit_routes] == [fourbit._route_same]
+
+    def f(t):  # under ms.grad: a gradient is recorded, no host call may run; the same route, its autograd fallback
+        return fourbit.linear(t, layer.weight, qs, layer.bias, ms.float32).sum()
+
+    import pytest as _pytest
+    with _pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fourbit, "_route_autograd", autograd_route)
+        g = ms.grad(f)(ms.Tensor(x.asnumpy()))
+    assert taken == [1]
+    W = F.dequantize_4bit(layer.weight, qs).asnumpy()
+    np.testing.assert_allclose(g.asnumpy(), np.ones((3, 48), np.float32) @ W, rtol=1e-5, atol=1e-5)
+
+
+def test_door_raises_the_layers_error_for_another_width():
+    import mindtorch as torch
+    layer, x = _layer(ms.float32)
+    with torch.no_grad():
+        layer(x)
+        with pytest.raises(ValueError, match=r"Linear4bit: `x` must have last dimension 64 \(in_features\)"):
+            layer(torch.tensor(np.ones((2, 48), np.float32)))
+
+
+def test_bias_cast_route_checks_x_first_and_casts_the_parameter_once():
+    import mindtorch as torch
+    layer, x = _layer(ms.bfloat16)
+    bias = layer.bias
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"Linear4bit: `x` must have last dimension 64"):
+            layer(torch.tensor(np.ones((2, 48), np.float32)))
+        assert layer.bias is bias and bias.dtype == ms.float32  # a refused x leaves the bias as it was
+        out = layer(x).float().asnumpy()
+        assert layer.bias is bias and bias.dtype == ms.bfloat16  # the parameter itself, cast once (upstream)
+        np.testing.assert_array_equal(layer(x).float().asnumpy(), out)
+
+
+def test_layer_without_a_quant_state_says_so():
+    import mindtorch as torch
+    layer, x = _layer(ms.float32)
+    layer.weight.quant_state = None
+    layer.quant_state = None
+    with torch.no_grad(), pytest.raises(ValueError, match="quant_state is required"):
+        layer(x)

@@ -1,4 +1,5 @@
-"""Autograd functions (MatMul8bitLt, MatMul8bitFp, MatMul4Bit, matmul, matmul_4bit) -- built on
+"""Autograd functions (MatMul8bitLt, MatMul8bitFp, matmul; MatMul4Bit and matmul_4bit re-exported from the 4-bit
+format, :mod:`bitsandbytes_ms.formats.fourbit`, which holds them beside the 4-bit layer's door) -- built on
 :mod:`bitsandbytes_ms.functional`.
 
 Names: ``_ms`` / ``_msops`` / ``_msnn`` are MindSpore and its ``ops`` / ``nn``; ``_F`` is
@@ -20,189 +21,27 @@ from mindspore.common.api import _pynative_executor
 from .. import _graph, _hostcall
 from .. import functional as _F
 from .._ops import tag as _tag_device
+from .._formats_common import _needs_input_grad
 from ..cextension import BNB_BACKEND as _BNB_BACKEND
+from ..formats.fourbit import (  # noqa: F401  (upstream's names here; the 4-bit autograd form is the format's)
+    MatMul4Bit, _dequant_weight_f32, _forward_4bit, _grad_4bit, _mm, _mm_nt, matmul_4bit)
 from ..utils import Singleton as _Singleton
 
 
-# ---- 4-bit (MatMul4Bit, matmul_4bit) ----
-def _mm(a, b, like=()):
-    """MindSpore matmul whose result carries a device tag (mindtorch needs one on every tensor)."""
-    r = _msops.matmul(a, b)
-    _tag_device(r, like=like)
-    return r
 
 
-_MATMUL_NT = _msops.MatMul(transpose_b=True)
 
 
-def _mm_nt(a, b, like=()):
-    """``a @ b.T`` with the transpose folded into the matmul: MindSpore's CPU matmul on a transposed view
-    (``b.T``) is ~15x slower for a [11008, 4096] weight (it walks the strided view)."""
-    r = _MATMUL_NT(a, b)
-    _tag_device(r, like=like)
-    return r
 
 
-def _dequant_weight_f32(B, quant_state):
-    """The [N, K] weight as float32 (MindSpore's CPU MatMul has no bf16, so 4-bit matmuls run in fp32)."""
-    W = _F.dequantize_4bit(B.reshape(-1, 1), quant_state)
-    W = W.reshape(tuple(quant_state.shape))
-    return W if W.dtype == _ms.float32 else W.astype(_ms.float32)
 
 
-def _forward_4bit(A, B, quant_state, bias):
-    """A[..., K] @ W[N, K]^T (+ bias) in A's dtype: up to ``functional.LINEAR_4BIT_MAX_ROWS`` rows one
-    native call (:func:`~bitsandbytes_ms.functional.linear_4bit`: the gemv kernel per row, bias fused),
-    otherwise dequantize to fp32, matmul in fp32, cast."""
-    if _graph.compiling(A):
-        return _graph.forward_4bit(A, B, quant_state, bias)
-    N = int(quant_state.shape[0])
-    K = A.shape[-1]
-    rows = int(_math.prod(A.shape[:-1]))
-    if rows <= _F.LINEAR_4BIT_MAX_ROWS and A.dtype in _F.FLOAT_DTYPES:
-        return _F.linear_4bit(A, B, quant_state, bias)
-    W = _dequant_weight_f32(B, quant_state)
-    a = A.reshape(-1, K).astype(_ms.float32)
-    res = _mm_nt(a, W, (A,))
-    if bias is not None:
-        res = res + bias.astype(_ms.float32)
-    return res.reshape(tuple(A.shape[:-1]) + (N,)).astype(A.dtype)
 
 
-class MatMul4Bit(_msnn.Cell):
-    """4-bit linear with a custom backward (upstream ``MatMul4Bit``): forward as
-    :func:`matmul_4bit`; backward gives ``dA = dout @ W`` (W dequantized, fp32, cast to A's dtype)
-    and ``dbias = sum(dout)`` over the leading dimensions. No gradient for the packed weight.
-
-    ``MatMul4Bit.apply(A, B, out=None, bias=None, quant_state=None)`` mirrors upstream's call.
-    Gradients come from MindSpore autograd (``mindspore.grad``/``value_and_grad``, or mindtorch's
-    ``torch.autograd.value_and_grad``), which uses :meth:`bprop`.
-    """
-
-    def __init__(self, B, quant_state, has_bias: bool):
-        super().__init__()
-        self.B = B
-        self.quant_state = quant_state
-        self.has_bias = has_bias
-
-    def construct(self, A, bias):
-        _tag_device((A, bias), like=(A,))
-        return _forward_4bit(A, self.B, self.quant_state, bias if self.has_bias else None)
-
-    def bprop(self, A, bias, out, dout):
-        _tag_device((A, bias, out, dout), like=(A,))  # autograd hands over tensors without mindtorch's device tag
-        dA, dbias = _grad_4bit(A, self.B, self.quant_state, dout, bias if self.has_bias else None)
-        if dbias is None:
-            dbias = _msops.zeros_like(bias)
-            _tag_device(dbias, like=(A,))
-        return dA, dbias
-
-    @staticmethod
-    def apply(A, B, out=None, bias=None, quant_state=None):
-        if _graph.compiling(A):  # in a graph: the forward (a Cell cannot be made there; nn.Linear4bitCell trains)
-            return _graph.forward_4bit(A, B, quant_state, bias)
-        cell = MatMul4Bit(B, quant_state, bias is not None)
-        res = cell(A, bias if bias is not None else _Tensor(0.0, _ms.float32))
-        return _F._write(out, res)
-
-    # upstream's torch.autograd.Function interface, for code that drives it by hand with a ctx object
-    @staticmethod
-    def forward(ctx, A, B, out=None, bias=None, quant_state=None):
-        """Upstream's ``MatMul4Bit.forward(ctx, A, B, out, bias, quant_state)``: the forward of :func:`matmul_4bit`
-        (no autograd recording); saves what :meth:`backward` needs on ``ctx``."""
-        ctx.is_empty = _math.prod(A.shape) == 0
-        ctx.A, ctx.B, ctx.bias, ctx.state = A, B, bias, quant_state
-        ctx.dtype_A, ctx.dtype_B, ctx.dtype_bias = A.dtype, B.dtype, None if bias is None else bias.dtype
-        return _F._write(out, _forward_4bit(A, B, quant_state, bias))
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        """Upstream's five gradients ``(grad_A, grad_B, None, grad_bias, None)``: no gradient for the packed
-        weight; None where ``ctx.needs_input_grad`` (if set) asks for none."""
-        need = _needs_input_grad(ctx)
-        dA, dbias = _grad_4bit(ctx.A, ctx.B, ctx.state, grad_output, ctx.bias)
-        return dA if need[0] else None, None, None, dbias if need[3] else None, None
 
 
-def _grad_4bit(A, B, quant_state, dout, bias):
-    """Gradients of ``A @ W.T + bias`` for A (``dout @ W``, W dequantized in fp32, cast to A's dtype) and the bias
-    (``dout`` summed over the leading dimensions; None without a bias)."""
-    if _graph.compiling(dout):
-        return _graph.grad_4bit(A, B, quant_state, dout, bias)
-    N = int(quant_state.shape[0])
-    g = dout.reshape(-1, N).astype(_ms.float32)
-    W = _dequant_weight_f32(B, quant_state)
-    dA = _mm(g, W, (A,)).reshape(A.shape).astype(A.dtype)
-    dbias = None if bias is None else g.sum(axis=0).reshape(bias.shape).astype(bias.dtype)
-    return dA, dbias
 
 
-def _needs_input_grad(ctx):
-    """``ctx.needs_input_grad`` as torch sets it for (A, B, out, bias, state); every gradient when unset."""
-    need = getattr(ctx, "needs_input_grad", None)
-    return tuple(need) if need is not None else (True, True, False, True, False)
-
-
-def matmul_4bit(A, B, quant_state, out: _Optional[_Tensor] = None, bias: _Optional[_Tensor] = None):
-    """``A @ dequantize_4bit(B, quant_state).T + bias`` (upstream ``bnb.matmul_4bit``).
-
-    Args:
-        A: [..., K] float activations.
-        B: packed weight of a [N, K] matrix (``[(N*K+1)//2, 1]`` or its ``.t()``).
-        quant_state: the weight's :class:`~bitsandbytes_ms.functional.QuantState` (2-D shape).
-        out: optional [..., N] tensor of A's dtype.
-        bias: optional [N].
-
-    Single-row inputs use the native gemv kernel (reads the packed weight once); others dequantize
-    to fp32 and use MindSpore's matmul. Differentiable w.r.t. ``A`` and ``bias`` (see :class:`MatMul4Bit`).
-
-    As upstream 0.50.2, a weight quantized from a [K, N] tensor (``A``'s last dimension equals
-    ``quant_state.shape[0]`` and not ``shape[1]``) still runs, with a DeprecationWarning.
-
-    Raises:
-        ValueError: quant_state missing or not 2-D; ``A``'s last dimension matches neither dimension of
-            ``quant_state.shape``; ``B``'s bytes or the absmax entries other than exactly what
-            ``quant_state.shape`` and ``blocksize`` need; ``bias`` or ``out`` of the wrong size.
-    """
-    fn = "matmul_4bit"
-    if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the forward (bitsandbytes_ms/_graph.py; no autograd cell)
-        return _graph.forward_4bit(A, B, quant_state, bias)
-    if quant_state is None:
-        raise ValueError("quant_state is required")
-    if quant_state.shape is None or len(quant_state.shape) != 2:
-        raise ValueError("matmul_4bit: quant_state.shape must be 2D [N, K]")
-    _F._check_dtype(A, _F.FLOAT_DTYPES, fn, "A")
-    _F._check_tensor(B, fn, "B")
-    _F._check_blocksize(quant_state.blocksize, _F.FOURBIT_BLOCKSIZES, fn)
-    _F._check_4bit_sizes(quant_state, _F._numel(B) * _F._itemsize(B.dtype), fn, "`B`")
-    N, Kq = (int(x) for x in quant_state.shape)
-    if len(A.shape) == 0:
-        raise ValueError(f"{fn}: `A` must have at least one dimension, [..., {Kq}]; got a 0-d tensor")
-    K = A.shape[-1]
-    kn = K == N and K != Kq  # the deprecated [K, N] orientation: the result has shape[1] columns
-    if not kn and K != Kq:
-        raise ValueError(f"{fn}: `A` must have last dimension {Kq} (quant_state.shape[1]); got shape {tuple(A.shape)}")
-    n_out = Kq if kn else N
-    if bias is not None:
-        _F._check_dtype(bias, _F.FLOAT_DTYPES, fn, "bias")
-        if _F._numel(bias) != n_out:
-            raise ValueError(f"{fn}: `bias` must have {n_out} elements (the output features); got shape "
-                             f"{tuple(bias.shape)}")
-    _F._check_out(out, tuple(A.shape[:-1]) + (n_out,), A.dtype, fn)
-    if kn:
-        _warnings.warn(f"matmul_4bit: weight was quantized from a [K, N] tensor (quant_state.shape={list(quant_state.shape)}). "
-                       "Re-quantize from the weight in [N, K] (out_features, in_features) orientation. "
-                       "This will be an error in a future version.", DeprecationWarning, stacklevel=2)
-        W = _dequant_weight_f32(B, quant_state)
-        res = _mm(A.reshape(-1, K).astype(_ms.float32), W, (A,))
-        if bias is not None:
-            res = res + bias.astype(_ms.float32)
-        return _F._write(out, res.reshape(tuple(A.shape[:-1]) + (Kq,)).astype(A.dtype))
-    if _math.prod(A.shape) == 0:
-        return _F._write(out, _F._empty_np(tuple(A.shape[:-1]) + (N,), A.dtype))
-    if _hostcall.active():  # inference: no autograd cell, the forward directly
-        return _F._write(out, _forward_4bit(A, B, quant_state, bias))
-    return MatMul4Bit.apply(A, B, out, bias, quant_state)
 
 
 # ---- int8 (LLM.int8(): MatmulLtState, MatMul8bitLt, MatMul8bitFp, matmul) ----

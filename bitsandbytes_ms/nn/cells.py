@@ -36,6 +36,7 @@ from .. import _graph
 from .. import functional as F
 from ..autograd import _functions as _autograd
 from .._ops import tag as _tag_device
+from ..formats import fourbit as _fourbit
 
 
 def _weight_of(dense_or_weight):
@@ -44,7 +45,7 @@ def _weight_of(dense_or_weight):
 
 
 class _Frozen4bitMatmul(nn.Cell):
-    """``A @ W.T + bias`` for the 4-bit weight of a :class:`Linear4bitCell`, with :func:`autograd._grad_4bit` as its
+    """``A @ W.T + bias`` for the 4-bit weight of a :class:`Linear4bitCell`, with :func:`formats.fourbit._grad_4bit` as its
     backward (no gradient for the weight and its state)."""
 
     def __init__(self, layer):
@@ -73,17 +74,17 @@ class _Frozen4bitMatmul(nn.Cell):
             _tag_device((A, bias), like=(A,))
         state = self._state(A, absmax, nested_absmax, nested_offset)
         if self.has_bias:
-            return _autograd._forward_4bit(A, weight, state, bias)
-        return _autograd._forward_4bit(A, weight, state, None)
+            return _fourbit._forward_4bit(A, weight, state, bias)
+        return _fourbit._forward_4bit(A, weight, state, None)
 
     def bprop(self, A, weight, absmax, nested_absmax, nested_offset, bias, out, dout):
-        # autograd._grad_4bit's computation in MindSpore's functional ops (_graph.grad_4bit): the bprop's tensors
+        # _grad_4bit's computation in MindSpore's functional ops (fourbit.graph_grad_4bit): the bprop's tensors
         # carry no mindtorch device tag, and MindSpore resolves every call in a bprop graph, even in dead branches
         state = self._state(dout, absmax, nested_absmax, nested_offset)
         if self.has_bias:
-            dA, dbias = _graph.grad_4bit(A, weight, state, dout, bias)
+            dA, dbias = _fourbit.graph_grad_4bit(A, weight, state, dout, bias)
         else:
-            dA, _ = _graph.grad_4bit(A, weight, state, dout, None)
+            dA, _ = _fourbit.graph_grad_4bit(A, weight, state, dout, None)
             dbias = ops.zeros_like(bias)
         return (dA, ops.zeros_like(weight), ops.zeros_like(absmax), ops.zeros_like(nested_absmax),
                 ops.zeros_like(nested_offset), dbias)

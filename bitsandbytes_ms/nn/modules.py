@@ -438,47 +438,30 @@ class Linear4bit(_CudaGuard, torch.nn.Linear):
         _check_linear_input(self, x)
         w = self.weight
         qs = getattr(w, "quant_state", None)
-        if qs is not None and self.compute_type_is_set and isinstance(w, Params4bit):
-            res = _fourbit.linear(x, w, qs, self.bias, self.compute_dtype)  # the 4-bit format's one door
-            if res is not None:
-                return res
-        return self._forward_unserved(x, qs)
+        if qs is None or not self.compute_type_is_set or not isinstance(w, Params4bit):
+            w, qs = self._prepare(x, qs)
+        # the 4-bit format's one door: the route of these dtypes (lean, compute dtype, full, autograd) is its choice
+        return _fourbit.linear(x, w, qs, self.bias, self.compute_dtype, type(self).__name__)
 
-    def _forward_unserved(self, x, qs):
-        """What the format's door left to the layer: its checks, the first call's compute dtype and bias cast (after
-        which the door is asked once more), quantizing a weight not yet quantized, and the autograd form."""
-        if self._prepare(x, qs) and qs is not None and isinstance(self.weight, Params4bit):
-            res = _fourbit.linear(x, self.weight, qs, self.bias, self.compute_dtype)
-            if res is not None:
-                return res
+    def _prepare(self, x, qs):
+        """What the first forward sets: x's width checked, the compute dtype (from x, as upstream), and the weight
+        quantized (or its quant state restored from the module). Returns the weight and its quant state."""
+        K = int(qs.shape[1]) if qs is not None and qs.shape is not None else int(self.in_features)
+        if x.shape[-1] != K:  # (x has a dimension: _check_linear_input)  # never matmul_4bit's deprecated [K, N] branch: the weight is [N, K]
+            raise ValueError(f"{type(self).__name__}: `x` must have last dimension {K} (in_features); got shape "
+                             f"{tuple(x.shape)}")
+        if not self.compute_type_is_set:
+            self.set_compute_type(x)
+            self.compute_type_is_set = True
         if not isinstance(self.weight, Params4bit) or getattr(self.weight, "quant_state", None) is None:
             if isinstance(self.weight, Params4bit) and not self.weight.bnb_quantized:
                 self.weight.quantize()
             else:
                 fix_4bit_weight_quant_state_from_module(self)
-        inp_dtype = x.dtype
-        if self.compute_dtype is not None:
-            x = x.to(self.compute_dtype)
-        out = _autograd.matmul_4bit(x, self.weight.t(), quant_state=self.weight.quant_state, bias=self.bias)
-        return out.to(inp_dtype)
-
-    def _prepare(self, x, qs) -> bool:
-        """Checks x's width and sets what the first forward sets (the compute dtype, the bias in it); True when
-        something was set."""
-        K = int(qs.shape[1]) if qs is not None and qs.shape is not None else int(self.in_features)
-        if x.shape[-1] != K:  # (x has a dimension: _check_linear_input)  # never matmul_4bit's deprecated [K, N] branch: the weight is [N, K]
-            raise ValueError(f"{type(self).__name__}: `x` must have last dimension {K} (in_features); got shape "
-                             f"{tuple(x.shape)}")
-        changed = not self.compute_type_is_set
-        if changed:
-            self.set_compute_type(x)
-            self.compute_type_is_set = True
-        b = self.bias
-        cdt = self.compute_dtype or x.dtype  # x's dtype in the matmul
-        if b is not None and b.dtype != cdt and cdt in _F.FLOAT_DTYPES:
-            b.data = _as_mindtorch(b.data.to(cdt))  # as upstream: the bias parameter itself is cast, once
-            changed = True
-        return changed
+        qs = self.weight.quant_state
+        if qs is None:  # (fix_4bit_weight_quant_state_from_module warned: nothing to restore it from)
+            raise ValueError("quant_state is required")  # matmul_4bit's words, as before the door served every call
+        return self.weight, qs
 
 
 class LinearFP4(Linear4bit):
