@@ -23,6 +23,7 @@
 
 #include "checks/fourbit.h"
 #include "cuda/aot_cuda.cuh"
+#include "cuda/x86_float.cuh"
 #include "cuda/vec_io.cuh"
 
 namespace bnb_ms {
@@ -359,15 +360,6 @@ bool quantize4_fast(int *status, cudaStream_t st, const float *code, const T *A,
 // ---- dequantize ---------------------------------------------------------------------------------
 constexpr int kDThreads = 256;
 
-// a * b with the NaN the CPU library's x86 multiply produces: the first NaN operand, made quiet, or
-// the x86 default NaN (0xffc00000) for inf * 0 (CUDA would give 0x7fffffff).
-__device__ __forceinline__ float mul_x86(float a, float b) {
-  const float r = __fmul_rn(a, b);
-  if (r == r) return r;
-  if (a != a) return __uint_as_float(__float_as_uint(a) | 0x400000u);
-  if (b != b) return __uint_as_float(__float_as_uint(b) | 0x400000u);
-  return __uint_as_float(0xffc00000u);
-}
 
 template <class T>
 __device__ __forceinline__ void store8(T *p, const float (&v)[8]) {

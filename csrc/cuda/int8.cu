@@ -40,6 +40,7 @@
 
 #include "checks/int8.h"
 #include "cuda/aot_cuda.cuh"
+#include "cuda/x86_float.cuh"
 
 namespace bnb_ms {
 namespace cuda {
@@ -402,27 +403,7 @@ int igemm_entry(BNB_MS_AOT_ARGS) {
 // ------------------------------------------------------------------------------------------------
 constexpr float kMmDequant = 6.200124e-05f;
 
-// a * b and a + b with the NaN the CPU library's x86 SSE arithmetic produces (source operand order):
-// the first NaN operand, made quiet, or the x86 default NaN 0xffc00000 for an invalid operation
-// (inf * 0, inf - inf), where CUDA would give 0x7fffffff.  Matters for fp32/bf16 outputs.
-__device__ __forceinline__ float nan_x86(float a, float b) {
-  if (a != a) return __uint_as_float(__float_as_uint(a) | 0x400000u);
-  if (b != b) return __uint_as_float(__float_as_uint(b) | 0x400000u);
-  return __uint_as_float(0xffc00000u);
-}
-__device__ __forceinline__ float mul_x86(float a, float b) {
-  const float r = __fmul_rn(a, b);
-  return r == r ? r : nan_x86(a, b);
-}
-__device__ __forceinline__ float add_x86(float a, float b) {
-  const float r = __fadd_rn(a, b);
-  return r == r ? r : nan_x86(a, b);
-}
-// fma(a, b, c) as the CPU library's fma_x86: a NaN result takes the NaN of c + a * b in two steps.
-__device__ __forceinline__ float fma_x86(float a, float b, float c) {
-  const float r = __fmaf_rn(a, b, c);
-  return r == r ? r : add_x86(c, mul_x86(a, b));
-}
+// mul_x86 / add_x86 / fma_x86 (cuda/x86_float.cuh): the x86 NaN results, which matter for fp32/bf16 outputs.
 
 template <class T, class BT>
 __device__ __forceinline__ T dq1(int32_t a, float rv, float cv, const BT *bias, int64_t j) {

@@ -22,6 +22,7 @@
 // generic kernel (16 threads per row, byte loads) with the same arithmetic.
 #include "checks/weightonly.h"
 #include "cuda/aot_cuda.cuh"
+#include "cuda/x86_float.cuh"
 
 namespace bnb_ms {
 namespace cuda {
@@ -98,15 +99,7 @@ __global__ void __launch_bounds__(kQThreads) wo_quantize(const T *__restrict__ W
 // ---- dequantize ---------------------------------------------------------------------------------
 constexpr int kDThreads = 256;
 
-// q * scale with the NaN the CPU library's x86 multiply produces (as fourbit.cu's mul_x86): the first
-// NaN operand made quiet, or the x86 default NaN 0xffc00000 for 0 * inf (CUDA would give 0x7fffffff).
-__device__ __forceinline__ float mul_x86(float a, float b) {
-  const float r = __fmul_rn(a, b);
-  if (r == r) return r;
-  if (a != a) return __uint_as_float(__float_as_uint(a) | 0x400000u);
-  if (b != b) return __uint_as_float(__float_as_uint(b) | 0x400000u);
-  return __uint_as_float(0xffc00000u);
-}
+// q * scale: mul_x86 (cuda/x86_float.cuh), the x86 NaN for 0 * inf and NaN inputs.
 
 template <class T>
 __device__ __forceinline__ void store8(T *dst, const float *v) {  // dst 16-byte aligned
