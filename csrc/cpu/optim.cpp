@@ -199,6 +199,13 @@ BNB_MS_INLINE void blocks8_generic(const K &k, const T *g, T *p, const State8 &s
     if (two_state(O)) requant_block(st.l2, v, len, st.s2 + s, st.a2 + b);
   }
 }
+// The per-call state tables of a SIMD level that has none (AVX2, AVX-512 without VBMI: the lookups read the codes).
+struct NoStateCodes {
+  const void *c1 = nullptr, *c2 = nullptr;
+  const void *r1 = nullptr, *r2 = nullptr;
+  explicit NoStateCodes(const State8 &) {}
+};
+
 // ---- AVX2 (8 lanes; F16C for fp16, shifts for bf16) ----------------------------------------------
 namespace avx2 {
 #define SIMD_TARGET BNB_MS_TARGET_AVX2
@@ -248,11 +255,7 @@ template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v) { store8<T>(p
 // kAhead: software prefetch distance in blocks (the scalar lookups leave the hardware prefetchers idle for
 // long stretches; Adam8bit on Zen 3: 3-5% less thread time).
 constexpr int64_t kAhead = 4;
-struct StateCodes {  // no per-call tables here
-  const void *c1 = nullptr, *c2 = nullptr;
-  const void *r1 = nullptr, *r2 = nullptr;
-  explicit StateCodes(const State8 &) {}
-};
+using StateCodes = NoStateCodes;
 struct StateSrc {
   float *buf;
   const void *codes;
@@ -336,11 +339,7 @@ SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F pr
 // Without VBMI the state lookups are gathers in the update loop itself (cpu/quant_lut.h says why AVX-512 gathers;
 // no block buffer, no prefetch: measured faster on the Sapphire Rapids host).
 constexpr int64_t kAhead = 0;
-struct StateCodes {
-  const void *c1 = nullptr, *c2 = nullptr;
-  const void *r1 = nullptr, *r2 = nullptr;
-  explicit StateCodes(const State8 &) {}
-};
+using StateCodes = NoStateCodes;
 struct StateSrc {
   float *buf;
   const void *unused;
