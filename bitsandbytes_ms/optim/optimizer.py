@@ -35,6 +35,10 @@ from mindspore import Tensor
 # does not import mindnlp or transformers (measured: +0.1 s over `import mindspore`)
 from mindtorch.optim import Optimizer as _TorchOptimizer
 
+from ..integrations import mindtorch_device as _mindtorch_device
+
+_mindtorch_device.ensure()  # mindtorch took over mindspore.Tensor's operators: a clear error for plain MindSpore (that module)
+
 from .. import functional as F
 from ..utils import ITEMSIZES, NP_DTYPES, Singleton
 from .._ops import tag as tag_device
