@@ -127,7 +127,7 @@ def test_backward_fills_grad_equal_to_value_and_grad(backward_patches):
         for p, g in zip(params, ref):
             np.testing.assert_array_equal(p.grad.asnumpy(), g.asnumpy())  # the very same gradients
         if step == 0:  # a second backward of the same forward: torch's "backward through the graph a second time"
-            with pytest.raises(RuntimeError, match="no forward of a trainable model was recorded"):
+            with pytest.raises(RuntimeError, match="already differentiated by an earlier backward"):
                 loss.backward()
         opt.step()
         opt.zero_grad()
@@ -147,6 +147,22 @@ def test_backward_accumulates_like_torch(backward_patches):
     for p, g in zip(params, once):
         np.testing.assert_allclose(p.grad.asnumpy(), 2 * g, rtol=1e-6, atol=1e-7)
     assert all(a is b for a, b in zip(opt.param_groups[0]["params"], params))
+
+
+def test_two_forwards_then_two_backwards_says_so(backward_patches):
+    # torch accumulates both losses' gradients; one recording per backward() here: the first backward() takes it
+    # (its own loss's gradients, the very value_and_grad ones), the second raises naming the case (new-user trial)
+    m = _model()
+    params = list(m.parameters())
+    opt = bnb.optim.AdamW(params, lr=1e-2)  # noqa: F841  (held: a live optimizer of ours makes forwards record)
+    x, y = torch.ones(4, 8), torch.zeros(4, 1)
+    _, ref = torch.autograd.value_and_grad(lambda x, y: _loss(m, x, y), params, attach_grads=False)(x, y)
+    l1, l2 = _loss(m, x, y), _loss(m, x * 2, y)
+    l1.backward()
+    for p, g in zip(params, ref):
+        np.testing.assert_array_equal(p.grad.asnumpy(), g.asnumpy())
+    with pytest.raises(RuntimeError, match=r"already differentiated.*sum of the losses"):
+        l2.backward()
 
 
 @pytest.mark.parametrize("case", ["eval", "no_grad", "no_optimizer", "unpatched"])

@@ -37,6 +37,7 @@ class _Tape:
         self.depth = 0           # nesting of nn.Module calls: only the outermost one starts recording
         self.recording = False
         self.params = {}         # id -> trainable parameter of the modules called while recording, in order
+        self.used = False        # a backward() ended the recording and no module was called since
 
 
 _tape = _Tape()
@@ -87,6 +88,7 @@ def _maybe_start(module) -> None:
         "PyNative recording (as mindtorch's GradientTape does) for `loss.backward()` to end.")
 def _module_call(wrapped, instance, args, kwargs):
     if _tape.depth == 0:
+        _tape.used = False
         _maybe_start(instance)
     _tape.depth += 1
     try:
@@ -102,6 +104,13 @@ _NO_FORWARD = ("loss.backward(): no forward of a trainable model was recorded, s
                "trainable parameters; one backward() per forward. "
                "Or compute gradients with torch.autograd.value_and_grad(loss_fn, params, attach_grads=False) and "
                "call opt.step(grads=grads).")
+
+
+_USED = ("loss.backward(): the recorded forward was already differentiated by an earlier backward(). On mindtorch "
+         "(MindSpore) one backward() per recorded forward: the recording runs from the first training-mode forward "
+         "after a backward() to the next backward(), so after two forwards the first backward() took the recording "
+         "(and differentiated only its own loss). Call backward() once on the sum of the losses, or run each forward "
+         "right before its backward().")
 
 
 @registry.register(
@@ -120,7 +129,7 @@ def _tensor_backward(wrapped, instance, args, kwargs):
         # the function it differentiates): that recording fills the gradients, so mindtorch's no-op is right
         return wrapped(*args, **kwargs)
     if not _tape.recording:
-        raise RuntimeError(_NO_FORWARD)
+        raise RuntimeError(_USED if _tape.used else _NO_FORWARD)
     import mindtorch
 
     if gradient is None:
@@ -129,7 +138,7 @@ def _tensor_backward(wrapped, instance, args, kwargs):
                                f"of shape {tuple(instance.shape)}: pass `gradient`)")
         gradient = mindtorch.ones_like(instance)
     params = list(_tape.params.values())
-    _tape.recording, _tape.params = False, {}
+    _tape.recording, _tape.params, _tape.used = False, {}, True
     try:
         _executor.end_graph(_tape_key, instance.data)
         grads = _executor.grad(_tape_key, _GRAD, params, None, gradient)
