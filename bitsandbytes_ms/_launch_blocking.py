@@ -43,7 +43,8 @@ def ensure() -> bool:
     if ms.get_context("device_target") != "CPU" or is_on() is not False:
         return False
     ms.runtime.launch_blocking()
-    warnings.warn("bitsandbytes_ms: turned on mindspore.runtime.launch_blocking(): MindSpore's asynchronous CPU mode "
-                  "made quantized generation ~6x slower (set BNB_MS_LAUNCH_BLOCKING=0 to keep it off)",
+    warnings.warn("bitsandbytes_ms: turned on mindspore.runtime.launch_blocking(): in MindSpore's asynchronous CPU "
+                  "mode every quantized layer call waits for the op queue (a quantized model's generation measured "
+                  "~6x slower); set BNB_MS_LAUNCH_BLOCKING=0 to keep it off",
                   RuntimeWarning, stacklevel=3)
     return True
