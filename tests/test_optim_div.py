@@ -14,17 +14,20 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "tools" / "check_div_const.cpp"
 
 
+def _compile(src: Path, exe: Path) -> Path:
+    subprocess.run([shutil.which("g++") or shutil.which("c++"), "-O2", "-mavx2", "-mfma", "-o", str(exe), str(src)],
+                   check=True)
+    return exe
+
+
 @pytest.fixture(scope="module")
 def checker(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
+    if (shutil.which("g++") or shutil.which("c++")) is None:
         pytest.skip("no C++ compiler")
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     if " avx2" not in flags or " fma" not in flags:
         pytest.skip("the checker needs AVX2 + FMA (so does the kernel path it checks)")
-    exe = tmp_path_factory.mktemp("divc") / "check_div_const"
-    subprocess.run([cxx, "-O2", "-mavx2", "-mfma", "-o", str(exe), str(SRC)], check=True)
-    return exe
+    return _compile(SRC, tmp_path_factory.mktemp("divc") / "check_div_const")
 
 
 def test_division_by_constant_is_the_dividers(checker):
@@ -41,7 +44,6 @@ def test_checker_finds_a_wrong_quotient(checker, tmp_path):
     assert src.count(step) == 2
     weak = tmp_path / "weak.cpp"
     weak.write_text(src.replace(step, "", 2))
-    exe = tmp_path / "weak"
-    subprocess.run([shutil.which("g++") or "c++", "-O2", "-mavx2", "-mfma", "-o", str(exe), str(weak)], check=True)
+    exe = _compile(weak, tmp_path / "weak")
     r = subprocess.run([str(exe), "4096", "0.0316227749"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "MISMATCH" in r.stdout

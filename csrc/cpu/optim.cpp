@@ -199,6 +199,14 @@ BNB_MS_INLINE void blocks8_generic(const K &k, const T *g, T *p, const State8 &s
     if (two_state(O)) requant_block(st.l2, v, len, st.s2 + s, st.a2 + b);
   }
 }
+// One block's codes as the AVX-512 state sources read them without a buffer: code[q[i]] * absmax.
+struct BlockCodes {
+  const float *code = nullptr;
+  const uint8_t *q = nullptr;
+  float absmax = 0.0f;
+  BNB_MS_INLINE float at1(int64_t i) const { return code[q[i]] * absmax; }
+};
+
 // The per-call state tables of a SIMD level that has none (AVX2, AVX-512 without VBMI: the lookups read the codes).
 struct NoStateCodes {
   const void *c1 = nullptr, *c2 = nullptr;
@@ -343,23 +351,17 @@ using StateCodes = NoStateCodes;
 struct StateSrc {
   float *buf;
   const void *unused;
-  const float *code = nullptr;
-  const uint8_t *q = nullptr;
-  float absmax = 0.0f;
-  BNB_MS_INLINE void prepare(const float *c, float a, const uint8_t *qq, int64_t) {
-    code = c;
-    absmax = a;
-    q = qq;
-  }
+  BlockCodes blk;
+  BNB_MS_INLINE void prepare(const float *c, float a, const uint8_t *qq, int64_t) { blk = BlockCodes{c, qq, a}; }
   SIMD_TARGET BNB_MS_INLINE F at(int64_t i) const {
     __m512 v;
-    Code256Gather{code}.lookup(q + i, &v);
-    return vmul(v, set1(absmax));
+    Code256Gather{blk.code}.lookup(blk.q + i, &v);
+    return vmul(v, set1(blk.absmax));
   }
   SIMD_TARGET BNB_MS_INLINE void at4(int64_t i, F v[4]) const {
     for (int j = 0; j < 4; ++j) v[j] = at(i + j * W);
   }
-  BNB_MS_INLINE float at1(int64_t i) const { return code[q[i]] * absmax; }
+  BNB_MS_INLINE float at1(int64_t i) const { return blk.at1(i); }
 };
 SIMD_TARGET BNB_MS_INLINE int64_t requant_vec(const OptLut *lut, const void *, const float *v, int64_t len, float pre,
                                               float inv, uint8_t *q) {
@@ -398,21 +400,17 @@ struct StateCodes {
 struct StateSrc {
   float *buf;
   const Code256Vbmi *vb;
-  const float *code = nullptr;
-  const uint8_t *q = nullptr;
-  float absmax = 0.0f;
+  BlockCodes blk;
   SIMD_TARGET BNB_MS_INLINE void prepare(const float *c, float a, const uint8_t *qq, int64_t len) {
-    code = c;
-    absmax = a;
-    q = qq;
+    blk = BlockCodes{c, qq, a};
     if (len < kBlock) code256_scaled(*vb, c, qq, a, len, buf);  // the partial last block goes through at(i)
   }
   SIMD_TARGET BNB_MS_INLINE F at(int64_t i) const { return load<float>(buf + i); }
   SIMD_TARGET BNB_MS_INLINE void at4(int64_t i, F v[4]) const {
-    vb->lookup(q + i, v);
-    for (int j = 0; j < 4; ++j) v[j] = vmul(v[j], set1(absmax));
+    vb->lookup(blk.q + i, v);
+    for (int j = 0; j < 4; ++j) v[j] = vmul(v[j], set1(blk.absmax));
   }
-  BNB_MS_INLINE float at1(int64_t i) const { return code[q[i]] * absmax; }
+  BNB_MS_INLINE float at1(int64_t i) const { return blk.at1(i); }
 };
 // The codes of v[i] * pre * inv, 64 at a time, for i < len rounded down to 64 (returned).  pre == 1 (every block
 // but one of subnormals) skips that multiply: v * 1 is v, a NaN included as far as the grid index goes (NaN -> 0
