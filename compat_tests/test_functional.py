@@ -423,17 +423,8 @@ class TestQuantize4BitFunctional:
     @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=describe_dtype)
     # PORT: dims above 128 run with -m slow (CI time on 2 CPU cores)
     @pytest.mark.parametrize("dim", [128] + [pytest.param(d, marks=pytest.mark.slow) for d in [256, 512, 1024]], ids=id_formatter("dim"))
-    # PORT: `request` added to attach the known-failure marker below
-    def test_gemv_4bit(self, device, dim, dtype, storage_type, double_quant, kind, request):
+    def test_gemv_4bit(self, device, dim, dtype, storage_type, double_quant, kind):
         quant_storage = torch.uint8
-        if dtype == torch.float32 and (kind == "fc2" or (kind == "fc1" and dim == 1024)):
-            # PORT: known failure, kept visible as a STRICT xfail (the test runs; an unexpected pass fails):
-            # for fp32 with an inner dimension K >= 512 (fc2: K = 4*dim; fc1 at dim=1024) our mean error err1 is
-            # above upstream's RTX-4090-calibrated bound (e.g. 4.0e-8 vs 3.4e-8 at K=512): the 16-lane fp32
-            # accumulation order of our gemv differs from MindSpore's MatMul reference. Open item: a more accurate
-            # (pairwise) gemv accumulation.
-            request.node.add_marker(pytest.mark.xfail(
-                strict=True, reason="fp32 gemv accumulation-order error above the CUDA-calibrated bound for K >= 512"))
         if device == "hpu" and not is_supported_on_hpu(storage_type, dtype, quant_storage):
             pytest.skip("This configuration is not supported on HPU.")
 
@@ -477,6 +468,13 @@ class TestQuantize4BitFunctional:
             # rounded to bf16 (what a bf16 GEMM with fp32 accumulation returns)
             if dtype == torch.bfloat16:
                 C1 = torch.nn.functional.linear(A.float(), F.dequantize_4bit(qB, state).to(dtype).float()).to(dtype)
+            elif dtype == torch.float32:
+                # PORT: fp32's reference in float64, rounded once to fp32. MindSpore's CPU fp32 MatMul is itself
+                # ~3x less accurate than our gemv (mean |error| against the exact product / sqrt(dim) at K = 512:
+                # 3.5e-8 vs 1.2e-8), so with it as the reference err1 measured MindSpore's rounding and went above
+                # upstream's cuBLAS-calibrated bound for K >= 512. This measures gemv_4bit's own error, as cuBLAS's
+                # more accurate sum lets upstream's reference do.
+                C1 = torch.nn.functional.linear(A.double(), F.dequantize_4bit(qB, state).double()).float()
             else:
                 C1 = torch.nn.functional.linear(A, F.dequantize_4bit(qB, state).to(dtype))
 
