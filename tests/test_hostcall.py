@@ -82,3 +82,33 @@ def test_inactive_under_gradient_and_when_disabled():
     finally:
         H.set_enabled(old)
     assert H.active()
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_dequantize_host_call_same_bytes_and_under_gradient(nested):
+    """dequantize_4bit / dequantize_blockwise run as host calls (backends/native: ~4x less than an ops.Custom
+    launch), also while a gradient is recorded (a packed weight's codes ask for none): the ops.Custom path's bytes
+    either way; an input that asks for a gradient keeps the ops.Custom call."""
+    rng = np.random.default_rng(3)
+    W = Tensor(rng.standard_normal((96, 128)).astype(np.float32))
+    q, qs = F.quantize_4bit(W, quant_type="nf4", compress_statistics=nested)
+    A8, s8 = F.quantize_blockwise(W)
+    host4, host8 = F.dequantize_4bit(q, qs).asnumpy(), F.dequantize_blockwise(A8, s8).asnumpy()
+    old = H.set_enabled(False)  # every op through ops.Custom
+    try:
+        assert not H.usable()
+        ref4, ref8 = F.dequantize_4bit(q, qs).asnumpy(), F.dequantize_blockwise(A8, s8).asnumpy()
+    finally:
+        H.set_enabled(old)
+    assert host4.view(np.uint32).tobytes() == ref4.view(np.uint32).tobytes()
+    assert host8.view(np.uint32).tobytes() == ref8.view(np.uint32).tobytes()
+    assert not np.array_equal(ref4, np.zeros_like(ref4))
+    seen, grad_in = [], ms.Parameter(Tensor(np.ones(3, np.float32)), requires_grad=True)
+
+    def f(a):
+        seen.append((H.active(), H.usable(q, qs.absmax), H.usable(grad_in)))
+        return (a * Tensor(F.dequantize_4bit(q, qs).asnumpy()[0, :3])).sum()
+
+    _, g = ms.value_and_grad(f)(Tensor(np.ones(3, np.float32)))
+    assert seen == [(False, True, False)]
+    assert np.array_equal(g.asnumpy(), ref4[0, :3])

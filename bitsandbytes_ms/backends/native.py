@@ -134,7 +134,20 @@ def _(A, code, blocksize):
 
 @_ops.dequantize_blockwise.register(*NATIVE)
 def _(A, absmax, code, blocksize, dtype):
-    return _fn(blockwise_name("dequantize", dtype))(code, A, absmax, blocksize)
+    name = blockwise_name("dequantize", dtype)
+    if _hostcall.usable(A, absmax, code):
+        return _dequantize_host(name, dtype, tuple(int(s) for s in A.shape), code, A, absmax, blocksize)
+    return _fn(name)(code, A, absmax, blocksize)
+
+
+def _dequantize_host(name: str, dtype, shape, code, A, absmax, *scalars) -> Tensor:
+    """A dequantization entry point (code, codes, absmax, then its scalars -> out) as a host call on the tensors'
+    own memory, shaped ``shape``: the same kernel and bytes as its ops.Custom launch, ~4x faster for a 576 x 1536
+    4-bit weight on the 2-core Xeon (0.29 vs 1.2 ms; training dequantizes every 4-bit weight twice a step)."""
+    out = np.empty(int(np.prod(shape)), _hostcall.np_dtype(dtype))
+    arr = _hostcall.act_array
+    _hostcall.entry(name)(arr(code), arr(A).reshape(-1), arr(absmax), *scalars, out)
+    return _hostcall.wrap(out.reshape(shape))
 
 
 # ---- 4-bit ----
@@ -148,7 +161,10 @@ def _(A, blocksize, quant_type, quant_storage=ms.uint8):
 def _(A, absmax, blocksize, quant_type, shape, dtype, code=None):
     n = int(np.prod(shape))
     code = code_4bit(quant_type) if code is None else code
-    out = _fn(fourbit_name("dequantize", dtype, quant_type))(code, as_uint8(A), absmax, blocksize, n)
+    name = fourbit_name("dequantize", dtype, quant_type)
+    if _hostcall.usable(A, absmax, code):
+        return _dequantize_host(name, dtype, tuple(int(s) for s in shape), code, as_uint8(A), absmax, blocksize, n)
+    out = _fn(name)(code, as_uint8(A), absmax, blocksize, n)
     return ms.ops.reshape(out, tuple(int(s) for s in shape))
 
 
