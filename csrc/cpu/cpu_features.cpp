@@ -96,6 +96,20 @@ uint32_t cpu_features() {
   return f;
 }
 
+bool cpu_is_intel() {
+  static const bool intel = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    char v[13];
+    std::memcpy(v, &b, 4);
+    std::memcpy(v + 4, &d, 4);
+    std::memcpy(v + 8, &c, 4);
+    v[12] = 0;
+    return std::strcmp(v, "GenuineIntel") == 0;
+  }();
+  return intel;
+}
+
 SimdLevel simd_level() {
   static const SimdLevel l = detect_level(cpu_features());
   return l;

@@ -29,6 +29,9 @@ SimdLevel simd_level();
 inline bool has_avx512() { return simd_level() >= SimdLevel::avx512; }
 inline bool has_avx2() { return simd_level() >= SimdLevel::avx2; }
 inline bool has_avx512vbmi() { return has_avx512() && (cpu_features() & CPU_AVX512VBMI); }
+// The CPU's maker is Intel (cpuid vendor "GenuineIntel"): for the few kernel choices measured to go opposite ways on
+// Intel and AMD CPUs of the same SIMD level (each such place says what was measured where).
+bool cpu_is_intel();
 
 }  // namespace bnb_ms
 

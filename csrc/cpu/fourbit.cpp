@@ -1396,6 +1396,17 @@ BNB_MS_TARGET_AVX512BF16 void gemv_bf16_rows_avx512(const float *code, const uin
   }
 }
 
+// Double quant in the one-row kernel: where its per-block scales come from (the same two roundings, the same bytes,
+// either way).  Decoded in the kernel (ScaleNested, below) measured best on the AVX-512 EPYC (Zen 4): 11008 x 4096
+// on 2 threads 1.11 -> 0.82 ms against the runs.  Decoded ahead into L1 runs (absmax_runs: 64 at a time with VBMI,
+// then ScaleF32) measured best on the Intel Xeon (AMX) of 2026-12-06: 88 distinct 4096 x 11008 matrices from
+// memory, 2 threads, 12.8-14.6 -> 15.3-16.5 GB/s (a plain fp32 absmax: 14.6-17.7), the same from cache.  So: runs on
+// Intel CPUs with VBMI, in the kernel elsewhere (BNB_MS_SIMD=avx512-novbmi makes an Intel machine test both).
+inline bool nested_scales_in_kernel() {
+  static const bool k = !(cpu_is_intel() && has_avx512vbmi());
+  return k;
+}
+
 template <class T>
 void gemv4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, const uint16_t *xb, const T *bias, T *out,
                    int64_t N, int64_t K, int64_t bs) {
@@ -1411,7 +1422,7 @@ void gemv4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, cons
   auto finish = [&](int64_t n0, int64_t n1, const float *res) {
     for (int64_t n = n0; n < n1; ++n) out[n] = with_bias(from_f32<T>(res[n - n0]), bias, n);
   };
-  if (native && amx.nested()) {  // double quant: its codes decoded inside the kernel
+  if (native && amx.nested() && nested_scales_in_kernel()) {  // double quant: its codes decoded inside the kernel
     const bool common = bs == 64 && amx.bs2 == 256;  // the defaults: shifts by constants
     gemv4_parallel_rows(N, K, [&](int64_t n0, int64_t n1) {
       static thread_local std::vector<float> res;
