@@ -535,10 +535,9 @@ class Linear4bitPlan:
         entry = self.calls.get(key)
         if entry is None:
             npdt = _hostcall.np_dtype(dtype)
-            call = _native.linear_4bit_entry(dtype, dot).bind(
-                np.empty((1, self.K), npdt), np.empty(1, np.uint8), np.empty(1, np.float32),
-                np.empty(16, np.float32), None, None, None, None, self.bs, self.bs2, self.N,
-                np.empty((1, self.N), npdt))
+            call = _native.linear_4bit_bound(
+                dtype, dot, np.empty((1, self.K), npdt), np.empty(1, np.uint8), np.empty(1, np.float32),
+                np.empty(16, np.float32), None, None, None, None, self.bs, self.bs2, self.N, np.empty((1, self.N), npdt))
             # [lean record of linear_4bit, lean record of linear_4bit_compute (fp32 activations)]
             entry = self.calls[key] = (call, [None] * 8, [None, None])
         return entry
