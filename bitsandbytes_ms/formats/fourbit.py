@@ -30,8 +30,8 @@ from mindspore.ops import constexpr
 from .. import _graph as _G, _hostcall, _ops, _reference
 from .._formats_common import (BLOCKWISE_BLOCKSIZES, FLOAT_DTYPES, FLOAT_SET as _FLOAT_SET, FOURBIT_BLOCKSIZES,
                                LINEAR_4BIT_MAX_ROWS, _check_blocksize, _check_dtype, _check_out, _check_tensor,
-                               _code4, _contiguous, _empty_np, _itemsize, _lean_rows, _needs_input_grad, _numel,
-                               _unmoved, as_uint8 as _raw_bytes, storage_view as _storage_view)
+                               _code4, _contiguous, _empty_np, _itemsize, _needs_input_grad, _numel,
+                               as_uint8 as _raw_bytes, storage_view as _storage_view)
 from ..backends import native as _native
 from .._hostcall import write_out as _write
 from .._ops import tag as _tag
@@ -568,24 +568,32 @@ class Linear4bitPlan:
             watch.append((t, v.ptr, t.dtype))
         return (B, bias, tuple(watch))
 
-    def _lean_entry(self, dtype, bf16_dot, rows: int, slot: int, B: Tensor, bias: Optional[Tensor]):
-        """This thread's bound call for ``dtype`` and kernel whose lean record ``slot`` (0: :meth:`fast`, 1:
-        :meth:`fast_compute`) was made with these very weight and bias objects, or None."""
+    def _lean_entry(self, A: Tensor, dtype, bf16_dot, max_rows: int, slot: int, B: Tensor, bias: Optional[Tensor]):
+        """``(entry, shape, rows)``: A's shape and rows, where a lean call takes it ([..., K] with 1..max_rows rows,
+        K > 0; the rows choose the bf16 kernel), and this thread's bound call for ``dtype`` and that kernel whose
+        lean record ``slot`` (0: :meth:`fast`, 1: :meth:`fast_compute`) was made with these very weight and bias
+        objects; None where there is none."""
+        K = self.K
+        shape = tuple(A.shape)
+        if not shape or shape[-1] != K or K == 0:
+            return None
+        rows = math.prod(shape[:-1])
+        if rows > max_rows:
+            return None
         entry = self.calls.get((dtype, _get_ident(),
-                                dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows, "linear_4bit", self.K, self.bs)))
+                                dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows, "linear_4bit", K, self.bs)))
         f = entry[2][slot] if entry is not None else None
         if f is None or f[1] is not bias:
             return None
-        if f[0] is B:
-            return entry
-        # A new tensor over the same bytes at the same address: ``matmul_4bit(x, w.t())`` (upstream's Linear4bit
-        # forward, and code ported from it) makes a fresh [1, n] view of the packed [n, 1] weight every call,
-        # the same bytes in the same order. Its memory is read where it is now, so it is never stale.
-        w0, p0, _ = f[2][0]
-        if (isinstance(B, Tensor) and B.is_contiguous() and B.storage_offset() == 0 and B.dtype == w0.dtype
-                and _numel(B) == _numel(w0) and B._data_ptr() == p0):
-            return entry
-        return None
+        if f[0] is not B:
+            # A new tensor over the same bytes at the same address: ``matmul_4bit(x, w.t())`` (upstream's Linear4bit
+            # forward, and code ported from it) makes a fresh [1, n] view of the packed [n, 1] weight every call,
+            # the same bytes in the same order. Its memory is read where it is now, so it is never stale.
+            w0, p0, _ = f[2][0]
+            if not (isinstance(B, Tensor) and B.is_contiguous() and B.storage_offset() == 0 and B.dtype == w0.dtype
+                    and _numel(B) == _numel(w0) and B._data_ptr() == p0):
+                return None
+        return entry, shape, rows
 
     def fast(self, A: Tensor, B: Tensor, bias: Optional[Tensor], max_rows: int = 1 << 62,
              bf16_dot: Optional[bool] = None):
@@ -594,19 +602,15 @@ class Linear4bitPlan:
         reads in place has moved (one address read each), only A and the output are re-pointed. Returns the
         result, or None (the caller runs the full path)."""
         dt = A.dtype
-        shape, rows = _lean_rows(A, self.K, max_rows)
-        if not rows:
+        lean = self._lean_entry(A, dt, bf16_dot, max_rows, 0, B, bias)
+        if lean is None:
             return None
-        K = self.K
-        entry = self._lean_entry(dt, bf16_dot, rows, 0, B, bias)
-        if entry is None:
-            return None
-        f = entry[2][0]
+        entry, shape, rows = lean
         xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
-        if not _unmoved(f[2]):
+        if not _hostcall.unmoved(entry[2][0][2]):
             return None
-        out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(A.dtype))
-        entry[0].run_rows(0, xp, rows, K, 11, out)
+        out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(dt))
+        entry[0].run_rows(0, xp, rows, self.K, 11, out)
         return _hostcall.wrap(out)
 
     def fast_compute(self, A: Tensor, B: Tensor, bias: Optional[Tensor], compute_dtype, max_rows: int = 1 << 62):
@@ -616,24 +620,20 @@ class Linear4bitPlan:
         have been rewritten in place). Returns the fp32 result, or None (the caller runs the full call)."""
         if A.dtype != ms.float32:
             return None
-        shape, rows = _lean_rows(A, self.K, max_rows)
-        if not rows:
+        lean = self._lean_entry(A, compute_dtype, None, max_rows, 1, B, bias)
+        if lean is None:
             return None
-        K = self.K
-        entry = self._lean_entry(compute_dtype, None, rows, 1, B, bias)
-        if entry is None:
-            return None
-        f = entry[2][1]
+        entry, shape, rows = lean
         npdt = _hostcall.np_dtype(compute_dtype)
         xa = _hostcall.convert(_hostcall.act_array(A), npdt)  # first: waits for everything queued before (in-place updates too)
-        if not _unmoved(f[2]):
+        if not _hostcall.unmoved(entry[2][1][2]):
             return None
         if bias is not None and bias.dtype != compute_dtype:
             b = _hostcall.convert(_hostcall.host_view(self.views[6], bias).reshape(-1), npdt)  # the bias's own memory
             entry[0].set(7, b)
             entry[1][7] = b
         out = np.empty(shape[:-1] + (self.N,), npdt)
-        entry[0].run_rows(0, xa.ctypes.data, rows, K, 11, out)
+        entry[0].run_rows(0, xa.ctypes.data, rows, self.K, 11, out)
         return _hostcall.wrap(_hostcall.convert(out, np.float32))
 
 
