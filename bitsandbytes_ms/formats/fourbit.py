@@ -1116,19 +1116,25 @@ def linear(x: Tensor, weight: Tensor, state: QuantState, bias: Optional[Tensor],
            owner: str = "Linear4bit") -> Tensor:
     """Linear4bit's forward: ``x @ W.T + bias`` computed in ``compute_dtype`` (None: x's own dtype) and returned in
     x's dtype, by the call that the route of these dtypes names (:func:`_route_of`, decided once per weight's plan and
-    dtypes, and kept on the plan): the lean or full host call of the same dtype, the fp32-input / 16-bit compute
-    call, or the autograd form (:func:`matmul_4bit`, as upstream's layer computes it), which also serves what no host
-    call can -- gradients recorded, more than LINEAR_4BIT_MAX_ROWS rows. A bias of another dtype than the compute
-    dtype is cast first, the parameter itself and once, as upstream's layer does. ``owner`` names the layer in the
-    error raised for an x that is not [..., K]."""
+    dtypes, and kept on the plan): the lean or full host call of the same dtype, or the fp32-input / 16-bit compute
+    call. What no host call serves -- gradients recorded, more than LINEAR_4BIT_MAX_ROWS rows, another width, dtypes
+    no host call takes -- the autograd form serves (:func:`_route_autograd`: :func:`matmul_4bit`, as upstream's layer
+    computes it). A bias of another dtype than the compute dtype is cast first, the parameter itself and once, as
+    upstream's layer does. ``owner`` names the layer in the error raised for an x that is not [..., K]."""
     plan = state.__dict__.get("_linear_plan")
     xdt, bdt = x.dtype, None if bias is None else bias.dtype
     if plan is None or not plan.matches(state):  # the first call of this weight (or of a replaced state)
-        return _route_of(xdt, compute_dtype, bdt)(None, x, weight, state, bias, compute_dtype, owner)
-    for r in plan.routes:  # MindSpore's dtypes are singletons: `is` finds the route (`==` and hashing cost ~2 us)
-        if r[0] is xdt and r[1] is compute_dtype and r[2] is bdt:
-            return r[3](plan, x, weight, state, bias, compute_dtype, owner)
-    return _new_route(plan, xdt, compute_dtype, bdt)(plan, x, weight, state, bias, compute_dtype, owner)
+        res = _route_of(xdt, compute_dtype, bdt)(None, x, weight, state, bias, compute_dtype, owner)
+    else:
+        for r in plan.routes:  # MindSpore's dtypes are singletons: `is` finds the route (`==` and hashing cost ~2 us)
+            if r[0] is xdt and r[1] is compute_dtype and r[2] is bdt:
+                res = r[3](plan, x, weight, state, bias, compute_dtype, owner)
+                break
+        else:
+            res = _new_route(plan, xdt, compute_dtype, bdt)(plan, x, weight, state, bias, compute_dtype, owner)
+    if res is None:  # no host call serves this call: the autograd form
+        return _route_autograd(plan, x, weight, state, bias, compute_dtype, owner)
+    return res
 
 
 def _new_route(plan: Linear4bitPlan, xdt, cdt, bdt):
@@ -1139,7 +1145,9 @@ def _new_route(plan: Linear4bitPlan, xdt, cdt, bdt):
 
 
 def _route_of(xdt, cdt, bdt):
-    """The call for these x, compute and bias dtypes: it depends on the dtypes alone, so each plan asks once."""
+    """The call for these x, compute and bias dtypes: it depends on the dtypes alone, so each plan asks once. A
+    route returns the result, or None where its host call cannot serve this call (the door then runs the autograd
+    form)."""
     cdt = cdt or xdt
     if bdt is not None and bdt != cdt and cdt in _FLOAT_SET:
         return _route_cast_bias  # the bias parameter is cast to the compute dtype once (upstream), then routed anew
@@ -1153,8 +1161,8 @@ def _route_of(xdt, cdt, bdt):
 
 
 def _route_same(plan, x, weight, state, bias, compute_dtype, owner):
-    """x already in the compute dtype: the lean call (:meth:`Linear4bitPlan.fast`), else the full linear_4bit, else
-    (gradients recorded, too many rows, another width) the autograd form."""
+    """x already in the compute dtype: the lean call (:meth:`Linear4bitPlan.fast`), else the full linear_4bit; None
+    where neither serves (gradients recorded, too many rows, another width)."""
     if _hostcall.active():
         if plan is not None:
             res = plan.fast(x, weight, bias, LINEAR_4BIT_MAX_ROWS)
@@ -1162,12 +1170,12 @@ def _route_same(plan, x, weight, state, bias, compute_dtype, owner):
                 return res
         if _fits(x, state):
             return _linear_4bit_full(x, weight, state, bias, None)
-    return _route_autograd(plan, x, weight, state, bias, compute_dtype, owner)
+    return None
 
 
 def _route_compute(plan, x, weight, state, bias, compute_dtype, owner):
     """fp32 x with a 16-bit compute dtype: the lean form of linear_4bit_compute, else the full one (x rounded to the
-    compute dtype, the layer, the result widened back, in one host call), else the autograd form."""
+    compute dtype, the layer, the result widened back, in one host call); None where neither serves."""
     if _hostcall.active():
         if plan is not None:
             res = plan.fast_compute(x, weight, bias, compute_dtype, LINEAR_4BIT_MAX_ROWS)
@@ -1175,7 +1183,7 @@ def _route_compute(plan, x, weight, state, bias, compute_dtype, owner):
                 return res
         if _fits(x, state):
             return linear_4bit_compute(x, weight, state, bias, compute_dtype)
-    return _route_autograd(plan, x, weight, state, bias, compute_dtype, owner)
+    return None
 
 
 def _route_cast_bias(plan, x, weight, state, bias, compute_dtype, owner):
