@@ -968,17 +968,22 @@ def _forward_4bit(A, B, quant_state, bias):
     otherwise dequantize to fp32, matmul in fp32, cast."""
     if _compiling(A):
         return graph_forward_4bit(A, B, quant_state, bias)
+    return _forward_4bit_pynative(A, B, quant_state, bias)
+
+
+def _forward_4bit_pynative(A, B, quant_state, bias):
+    """:func:`_forward_4bit` in PyNative mode."""
     N = int(quant_state.shape[0])
     K = A.shape[-1]
     rows = int(math.prod(A.shape[:-1]))
-    if rows <= LINEAR_4BIT_MAX_ROWS and A.dtype in FLOAT_DTYPES:
-        return linear_4bit(A, B, quant_state, bias)
-    W = _dequant_weight_f32(B, quant_state)
-    a = A.reshape(-1, K).astype(ms.float32)
-    res = _mm_nt(a, W, (A,))
-    if bias is not None:
-        res = res + bias.astype(ms.float32)
-    return res.reshape(tuple(A.shape[:-1]) + (N,)).astype(A.dtype)
+    if rows > LINEAR_4BIT_MAX_ROWS or A.dtype not in FLOAT_DTYPES:  # the weight dequantized once, MindSpore's matmul
+        W = _dequant_weight_f32(B, quant_state)
+        a = A.reshape(-1, K).astype(ms.float32)
+        res = _mm_nt(a, W, (A,))
+        if bias is not None:
+            res = res + bias.astype(ms.float32)
+        return res.reshape(tuple(A.shape[:-1]) + (N,)).astype(A.dtype)
+    return _linear_4bit_pynative(A, B, quant_state, bias)  # linear_4bit's PyNative form (the process's bf16 choice)
 
 
 class MatMul4Bit(ms.nn.Cell):
@@ -1013,9 +1018,13 @@ class MatMul4Bit(ms.nn.Cell):
     def apply(A, B, out=None, bias=None, quant_state=None):
         if _compiling(A):  # in a graph: the forward (a Cell cannot be made there; nn.Linear4bitCell trains)
             return graph_forward_4bit(A, B, quant_state, bias)
+        return _write(out, MatMul4Bit._apply_pynative(A, B, bias, quant_state))
+
+    @staticmethod
+    def _apply_pynative(A, B, bias, quant_state):
+        """:meth:`apply` in PyNative mode, without ``out``: the cell made and called (autograd records it)."""
         cell = MatMul4Bit(B, quant_state, bias is not None)
-        res = cell(A, bias if bias is not None else Tensor(0.0, ms.float32))
-        return _write(out, res)
+        return cell(A, bias if bias is not None else Tensor(0.0, ms.float32))
 
     # upstream's torch.autograd.Function interface, for code that drives it by hand with a ctx object
     @staticmethod
@@ -1070,9 +1079,16 @@ def matmul_4bit(A, B, quant_state, out: Optional[Tensor] = None, bias: Optional[
             ``quant_state.shape``; ``B``'s bytes or the absmax entries other than exactly what
             ``quant_state.shape`` and ``blocksize`` need; ``bias`` or ``out`` of the wrong size.
     """
-    fn = "matmul_4bit"
     if _compiling(A):  # mindspore.jit / GRAPH_MODE: the forward (bitsandbytes_ms/_graph.py; no autograd cell)
         return graph_forward_4bit(A, B, quant_state, bias)
+    return _matmul_4bit_pynative(A, B, quant_state, out, bias)
+
+
+def _matmul_4bit_pynative(A, B, quant_state, out: Optional[Tensor], bias: Optional[Tensor]):
+    """:func:`matmul_4bit` in PyNative mode (the layer's autograd route calls it directly: the door runs in PyNative
+    only). An empty A gives its empty result first; then the autograd cell where gradients are recorded (or no host
+    call runs), else the forward itself."""
+    fn = "matmul_4bit"
     if quant_state is None:
         raise ValueError("quant_state is required")
     if quant_state.shape is None or len(quant_state.shape) != 2:
@@ -1095,20 +1111,20 @@ def matmul_4bit(A, B, quant_state, out: Optional[Tensor] = None, bias: Optional[
             raise ValueError(f"{fn}: `bias` must have {n_out} elements (the output features); got shape "
                              f"{tuple(bias.shape)}")
     _check_out(out, tuple(A.shape[:-1]) + (n_out,), A.dtype, fn)
+    if not kn and math.prod(A.shape) == 0:  # (the deprecated orientation computes its own empty result)
+        return _write(out, _empty_np(tuple(A.shape[:-1]) + (N,), A.dtype))
     if kn:
         warnings.warn(f"matmul_4bit: weight was quantized from a [K, N] tensor (quant_state.shape={list(quant_state.shape)}). "
                        "Re-quantize from the weight in [N, K] (out_features, in_features) orientation. "
-                       "This will be an error in a future version.", DeprecationWarning, stacklevel=2)
+                       "This will be an error in a future version.", DeprecationWarning, stacklevel=3)
         W = _dequant_weight_f32(B, quant_state)
         res = _mm(A.reshape(-1, K).astype(ms.float32), W, (A,))
         if bias is not None:
             res = res + bias.astype(ms.float32)
         return _write(out, res.reshape(tuple(A.shape[:-1]) + (Kq,)).astype(A.dtype))
-    if math.prod(A.shape) == 0:
-        return _write(out, _empty_np(tuple(A.shape[:-1]) + (N,), A.dtype))
-    if _hostcall.active():  # inference: no autograd cell, the forward directly
-        return _write(out, _forward_4bit(A, B, quant_state, bias))
-    return MatMul4Bit.apply(A, B, out, bias, quant_state)
+    if not _hostcall.active():  # gradients recorded (or no host call here): the autograd cell
+        return _write(out, MatMul4Bit._apply_pynative(A, B, bias, quant_state))
+    return _write(out, _forward_4bit_pynative(A, B, quant_state, bias))  # inference: the forward itself
 
 
 # ---- the layer's door ----
@@ -1199,12 +1215,13 @@ def _route_cast_bias(plan, x, weight, state, bias, compute_dtype, owner):
 
 def _route_autograd(plan, x, weight, state, bias, compute_dtype, owner):
     """The layer's autograd form, upstream's forward: x cast to the compute dtype, :func:`matmul_4bit` with the
-    packed weight's ``.t()`` (MatMul4Bit where gradients are recorded), the result cast back to x's dtype."""
+    packed weight's ``.t()`` (MatMul4Bit where gradients are recorded; its PyNative form: the door never runs in a
+    graph), the result cast back to x's dtype."""
     _check_width(x, state, owner)
     inp_dtype = x.dtype
     if compute_dtype is not None:
         x = x.to(compute_dtype)
-    return matmul_4bit(x, weight.t(), quant_state=state, bias=bias).to(inp_dtype)
+    return _matmul_4bit_pynative(x, weight.t(), state, None, bias).to(inp_dtype)
 
 
 def _check_width(x: Tensor, state: QuantState, owner: str) -> None:
