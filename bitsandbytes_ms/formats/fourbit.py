@@ -507,8 +507,10 @@ class Linear4bitPlan:
                                  f"{need} (two 4-bit codes a byte)")
             self.weight_ok, self.weight_kind = B, (B.dtype, _numel(B))
 
-    def host_args(self, B: Tensor, state: QuantState, bias: Optional[Tensor], dtype):
-        """The host arrays of the weight, its state and the bias (call argument order 1..7), read now."""
+    def host_args(self, B: Tensor, state: QuantState, bias: Optional[Tensor]) -> list:
+        """The host arrays of the weight, its state and the bias (call argument order 1..7), read now: each
+        tensor's own memory where it can be read in place. The bias keeps its own dtype: the caller, which knows
+        the call's dtype, converts it."""
         v, hv = self.views, _hostcall.host_view
         raw = hv(v[0], B)
         if raw.dtype != np.uint8 or raw.ndim != 1:
@@ -520,11 +522,7 @@ class Linear4bitPlan:
             args += [hv(v[3], s2.absmax), hv(v[4], s2.code), off]
         else:
             args += [None, None, None]
-        if bias is None:
-            args.append(None)
-        else:
-            b = hv(v[6], bias)
-            args.append(b if b.dtype == _hostcall.np_dtype(dtype) else _hostcall.convert(b, _hostcall.np_dtype(dtype)))
+        args.append(None if bias is None else hv(v[6], bias))
         return args
 
     def host_call(self, dtype, dot: bool = False):
@@ -673,7 +671,10 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     call, bound, fast = plan.host_call(compute_dtype, dot)
     npdt = _hostcall.np_dtype(compute_dtype)
     xa = _hostcall.convert(_hostcall.act_array(A), npdt)  # first: waits for everything queued before (in-place updates too)
-    for i, arr in enumerate(plan.host_args(B, quant_state, bias, compute_dtype), 1):
+    args = plan.host_args(B, quant_state, bias)
+    if bias is not None and args[6].dtype != npdt:
+        args[6] = _hostcall.convert(args[6], npdt)  # the bias in the compute dtype
+    for i, arr in enumerate(args, 1):
         if arr is not bound[i]:
             call.set(i, arr)
             bound[i] = arr
@@ -728,7 +729,10 @@ def _host_linear(plan: Linear4bitPlan, A, B, quant_state, bias, dot: bool, out_s
     call, bound, fast = plan.host_call(A.dtype, dot)
     out = _hostcall.empty(out_shape, A.dtype)
     call.set(0, _hostcall.host(A))  # first: waits for everything queued before (in-place updates too)
-    for i, arr in enumerate(plan.host_args(B, quant_state, bias, A.dtype), 1):
+    args = plan.host_args(B, quant_state, bias)
+    if bias is not None and args[6].dtype != out.dtype:
+        args[6] = _hostcall.convert(args[6], out.dtype)  # the bias in A's dtype
+    for i, arr in enumerate(args, 1):
         if arr is not bound[i]:  # re-point only what moved
             call.set(i, arr)
             bound[i] = arr
