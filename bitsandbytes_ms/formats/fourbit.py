@@ -9,7 +9,10 @@ kernel).
 
 The route of a layer's call (the lean re-pointed call, the compute-dtype call, the full call, the autograd form, or
 the bias parameter cast first) is a function of the activation, compute and bias dtypes alone, so it is decided once
-per weight's plan and dtypes (:func:`_route_of`) and read from the plan on every later call.
+per weight's plan and dtypes (:func:`_route_of`) and read from the plan on every later call; where a host-call route
+cannot serve a call, the door runs the autograd form. The functions on the layer's paths (linear_4bit, matmul_4bit,
+_forward_4bit, MatMul4Bit.apply) are their graph form or their PyNative form (``_<op>_pynative``); the door, which
+runs in PyNative only, calls the PyNative forms.
 
 This module sits below :mod:`bitsandbytes_ms.functional` and :mod:`bitsandbytes_ms.autograd` and imports neither;
 of the formats it imports only :mod:`~bitsandbytes_ms.formats.blockwise` (the double quantization of the absmax)."""
