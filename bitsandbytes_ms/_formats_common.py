@@ -260,28 +260,6 @@ def _check_out(out: Optional[Tensor], shape, dtype, fn: str, arg: str = "out") -
         raise ValueError(f"{_fn_name(fn, arg)} must have dtype {dtype_name(dtype)}; got {dtype_name(out.dtype)}")
 
 
-# ---------------------------------------------------------------------------------------------
-# lean calls (a layer's host call re-pointed at a new activation: the 4-bit and int8 plans)
-# ---------------------------------------------------------------------------------------------
-def _lean_rows(A: Tensor, K: int, max_rows: int = 1 << 62) -> tuple:
-    """``(shape, rows)`` of an activation a lean call can take: [..., K] with 1..max_rows rows and K > 0;
-    rows is 0 otherwise (the caller runs its full path)."""
-    shape = tuple(A.shape)
-    if not shape or shape[-1] != K or K == 0:
-        return shape, 0
-    rows = math.prod(shape[:-1])
-    return shape, (rows if rows <= max_rows else 0)
-
-
-def _unmoved(watch) -> bool:
-    """True when every (tensor, address, dtype) a lean call reads in place still has that address and dtype
-    (a parameter cast in place, ``p.data = p.data.to(dt)``, can get the address its old buffer had)."""
-    for t, ptr, dt in watch:
-        if t._data_ptr() != ptr or t.dtype != dt:
-            return False
-    return True
-
-
 def _needs_input_grad(ctx):
     """``ctx.needs_input_grad`` as torch sets it for (A, B, out, bias, state) of upstream's autograd functions (the
     4-bit and int8 ones alike); every gradient when unset."""

@@ -532,10 +532,10 @@ def matmul_8bit(A, B, state, bias, has_out, kind):
     return int8_forward(A, CB, SCB, bias, state.threshold if state is not None else 0.0)
 
 
-def matmul(A, B, state=None, threshold=0.0, bias=None):
-    """``bnb.matmul``'s forward: as upstream, ``state.is_training`` (True for a fresh MatmulLtState) selects
-    MatMul8bitFp (:func:`fp_forward`), otherwise MatMul8bitLt (:func:`int8_forward`, no outlier columns). B int8
-    with ``state.CB``/``state.SCB``, or float (quantized row-wise here, after a cast to float16 for float32, as
+def graph_matmul(A, B, state=None, threshold=0.0, bias=None):
+    """``bnb.matmul``'s forward (its graph form, named apart from MindSpore's ``ops.matmul``): as upstream,
+    ``state.is_training`` (True for a fresh MatmulLtState) selects MatMul8bitFp (:func:`fp_forward`), otherwise
+    MatMul8bitLt (:func:`int8_forward`, no outlier columns). B int8 with ``state.CB``/``state.SCB``, or float (quantized row-wise here, after a cast to float16 for float32, as
     ``autograd._quantize_weight``; the state is not written). Outlier columns (``threshold`` or
     ``state.threshold`` > 0) as PyNative's MatMul8bitLt (see :func:`int8_forward`)."""
     _check_dtype(A.dtype, _FLOAT, "matmul", "A")

@@ -190,6 +190,26 @@ def act_array(t) -> np.ndarray:
     return np.frombuffer((ct.c_char * max(n * dtype.itemsize, 1)).from_address(ptr), dtype=dtype, count=n).reshape(shape)
 
 
+def lean_rows(A: Tensor, K: int, max_rows: int = 1 << 62) -> tuple:
+    """``(shape, rows)`` of an activation a lean call (a plan's bound call re-pointed at a new activation: the 4-bit
+    and int8 plans) can take: [..., K] with 1..max_rows rows and K > 0; rows is 0 otherwise (the caller runs its
+    full path)."""
+    shape = tuple(A.shape)
+    if not shape or shape[-1] != K or K == 0:
+        return shape, 0
+    rows = math.prod(shape[:-1])
+    return shape, (rows if rows <= max_rows else 0)
+
+
+def unmoved(watch) -> bool:
+    """True when every (tensor, address, dtype) a lean call reads in place still has that address and dtype
+    (a parameter cast in place, ``p.data = p.data.to(dt)``, can get the address its old buffer had)."""
+    for t, ptr, dt in watch:
+        if t._data_ptr() != ptr or t.dtype != dt:
+            return False
+    return True
+
+
 def host_view(view: "DeviceView", t: Tensor) -> np.ndarray:
     """``view.get(t)`` (the tensor's own memory), or :func:`host`'s copy where it cannot be viewed."""
     a = view.get(t)
@@ -376,7 +396,7 @@ def convert(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return out
 
 
-__all__ = ["active", "set_enabled", "convert", "host", "own_memory", "host_view", "host_ptr", "act_ptr", "act_array", "DeviceView", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype", "write_out"]
+__all__ = ["active", "set_enabled", "convert", "host", "own_memory", "host_view", "host_ptr", "act_ptr", "act_array", "lean_rows", "unmoved", "DeviceView", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype", "write_out"]
 
 
 def write_out(out: Optional[Tensor], result: Tensor, fn: str = "functional", arg: str = "out") -> Tensor:

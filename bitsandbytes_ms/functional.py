@@ -31,8 +31,8 @@ from .backends import native as _native
 from .formats import fourbit as _fourbit
 from .formats.fourbit import (  # noqa: F401  (the 4-bit format's names under their old spellings here)
     BF16_DOT_AUTO_MIN_ROWS, FOURBIT_STORAGE, _4bit_size_errors, _BF16_DOT_ENV, _BF16_DOT_WORDS, _Linear4bitPlan,
-    _NEVER, _absmax_4bit, _as_uint8, _bf16_dot_rows, _check_4bit_sizes, _check_quant_type, _lean_rows, _plan_4bit,
-    _resolve_bf16_dot, _unmoved, _use_bf16_dot, bf16_dot_enabled, bf16_dot_one_row, bf16_gemv_applies,
+    _NEVER, _absmax_4bit, _as_uint8, _bf16_dot_rows, _check_4bit_sizes, _check_quant_type, _plan_4bit,
+    _resolve_bf16_dot, _use_bf16_dot, bf16_dot_enabled, bf16_dot_one_row, bf16_gemv_applies,
     dequantize_4bit, dequantize_fp4, dequantize_nf4, gemv_4bit, linear_4bit, linear_4bit_compute, quantize_4bit,
     quantize_fp4, quantize_nf4, set_bf16_dot)
 from .formats.int8 import (  # noqa: F401  (the int8 format's names under their old spellings here)

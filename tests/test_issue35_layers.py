@@ -325,6 +325,18 @@ def test_door_serves_long_inputs_and_gradients_through_the_autograd_form():
     np.testing.assert_allclose(g.asnumpy(), np.ones((3, 48), np.float32) @ W, rtol=1e-5, atol=1e-5)
 
 
+def test_door_serves_an_empty_x_of_the_compute_route():
+    """An empty fp32 x with a 16-bit compute dtype: no host call serves it (linear_4bit_compute has nothing to run), so
+    the door runs the autograd form, whose empty result has the layer's width and x's dtype (the route once handed
+    back None)."""
+    import mindtorch as torch
+    layer, x = _layer(ms.bfloat16)
+    with torch.no_grad():
+        layer(x)
+        y = layer(torch.tensor(np.zeros((0, 64), np.float32)))
+    assert tuple(y.shape) == (0, 48) and y.dtype == ms.float32
+
+
 def test_door_raises_the_layers_error_for_another_width():
     import mindtorch as torch
     layer, x = _layer(ms.float32)

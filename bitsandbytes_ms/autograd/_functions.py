@@ -384,7 +384,7 @@ def matmul(A: _Tensor, B: _Tensor, out: _Optional[_Tensor] = None, state: _Optio
     """
     fn = "matmul"
     if _graph.compiling(A):  # mindspore.jit / GRAPH_MODE: the forward (bitsandbytes_ms/_graph.py; no autograd cell)
-        return _graph.matmul(A, B, state, threshold, bias)
+        return _graph.graph_matmul(A, B, state, threshold, bias)
     _F._check_dtype(A, _F.FLOAT_DTYPES, fn, "A")
     _F._check_dtype(B, _F.FLOAT_DTYPES + (_ms.int8,), fn, "B")
     if B.ndim != 2:

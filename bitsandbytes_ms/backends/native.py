@@ -6,8 +6,8 @@ through :data:`bitsandbytes_ms.cextension.lib` (``ops.Custom``). The CPU and the
 with the same arguments, so every kernel here is registered for both; the CPU-only entry points (the bf16
 dot-product 4-bit kernel) are chosen only on the CPU. This module is the one place that spells C symbol names.
 
-Hot inference paths (:func:`bitsandbytes_ms.functional.linear_4bit`, the int8 linear plan) bind the entry points
-returned by :func:`linear_4bit_entry` / :func:`int8_linear_entry` once and call them as host calls
+Hot inference paths (:func:`bitsandbytes_ms.functional.linear_4bit`, the int8 linear plan) take their host calls
+(:func:`linear_4bit_bound`, bound here; :func:`int8_linear_entry`, bound by the plan) once and call them
 (:mod:`bitsandbytes_ms._hostcall`); the optimizer kernels take the host call themselves where it is available.
 """
 
@@ -111,9 +111,12 @@ def decoder_entry(part: str, bf16_dot: bool = False) -> _hostcall.Entry:
     return _hostcall.entry(f"cdecoder_{part}_fp32" + ("_bf16dot" if bf16_dot else ""))
 
 
-def linear_4bit_entry(dtype, bf16_dot: bool = False) -> _hostcall.Entry:
-    """The host-call handle of the 4-bit linear forward for activations of ``dtype`` (cached)."""
-    return _hostcall.entry(linear_4bit_name(dtype, bf16_dot))
+def linear_4bit_bound(dtype, bf16_dot: bool, *args) -> _hostcall.Bound:
+    """The 4-bit linear forward for activations of ``dtype`` (``bf16_dot``: the CPU's bf16 dot-product kernel) as a
+    host call bound to ``args`` (the table's order; the handle is cached): the format's plan gets its call from this
+    one door, the C name spelled here, and re-points the arguments it binds on every call."""
+    name = linear_4bit_name(dtype, bf16_dot)
+    return _hostcall.entry(name).bind(*args)
 
 
 def gemm_fp_entry(dtype) -> _hostcall.Entry:

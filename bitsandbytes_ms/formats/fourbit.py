@@ -9,7 +9,10 @@ kernel).
 
 The route of a layer's call (the lean re-pointed call, the compute-dtype call, the full call, the autograd form, or
 the bias parameter cast first) is a function of the activation, compute and bias dtypes alone, so it is decided once
-per weight's plan and dtypes (:func:`_route_of`) and read from the plan on every later call.
+per weight's plan and dtypes (:func:`_route_of`) and read from the plan on every later call; where a host-call route
+cannot serve a call, the door runs the autograd form. The functions on the layer's paths (linear_4bit, matmul_4bit,
+_forward_4bit, MatMul4Bit.apply) are their graph form or their PyNative form (``_<op>_pynative``); the door, which
+runs in PyNative only, calls the PyNative forms.
 
 This module sits below :mod:`bitsandbytes_ms.functional` and :mod:`bitsandbytes_ms.autograd` and imports neither;
 of the formats it imports only :mod:`~bitsandbytes_ms.formats.blockwise` (the double quantization of the absmax)."""
@@ -30,8 +33,8 @@ from mindspore.ops import constexpr
 from .. import _graph as _G, _hostcall, _ops, _reference
 from .._formats_common import (BLOCKWISE_BLOCKSIZES, FLOAT_DTYPES, FLOAT_SET as _FLOAT_SET, FOURBIT_BLOCKSIZES,
                                LINEAR_4BIT_MAX_ROWS, _check_blocksize, _check_dtype, _check_out, _check_tensor,
-                               _code4, _contiguous, _empty_np, _itemsize, _lean_rows, _needs_input_grad, _numel,
-                               _unmoved, as_uint8 as _raw_bytes, storage_view as _storage_view)
+                               _code4, _contiguous, _empty_np, _itemsize, _needs_input_grad, _numel,
+                               as_uint8 as _raw_bytes, storage_view as _storage_view)
 from ..backends import native as _native
 from .._hostcall import write_out as _write
 from .._ops import tag as _tag
@@ -507,8 +510,10 @@ class Linear4bitPlan:
                                  f"{need} (two 4-bit codes a byte)")
             self.weight_ok, self.weight_kind = B, (B.dtype, _numel(B))
 
-    def host_args(self, B: Tensor, state: QuantState, bias: Optional[Tensor], dtype):
-        """The host arrays of the weight, its state and the bias (call argument order 1..7), read now."""
+    def host_args(self, B: Tensor, state: QuantState, bias: Optional[Tensor]) -> list:
+        """The host arrays of the weight, its state and the bias (call argument order 1..7), read now: each
+        tensor's own memory where it can be read in place. The bias keeps its own dtype: the caller, which knows
+        the call's dtype, converts it."""
         v, hv = self.views, _hostcall.host_view
         raw = hv(v[0], B)
         if raw.dtype != np.uint8 or raw.ndim != 1:
@@ -520,11 +525,7 @@ class Linear4bitPlan:
             args += [hv(v[3], s2.absmax), hv(v[4], s2.code), off]
         else:
             args += [None, None, None]
-        if bias is None:
-            args.append(None)
-        else:
-            b = hv(v[6], bias)
-            args.append(b if b.dtype == _hostcall.np_dtype(dtype) else _hostcall.convert(b, _hostcall.np_dtype(dtype)))
+        args.append(None if bias is None else hv(v[6], bias))
         return args
 
     def host_call(self, dtype, dot: bool = False):
@@ -535,10 +536,9 @@ class Linear4bitPlan:
         entry = self.calls.get(key)
         if entry is None:
             npdt = _hostcall.np_dtype(dtype)
-            call = _native.linear_4bit_entry(dtype, dot).bind(
-                np.empty((1, self.K), npdt), np.empty(1, np.uint8), np.empty(1, np.float32),
-                np.empty(16, np.float32), None, None, None, None, self.bs, self.bs2, self.N,
-                np.empty((1, self.N), npdt))
+            call = _native.linear_4bit_bound(
+                dtype, dot, np.empty((1, self.K), npdt), np.empty(1, np.uint8), np.empty(1, np.float32),
+                np.empty(16, np.float32), None, None, None, None, self.bs, self.bs2, self.N, np.empty((1, self.N), npdt))
             # [lean record of linear_4bit, lean record of linear_4bit_compute (fp32 activations)]
             entry = self.calls[key] = (call, [None] * 8, [None, None])
         return entry
@@ -569,24 +569,32 @@ class Linear4bitPlan:
             watch.append((t, v.ptr, t.dtype))
         return (B, bias, tuple(watch))
 
-    def _lean_entry(self, dtype, bf16_dot, rows: int, slot: int, B: Tensor, bias: Optional[Tensor]):
-        """This thread's bound call for ``dtype`` and kernel whose lean record ``slot`` (0: :meth:`fast`, 1:
-        :meth:`fast_compute`) was made with these very weight and bias objects, or None."""
+    def _lean_entry(self, A: Tensor, dtype, bf16_dot, max_rows: int, slot: int, B: Tensor, bias: Optional[Tensor]):
+        """``(entry, shape, rows)``: A's shape and rows, where a lean call takes it ([..., K] with 1..max_rows rows,
+        K > 0; the rows choose the bf16 kernel), and this thread's bound call for ``dtype`` and that kernel whose
+        lean record ``slot`` (0: :meth:`fast`, 1: :meth:`fast_compute`) was made with these very weight and bias
+        objects; None where there is none."""
+        K = self.K
+        shape = tuple(A.shape)
+        if not shape or shape[-1] != K or K == 0:
+            return None
+        rows = math.prod(shape[:-1])
+        if rows > max_rows:
+            return None
         entry = self.calls.get((dtype, _get_ident(),
-                                dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows, "linear_4bit", self.K, self.bs)))
+                                dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows, "linear_4bit", K, self.bs)))
         f = entry[2][slot] if entry is not None else None
         if f is None or f[1] is not bias:
             return None
-        if f[0] is B:
-            return entry
-        # A new tensor over the same bytes at the same address: ``matmul_4bit(x, w.t())`` (upstream's Linear4bit
-        # forward, and code ported from it) makes a fresh [1, n] view of the packed [n, 1] weight every call,
-        # the same bytes in the same order. Its memory is read where it is now, so it is never stale.
-        w0, p0, _ = f[2][0]
-        if (isinstance(B, Tensor) and B.is_contiguous() and B.storage_offset() == 0 and B.dtype == w0.dtype
-                and _numel(B) == _numel(w0) and B._data_ptr() == p0):
-            return entry
-        return None
+        if f[0] is not B:
+            # A new tensor over the same bytes at the same address: ``matmul_4bit(x, w.t())`` (upstream's Linear4bit
+            # forward, and code ported from it) makes a fresh [1, n] view of the packed [n, 1] weight every call,
+            # the same bytes in the same order. Its memory is read where it is now, so it is never stale.
+            w0, p0, _ = f[2][0]
+            if not (isinstance(B, Tensor) and B.is_contiguous() and B.storage_offset() == 0 and B.dtype == w0.dtype
+                    and _numel(B) == _numel(w0) and B._data_ptr() == p0):
+                return None
+        return entry, shape, rows
 
     def fast(self, A: Tensor, B: Tensor, bias: Optional[Tensor], max_rows: int = 1 << 62,
              bf16_dot: Optional[bool] = None):
@@ -595,19 +603,15 @@ class Linear4bitPlan:
         reads in place has moved (one address read each), only A and the output are re-pointed. Returns the
         result, or None (the caller runs the full path)."""
         dt = A.dtype
-        shape, rows = _lean_rows(A, self.K, max_rows)
-        if not rows:
+        lean = self._lean_entry(A, dt, bf16_dot, max_rows, 0, B, bias)
+        if lean is None:
             return None
-        K = self.K
-        entry = self._lean_entry(dt, bf16_dot, rows, 0, B, bias)
-        if entry is None:
-            return None
-        f = entry[2][0]
+        entry, shape, rows = lean
         xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
-        if not _unmoved(f[2]):
+        if not _hostcall.unmoved(entry[2][0][2]):
             return None
-        out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(A.dtype))
-        entry[0].run_rows(0, xp, rows, K, 11, out)
+        out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(dt))
+        entry[0].run_rows(0, xp, rows, self.K, 11, out)
         return _hostcall.wrap(out)
 
     def fast_compute(self, A: Tensor, B: Tensor, bias: Optional[Tensor], compute_dtype, max_rows: int = 1 << 62):
@@ -617,24 +621,20 @@ class Linear4bitPlan:
         have been rewritten in place). Returns the fp32 result, or None (the caller runs the full call)."""
         if A.dtype != ms.float32:
             return None
-        shape, rows = _lean_rows(A, self.K, max_rows)
-        if not rows:
+        lean = self._lean_entry(A, compute_dtype, None, max_rows, 1, B, bias)
+        if lean is None:
             return None
-        K = self.K
-        entry = self._lean_entry(compute_dtype, None, rows, 1, B, bias)
-        if entry is None:
-            return None
-        f = entry[2][1]
+        entry, shape, rows = lean
         npdt = _hostcall.np_dtype(compute_dtype)
         xa = _hostcall.convert(_hostcall.act_array(A), npdt)  # first: waits for everything queued before (in-place updates too)
-        if not _unmoved(f[2]):
+        if not _hostcall.unmoved(entry[2][1][2]):
             return None
         if bias is not None and bias.dtype != compute_dtype:
             b = _hostcall.convert(_hostcall.host_view(self.views[6], bias).reshape(-1), npdt)  # the bias's own memory
             entry[0].set(7, b)
             entry[1][7] = b
         out = np.empty(shape[:-1] + (self.N,), npdt)
-        entry[0].run_rows(0, xa.ctypes.data, rows, K, 11, out)
+        entry[0].run_rows(0, xa.ctypes.data, rows, self.K, 11, out)
         return _hostcall.wrap(_hostcall.convert(out, np.float32))
 
 
@@ -674,7 +674,10 @@ def linear_4bit_compute(A: Tensor, B: Tensor, quant_state: QuantState, bias: Opt
     call, bound, fast = plan.host_call(compute_dtype, dot)
     npdt = _hostcall.np_dtype(compute_dtype)
     xa = _hostcall.convert(_hostcall.act_array(A), npdt)  # first: waits for everything queued before (in-place updates too)
-    for i, arr in enumerate(plan.host_args(B, quant_state, bias, compute_dtype), 1):
+    args = plan.host_args(B, quant_state, bias)
+    if bias is not None and args[6].dtype != npdt:
+        args[6] = _hostcall.convert(args[6], npdt)  # the bias in the compute dtype
+    for i, arr in enumerate(args, 1):
         if arr is not bound[i]:
             call.set(i, arr)
             bound[i] = arr
@@ -729,7 +732,10 @@ def _host_linear(plan: Linear4bitPlan, A, B, quant_state, bias, dot: bool, out_s
     call, bound, fast = plan.host_call(A.dtype, dot)
     out = _hostcall.empty(out_shape, A.dtype)
     call.set(0, _hostcall.host(A))  # first: waits for everything queued before (in-place updates too)
-    for i, arr in enumerate(plan.host_args(B, quant_state, bias, A.dtype), 1):
+    args = plan.host_args(B, quant_state, bias)
+    if bias is not None and args[6].dtype != out.dtype:
+        args[6] = _hostcall.convert(args[6], out.dtype)  # the bias in A's dtype
+    for i, arr in enumerate(args, 1):
         if arr is not bound[i]:  # re-point only what moved
             call.set(i, arr)
             bound[i] = arr
@@ -969,17 +975,22 @@ def _forward_4bit(A, B, quant_state, bias):
     otherwise dequantize to fp32, matmul in fp32, cast."""
     if _compiling(A):
         return graph_forward_4bit(A, B, quant_state, bias)
+    return _forward_4bit_pynative(A, B, quant_state, bias)
+
+
+def _forward_4bit_pynative(A, B, quant_state, bias):
+    """:func:`_forward_4bit` in PyNative mode."""
     N = int(quant_state.shape[0])
     K = A.shape[-1]
     rows = int(math.prod(A.shape[:-1]))
-    if rows <= LINEAR_4BIT_MAX_ROWS and A.dtype in FLOAT_DTYPES:
-        return linear_4bit(A, B, quant_state, bias)
-    W = _dequant_weight_f32(B, quant_state)
-    a = A.reshape(-1, K).astype(ms.float32)
-    res = _mm_nt(a, W, (A,))
-    if bias is not None:
-        res = res + bias.astype(ms.float32)
-    return res.reshape(tuple(A.shape[:-1]) + (N,)).astype(A.dtype)
+    if rows > LINEAR_4BIT_MAX_ROWS or A.dtype not in FLOAT_DTYPES:  # the weight dequantized once, MindSpore's matmul
+        W = _dequant_weight_f32(B, quant_state)
+        a = A.reshape(-1, K).astype(ms.float32)
+        res = _mm_nt(a, W, (A,))
+        if bias is not None:
+            res = res + bias.astype(ms.float32)
+        return res.reshape(tuple(A.shape[:-1]) + (N,)).astype(A.dtype)
+    return _linear_4bit_pynative(A, B, quant_state, bias)  # linear_4bit's PyNative form (the process's bf16 choice)
 
 
 class MatMul4Bit(ms.nn.Cell):
@@ -1014,9 +1025,13 @@ class MatMul4Bit(ms.nn.Cell):
     def apply(A, B, out=None, bias=None, quant_state=None):
         if _compiling(A):  # in a graph: the forward (a Cell cannot be made there; nn.Linear4bitCell trains)
             return graph_forward_4bit(A, B, quant_state, bias)
+        return _write(out, MatMul4Bit._apply_pynative(A, B, bias, quant_state))
+
+    @staticmethod
+    def _apply_pynative(A, B, bias, quant_state):
+        """:meth:`apply` in PyNative mode, without ``out``: the cell made and called (autograd records it)."""
         cell = MatMul4Bit(B, quant_state, bias is not None)
-        res = cell(A, bias if bias is not None else Tensor(0.0, ms.float32))
-        return _write(out, res)
+        return cell(A, bias if bias is not None else Tensor(0.0, ms.float32))
 
     # upstream's torch.autograd.Function interface, for code that drives it by hand with a ctx object
     @staticmethod
@@ -1071,9 +1086,16 @@ def matmul_4bit(A, B, quant_state, out: Optional[Tensor] = None, bias: Optional[
             ``quant_state.shape``; ``B``'s bytes or the absmax entries other than exactly what
             ``quant_state.shape`` and ``blocksize`` need; ``bias`` or ``out`` of the wrong size.
     """
-    fn = "matmul_4bit"
     if _compiling(A):  # mindspore.jit / GRAPH_MODE: the forward (bitsandbytes_ms/_graph.py; no autograd cell)
         return graph_forward_4bit(A, B, quant_state, bias)
+    return _matmul_4bit_pynative(A, B, quant_state, out, bias)
+
+
+def _matmul_4bit_pynative(A, B, quant_state, out: Optional[Tensor], bias: Optional[Tensor]):
+    """:func:`matmul_4bit` in PyNative mode (the layer's autograd route calls it directly: the door runs in PyNative
+    only). An empty A gives its empty result first; then the autograd cell where gradients are recorded (or no host
+    call runs), else the forward itself."""
+    fn = "matmul_4bit"
     if quant_state is None:
         raise ValueError("quant_state is required")
     if quant_state.shape is None or len(quant_state.shape) != 2:
@@ -1096,20 +1118,20 @@ def matmul_4bit(A, B, quant_state, out: Optional[Tensor] = None, bias: Optional[
             raise ValueError(f"{fn}: `bias` must have {n_out} elements (the output features); got shape "
                              f"{tuple(bias.shape)}")
     _check_out(out, tuple(A.shape[:-1]) + (n_out,), A.dtype, fn)
+    if not kn and math.prod(A.shape) == 0:  # (the deprecated orientation computes its own empty result)
+        return _write(out, _empty_np(tuple(A.shape[:-1]) + (N,), A.dtype))
     if kn:
         warnings.warn(f"matmul_4bit: weight was quantized from a [K, N] tensor (quant_state.shape={list(quant_state.shape)}). "
                        "Re-quantize from the weight in [N, K] (out_features, in_features) orientation. "
-                       "This will be an error in a future version.", DeprecationWarning, stacklevel=2)
+                       "This will be an error in a future version.", DeprecationWarning, stacklevel=3)
         W = _dequant_weight_f32(B, quant_state)
         res = _mm(A.reshape(-1, K).astype(ms.float32), W, (A,))
         if bias is not None:
             res = res + bias.astype(ms.float32)
         return _write(out, res.reshape(tuple(A.shape[:-1]) + (Kq,)).astype(A.dtype))
-    if math.prod(A.shape) == 0:
-        return _write(out, _empty_np(tuple(A.shape[:-1]) + (N,), A.dtype))
-    if _hostcall.active():  # inference: no autograd cell, the forward directly
-        return _write(out, _forward_4bit(A, B, quant_state, bias))
-    return MatMul4Bit.apply(A, B, out, bias, quant_state)
+    if not _hostcall.active():  # gradients recorded (or no host call here): the autograd cell
+        return _write(out, MatMul4Bit._apply_pynative(A, B, bias, quant_state))
+    return _write(out, _forward_4bit_pynative(A, B, quant_state, bias))  # inference: the forward itself
 
 
 # ---- the layer's door ----
@@ -1117,19 +1139,25 @@ def linear(x: Tensor, weight: Tensor, state: QuantState, bias: Optional[Tensor],
            owner: str = "Linear4bit") -> Tensor:
     """Linear4bit's forward: ``x @ W.T + bias`` computed in ``compute_dtype`` (None: x's own dtype) and returned in
     x's dtype, by the call that the route of these dtypes names (:func:`_route_of`, decided once per weight's plan and
-    dtypes, and kept on the plan): the lean or full host call of the same dtype, the fp32-input / 16-bit compute
-    call, or the autograd form (:func:`matmul_4bit`, as upstream's layer computes it), which also serves what no host
-    call can -- gradients recorded, more than LINEAR_4BIT_MAX_ROWS rows. A bias of another dtype than the compute
-    dtype is cast first, the parameter itself and once, as upstream's layer does. ``owner`` names the layer in the
-    error raised for an x that is not [..., K]."""
+    dtypes, and kept on the plan): the lean or full host call of the same dtype, or the fp32-input / 16-bit compute
+    call. What no host call serves -- gradients recorded, more than LINEAR_4BIT_MAX_ROWS rows, another width, dtypes
+    no host call takes -- the autograd form serves (:func:`_route_autograd`: :func:`matmul_4bit`, as upstream's layer
+    computes it). A bias of another dtype than the compute dtype is cast first, the parameter itself and once, as
+    upstream's layer does. ``owner`` names the layer in the error raised for an x that is not [..., K]."""
     plan = state.__dict__.get("_linear_plan")
     xdt, bdt = x.dtype, None if bias is None else bias.dtype
     if plan is None or not plan.matches(state):  # the first call of this weight (or of a replaced state)
-        return _route_of(xdt, compute_dtype, bdt)(None, x, weight, state, bias, compute_dtype, owner)
-    for r in plan.routes:  # MindSpore's dtypes are singletons: `is` finds the route (`==` and hashing cost ~2 us)
-        if r[0] is xdt and r[1] is compute_dtype and r[2] is bdt:
-            return r[3](plan, x, weight, state, bias, compute_dtype, owner)
-    return _new_route(plan, xdt, compute_dtype, bdt)(plan, x, weight, state, bias, compute_dtype, owner)
+        res = _route_of(xdt, compute_dtype, bdt)(None, x, weight, state, bias, compute_dtype, owner)
+    else:
+        for r in plan.routes:  # MindSpore's dtypes are singletons: `is` finds the route (`==` and hashing cost ~2 us)
+            if r[0] is xdt and r[1] is compute_dtype and r[2] is bdt:
+                res = r[3](plan, x, weight, state, bias, compute_dtype, owner)
+                break
+        else:
+            res = _new_route(plan, xdt, compute_dtype, bdt)(plan, x, weight, state, bias, compute_dtype, owner)
+    if res is None:  # no host call serves this call: the autograd form
+        return _route_autograd(plan, x, weight, state, bias, compute_dtype, owner)
+    return res
 
 
 def _new_route(plan: Linear4bitPlan, xdt, cdt, bdt):
@@ -1140,7 +1168,9 @@ def _new_route(plan: Linear4bitPlan, xdt, cdt, bdt):
 
 
 def _route_of(xdt, cdt, bdt):
-    """The call for these x, compute and bias dtypes: it depends on the dtypes alone, so each plan asks once."""
+    """The call for these x, compute and bias dtypes: it depends on the dtypes alone, so each plan asks once. A
+    route returns the result, or None where its host call cannot serve this call (the door then runs the autograd
+    form)."""
     cdt = cdt or xdt
     if bdt is not None and bdt != cdt and cdt in _FLOAT_SET:
         return _route_cast_bias  # the bias parameter is cast to the compute dtype once (upstream), then routed anew
@@ -1154,8 +1184,8 @@ def _route_of(xdt, cdt, bdt):
 
 
 def _route_same(plan, x, weight, state, bias, compute_dtype, owner):
-    """x already in the compute dtype: the lean call (:meth:`Linear4bitPlan.fast`), else the full linear_4bit, else
-    (gradients recorded, too many rows, another width) the autograd form."""
+    """x already in the compute dtype: the lean call (:meth:`Linear4bitPlan.fast`), else the full linear_4bit; None
+    where neither serves (gradients recorded, too many rows, another width)."""
     if _hostcall.active():
         if plan is not None:
             res = plan.fast(x, weight, bias, LINEAR_4BIT_MAX_ROWS)
@@ -1163,12 +1193,12 @@ def _route_same(plan, x, weight, state, bias, compute_dtype, owner):
                 return res
         if _fits(x, state):
             return _linear_4bit_full(x, weight, state, bias, None)
-    return _route_autograd(plan, x, weight, state, bias, compute_dtype, owner)
+    return None
 
 
 def _route_compute(plan, x, weight, state, bias, compute_dtype, owner):
     """fp32 x with a 16-bit compute dtype: the lean form of linear_4bit_compute, else the full one (x rounded to the
-    compute dtype, the layer, the result widened back, in one host call), else the autograd form."""
+    compute dtype, the layer, the result widened back, in one host call); None where neither serves."""
     if _hostcall.active():
         if plan is not None:
             res = plan.fast_compute(x, weight, bias, compute_dtype, LINEAR_4BIT_MAX_ROWS)
@@ -1176,7 +1206,7 @@ def _route_compute(plan, x, weight, state, bias, compute_dtype, owner):
                 return res
         if _fits(x, state):
             return linear_4bit_compute(x, weight, state, bias, compute_dtype)
-    return _route_autograd(plan, x, weight, state, bias, compute_dtype, owner)
+    return None
 
 
 def _route_cast_bias(plan, x, weight, state, bias, compute_dtype, owner):
@@ -1192,12 +1222,13 @@ def _route_cast_bias(plan, x, weight, state, bias, compute_dtype, owner):
 
 def _route_autograd(plan, x, weight, state, bias, compute_dtype, owner):
     """The layer's autograd form, upstream's forward: x cast to the compute dtype, :func:`matmul_4bit` with the
-    packed weight's ``.t()`` (MatMul4Bit where gradients are recorded), the result cast back to x's dtype."""
+    packed weight's ``.t()`` (MatMul4Bit where gradients are recorded; its PyNative form: the door never runs in a
+    graph), the result cast back to x's dtype."""
     _check_width(x, state, owner)
     inp_dtype = x.dtype
     if compute_dtype is not None:
         x = x.to(compute_dtype)
-    return matmul_4bit(x, weight.t(), quant_state=state, bias=bias).to(inp_dtype)
+    return _matmul_4bit_pynative(x, weight.t(), state, None, bias).to(inp_dtype)
 
 
 def _check_width(x: Tensor, state: QuantState, owner: str) -> None:

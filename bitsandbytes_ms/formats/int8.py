@@ -20,7 +20,7 @@ from mindspore import Tensor
 
 from .. import _graph, _hostcall, _ops, _reference
 from .._formats_common import (FLOAT_DTYPES, FLOAT_SET as _FLOAT_SET, INT8_DEQUANT_SCALE, _check_dtype, _check_out,
-                               _contiguous, _empty_np, _fn_name, _lean_rows, _numel, _unmoved, checks_int8_max_K)
+                               _contiguous, _empty_np, _fn_name, _numel, checks_int8_max_K)
 from .._hostcall import write_out as _write
 from .._ops import tag as _tag
 from ..backends import native as _native
@@ -381,12 +381,12 @@ class Int8LinearPlan:
         f = entry[5]
         if f is None or f[0] is not bias or threshold != entry[1]:
             return None
-        shape, rows = _lean_rows(A, self.K)
+        shape, rows = _hostcall.lean_rows(A, self.K)
         if not rows or self.N == 0:
             return None
         K = self.K
         xa, xp = _hostcall.act_ptr(A)  # first: waits for everything queued before (in-place updates too)
-        if not _unmoved(f[1]):
+        if not _hostcall.unmoved(f[1]):
             return None
         out = np.empty(shape[:-1] + (self.N,), _hostcall.np_dtype(A.dtype))
         if threshold > 0.0:

@@ -185,7 +185,7 @@ def _linear_spec(mod, name: str, N: int, K: int, keep: Dict[int, np.ndarray], dt
             raise _Unsupported(f"{name} has shape {tuple(qs.shape)}, expected {(N, K)}")
         plan = F._plan_4bit(qs, "fuse")
         plan.check_weight(w, "fuse")
-        packed, absmax, code, absmax2, code2, offset = plan.host_args(w, qs, None, ms.float32)[:6]
+        packed, absmax, code, absmax2, code2, offset = plan.host_args(w, qs, None)[:6]
         for a in (packed, absmax, code, absmax2, code2, offset):
             if a is not None:
                 keep[id(a)] = a

@@ -439,13 +439,15 @@ class Linear4bit(_CudaGuard, torch.nn.Linear):
         w = self.weight
         qs = getattr(w, "quant_state", None)
         if qs is None or not self.compute_type_is_set or not isinstance(w, Params4bit):
-            w, qs = self._prepare(x, qs)
+            self._prepare(x, qs)
+            w = self.weight
+            qs = w.quant_state
         # the 4-bit format's one door: the route of these dtypes (lean, compute dtype, full, autograd) is its choice
         return _fourbit.linear(x, w, qs, self.bias, self.compute_dtype, type(self).__name__)
 
     def _prepare(self, x, qs):
         """What the first forward sets: x's width checked, the compute dtype (from x, as upstream), and the weight
-        quantized (or its quant state restored from the module). Returns the weight and its quant state."""
+        quantized (or its quant state restored from the module). The forward reads the weight after it."""
         K = int(qs.shape[1]) if qs is not None and qs.shape is not None else int(self.in_features)
         if x.shape[-1] != K:  # (x has a dimension: _check_linear_input)  # never matmul_4bit's deprecated [K, N] branch: the weight is [N, K]
             raise ValueError(f"{type(self).__name__}: `x` must have last dimension {K} (in_features); got shape "
@@ -458,10 +460,8 @@ class Linear4bit(_CudaGuard, torch.nn.Linear):
                 self.weight.quantize()
             else:
                 fix_4bit_weight_quant_state_from_module(self)
-        qs = self.weight.quant_state
-        if qs is None:  # (fix_4bit_weight_quant_state_from_module warned: nothing to restore it from)
+        if self.weight.quant_state is None:  # (fix_4bit_weight_quant_state_from_module warned: nothing to restore it from)
             raise ValueError("quant_state is required")  # matmul_4bit's words, as before the door served every call
-        return self.weight, qs
 
 
 class LinearFP4(Linear4bit):
