@@ -74,9 +74,10 @@ def usable(*inputs) -> bool:
     packed codes): :func:`active`'s conditions, and while a gradient is recorded only when no input asks for one
     (a packed weight's codes and absmax: the result is then a constant of the recorded graph, as the ops.Custom
     result is; an input that asks keeps the ops.Custom call, and whatever MindSpore makes of it)."""
-    if not _enabled or _ctx().get_param(_MODE) != ms.PYNATIVE_MODE:
-        return False
-    return not _pynative_executor.requires_grad() or not any(getattr(t, "requires_grad", False) for t in inputs)
+    if active():
+        return True
+    return (_enabled and _ctx().get_param(_MODE) == ms.PYNATIVE_MODE
+            and not any(getattr(t, "requires_grad", False) for t in inputs))
 
 
 def host(t: Tensor) -> np.ndarray:

@@ -575,11 +575,8 @@ class Linear4bitPlan:
         lean record ``slot`` (0: :meth:`fast`, 1: :meth:`fast_compute`) was made with these very weight and bias
         objects; None where there is none."""
         K = self.K
-        shape = tuple(A.shape)
-        if not shape or shape[-1] != K or K == 0:
-            return None
-        rows = math.prod(shape[:-1])
-        if rows > max_rows:
+        shape, rows = _hostcall.lean_rows(A, K, max_rows)
+        if not rows:
             return None
         entry = self.calls.get((dtype, _get_ident(),
                                 dtype == ms.bfloat16 and _use_bf16_dot(bf16_dot, rows, "linear_4bit", K, self.bs)))
