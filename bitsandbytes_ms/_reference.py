@@ -722,22 +722,114 @@ def linear_spec(x: np.ndarray, spec, N: int) -> np.ndarray:
     return out.astype(np.float32).reshape(x.shape[:-1] + (N,))
 
 
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """HF's LlamaRMSNorm in fp32: w * (x * rsqrt(mean(x^2) + eps)) (w fp32, or fp16/bf16 widened)."""
+# ---- the fused decoder (cdecoder_*): the unfused model's rounding on MindSpore 2.7's CPU kernels (simd_math.h) ----
+_LN2_MS = np.float32(0.693147)
+_EXP_P = (np.float32(1.0) / np.float32(120), np.float32(1.0) / np.float32(24), np.float32(1.0) / np.float32(6))
+
+
+def exp_ms(x) -> np.ndarray:
+    """MindSpore's CPU exp (simd_math.h's exp_f32): x clamped to [-87.3365478515625, 88.72283935546875],
+    n = floor(x * log2(e) + 0.5), d = fma(-n, 0.693147f, x), a degree-5 polynomial in fmas, times 2^(n-1), times 2
+    (n = -126 gives 0); NaN stays NaN."""
     x = np.asarray(x, np.float32)
-    var = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True).astype(np.float32)
+    c = np.clip(x, np.float32(-87.3365478515625), np.float32(88.72283935546875))
+    n = np.floor((c * np.float32(1.44269504088896341)).astype(np.float32) + np.float32(0.5)).astype(np.float32)
+    d = fma_f32(-n, _LN2_MS, c)
+    t = fma_f32(d, fma_f32(d, _EXP_P[0], _EXP_P[1]), _EXP_P[2])
+    t = fma_f32(d, fma_f32(d, t, np.float32(0.5)), np.float32(1.0))
+    e = fma_f32(d, t, np.float32(1.0))
+    scale = ((n.astype(np.int32) + 126) << 23).astype(np.int32).view(np.float32)
+    with np.errstate(over="ignore"):
+        y = ((e * scale).astype(np.float32) * np.float32(2)).astype(np.float32)
+    return np.where(np.isnan(x), x, y)
+
+
+def softmax_sum(e: np.ndarray) -> np.ndarray:
+    """MindSpore's Softmax sum over the last axis (simd_math.h's softmax_sum): 8 lanes over the whole 8-blocks,
+    lanes added in order, the next 4 values (if 4 remain) as one ordered sum, then one by one."""
+    e = np.asarray(e, np.float32)
+    L = e.shape[-1]
+    L8 = L // 8 * 8
+    lanes = np.zeros(e.shape[:-1] + (8,), np.float32)
+    for j in range(0, L8, 8):
+        lanes = (lanes + e[..., j:j + 8]).astype(np.float32)
+    tot = np.zeros(e.shape[:-1], np.float32)
+    for k in range(8):
+        tot = (tot + lanes[..., k]).astype(np.float32)
+    j = L8
+    if L - L8 >= 4:
+        t4 = np.zeros_like(tot)
+        for k in range(L8, L8 + 4):
+            t4 = (t4 + e[..., k]).astype(np.float32)
+        tot = (tot + t4).astype(np.float32)
+        j = L8 + 4
+    for k in range(j, L):
+        tot = (tot + e[..., k]).astype(np.float32)
+    return tot
+
+
+def square_powf(x) -> np.ndarray:
+    """glibc's powf(x, 2) (MindSpore's Pow): the rounded x * x, except where the exact square lies within 0.01 ulp
+    of a tie, where libm's powf itself is called (it rounds ~0.07% of the squares the other way)."""
+    import ctypes
+
+    x = np.asarray(x, np.float32)
+    p = (x * x).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        err = x.astype(np.float64) ** 2 - p.astype(np.float64)
+        half = np.spacing(p).astype(np.float64) / 2
+        near = ~(p >= np.float32(2.0 ** -100)) | ~np.isfinite(p) | (np.abs(np.abs(err) - half) <= 0.02 * half)
+    if np.any(near):
+        powf = ctypes.CDLL("libm.so.6").powf
+        powf.restype, powf.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
+        p = p.copy()
+        p[near] = [powf(float(v), 2.0) for v in x[near]]
+    return p
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """HF's LlamaRMSNorm in fp32 as MindSpore computes it for a rank >= 3 tensor: var = float(sum of
+    powf(x, 2) in double) / H (fp32), then w * (x * (1 / sqrt(var + eps))) (w fp32, or fp16/bf16 widened)."""
+    x = np.asarray(x, np.float32)
+    ss = np.zeros(x.shape[:-1], np.float64)
+    sq = square_powf(x).astype(np.float64)
+    for i in range(x.shape[-1]):
+        ss = ss + sq[..., i]
+    var = (ss.astype(np.float32) / np.float32(x.shape[-1])).astype(np.float32)[..., None]
     return (np.asarray(w).astype(np.float32) * (x * (np.float32(1) / np.sqrt(var + np.float32(eps))))).astype(np.float32)
 
 
 def _rope(v: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, rope_scale: float) -> np.ndarray:
-    """v [B, T, nh, D]; HF's rotate_half convention (default rope type)."""
+    """v [B, T, nh, D]; HF's rotate_half convention (default rope type); cos / sin as MindSpore's: the double
+    function rounded."""
     f = pos.astype(np.float32)[..., None] * np.asarray(inv_freq, np.float32)  # [B, T, D/2]
-    emb = np.concatenate([f, f], axis=-1)
-    cos = (np.cos(emb) * np.float32(rope_scale)).astype(np.float32)[:, :, None, :]
-    sin = (np.sin(emb) * np.float32(rope_scale)).astype(np.float32)[:, :, None, :]
+    emb = np.concatenate([f, f], axis=-1).astype(np.float64)
+    cos = (np.cos(emb).astype(np.float32) * np.float32(rope_scale)).astype(np.float32)[:, :, None, :]
+    sin = (np.sin(emb).astype(np.float32) * np.float32(rope_scale)).astype(np.float32)[:, :, None, :]
     h = v.shape[-1] // 2
     rot = np.concatenate([-v[..., h:], v[..., :h]], axis=-1)
-    return (v * cos + rot * sin).astype(np.float32)
+    return ((v * cos).astype(np.float32) + (rot * sin).astype(np.float32)).astype(np.float32)
+
+
+def pv_chunk_end(c0: int, L: int) -> int:
+    """MindSpore's BatchMatMul sums over L in chunks (decoder.cpp's pv_chunk_end): 384 while more than 768 remain,
+    then two halves (the first ceil) or, at most 384 left, one."""
+    rest = L - c0
+    return c0 + 384 if rest > 768 else c0 + (rest + 1) // 2 if rest > 384 else L
+
+
+def _chain(a: np.ndarray, b: np.ndarray, L: int) -> np.ndarray:
+    """a [..., M, K] @ b [..., K, N] as MindSpore's BatchMatMul: one fma chain per chunk of K, chunks added."""
+    out = None
+    c0 = 0
+    while c0 < L:
+        c1 = pv_chunk_end(c0, L)
+        acc = np.zeros(a.shape[:-1] + (b.shape[-1],), np.float32)
+        for k in range(c0, c1):
+            acc = fma_f32(a[..., :, k:k + 1], b[..., k:k + 1, :], acc)
+        out = acc if out is None else (out + acc).astype(np.float32)
+        c0 = c1
+    return out
 
 
 def decoder_attention(x, positions, key_mask, k_cache, v_cache, norm_w, inv_freq, q, k, v, o, past: int,
@@ -745,7 +837,9 @@ def decoder_attention(x, positions, key_mask, k_cache, v_cache, norm_w, inv_freq
                       q_norm_w=None, k_norm_w=None):
     """Twin of ``cdecoder_attention_fp32``: returns ``x + O(attention)`` [B, T, H] and writes the new keys and
     values into ``k_cache``/``v_cache`` [B, KVH, S_max, D] at [past, past + T) (in place, as the kernel does).
-    q/k/v/o are linear specs; key_mask [B, >= past + T] (nonzero = attend; its first past + T columns) or None; window 0 = no sliding window."""
+    q/k/v/o are linear specs; key_mask [B, >= past + T] (nonzero = attend; its first past + T columns) or None;
+    window 0 = no sliding window. The attention in the prefill's order (scores one fma chain over d; the decode
+    rows' scores, four chains in the kernel, agree within rounding)."""
     x = np.asarray(x, np.float32)
     B, T, H = x.shape
     KVH, D = k_cache.shape[1], k_cache.shape[3]
@@ -763,9 +857,9 @@ def decoder_attention(x, positions, key_mask, k_cache, v_cache, norm_w, inv_freq
     k_cache[:, :, past:L] = ks.transpose(0, 2, 1, 3)
     v_cache[:, :, past:L] = vs.transpose(0, 2, 1, 3)
     rep = n_heads // KVH
-    kk = np.repeat(k_cache[:, :, :L], rep, axis=1).astype(np.float64)  # [B, Hq, L, D]
-    vv = np.repeat(v_cache[:, :, :L], rep, axis=1).astype(np.float64)
-    s = np.einsum("bthd,bhjd->bhtj", qs.astype(np.float64), kk) * float(np.float32(scaling))
+    kk = np.repeat(k_cache[:, :, :L], rep, axis=1)  # [B, Hq, L, D]
+    vv = np.repeat(v_cache[:, :, :L], rep, axis=1)
+    s = (_chain(qs.transpose(0, 2, 1, 3), kk.transpose(0, 1, 3, 2), D) * np.float32(scaling)).astype(np.float32)
     qi = past + np.arange(T)[:, None]
     j = np.arange(L)[None, :]
     vis = j <= qi
@@ -774,22 +868,24 @@ def decoder_attention(x, positions, key_mask, k_cache, v_cache, norm_w, inv_freq
     vis = np.broadcast_to(vis, (B, 1, T, L))
     if key_mask is not None:
         vis = vis & (np.asarray(key_mask)[:, :L].reshape(B, 1, 1, L) != 0)
-    s = np.where(vis, s, -np.inf)
+    s = np.where(vis, s, -np.inf).astype(np.float32)
     mx = s.max(-1, keepdims=True)
-    e = np.where(vis, np.exp(s - np.where(np.isfinite(mx), mx, 0)), 0.0)
-    den = e.sum(-1, keepdims=True)
-    p = np.where(den > 0, e / np.where(den > 0, den, 1), 0.0)
-    attn = np.einsum("bhtj,bhjd->bthd", p, vv).astype(np.float32).reshape(B, T, n_heads * D)
+    e = np.where(vis, exp_ms(s - np.where(np.isfinite(mx), mx, 0)), 0.0).astype(np.float32)
+    den = softmax_sum(e)[..., None]
+    p = np.where(den > 0, e * (np.float32(1) / np.where(den > 0, den, 1)), 0.0).astype(np.float32)
+    attn = _chain(p, vv, L).transpose(0, 2, 1, 3).reshape(B, T, n_heads * D)
     return (x + linear_spec(attn, o, H)).astype(np.float32)
 
 
 def decoder_mlp(x, norm_w, gate, up, down, intermediate: int, eps: float):
-    """Twin of ``cdecoder_mlp_fp32``: x + Down(silu(Gate(y)) * Up(y)), y = RMSNorm(x)."""
+    """Twin of ``cdecoder_mlp_fp32``: x + Down((g * sigmoid(g)) * Up(y)), g = Gate(y), y = RMSNorm(x),
+    sigmoid = 1 / (1 + exp_ms(-g)) (MindSpore's SiLU as mindtorch composes it)."""
     x = np.asarray(x, np.float32)
     y = rms_norm(x, norm_w, eps)
     g = linear_spec(y, gate, intermediate)
     u = linear_spec(y, up, intermediate)
-    a = (g / (np.float32(1) + np.exp(-g)) * u).astype(np.float32)
+    sg = (np.float32(1) / (np.float32(1) + exp_ms(-g))).astype(np.float32)
+    a = ((g * sg).astype(np.float32) * u).astype(np.float32)
     return (x + linear_spec(a, down, x.shape[-1])).astype(np.float32)
 
 

@@ -405,6 +405,62 @@ def test_int8_layers_replay_the_unfused_bytes(threshold, monkeypatch):
     assert n_int8 == 14 and len(with_outliers) == n_int8  # |a| >= 6 occurs at every layer (used at threshold 6)
 
 
+@pytest.mark.parametrize("threshold", [0.0, 6.0])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
+def test_fused_prefill_layers_are_the_unfused_bits(family, threshold):
+    """Issue 31's perplexity bar: a fused prefill computes what the unfused model computes, bit for bit. Each
+    decoder layer of an unfused int8 forward (hooks: its input, its attention and MLP outputs) is replayed
+    through the fused layer's calls on the same input: the same bytes after the attention half and after the
+    MLP half (RMSNorm, RoPE, softmax, P V and SiLU in MindSpore's rounding: simd_math.h; the int8 linears are
+    the unfused layer's kernel); and the final norm. 16 rows without padding (the prefill attention path; a
+    sliding window for Mistral, QK-norm for Qwen3), one prompt over 40 positions for a second case of the row
+    sum's tail (softmax lanes)."""
+    m = _int8_model(family, threshold)
+    caps = [dict() for _ in m.model.layers]
+    hooks = []
+    for c, layer in zip(caps, m.model.layers):
+        hooks.append(layer.register_forward_pre_hook(
+            lambda mod, a, kw, c=c: c.update(x=(a[0] if a else kw["hidden_states"]).asnumpy().copy()), with_kwargs=True))
+        hooks.append(layer.self_attn.register_forward_hook(lambda mod, a, o, c=c: c.update(attn=o[0].asnumpy().copy())))
+        hooks.append(layer.mlp.register_forward_hook(lambda mod, a, o, c=c: c.update(mlp=o.asnumpy().copy())))
+    fin = {}
+    hooks.append(m.model.norm.register_forward_hook(lambda mod, a, o: fin.update(x=a[0].asnumpy().copy(),
+                                                                                 y=o.asnumpy().copy())))
+    assert fuse(m)
+    plan = m.__dict__[FU._PLAN]
+    for T in (16, 43):
+        ids = np.random.RandomState(T).randint(3, 500, (1, T)).astype(np.int64)
+        unfuse(m)
+        with torch.no_grad():
+            m(torch.tensor(ids))
+        st = FU._KVState(plan, 1)
+        st.ensure(T)
+        x, pos = st.buffers(T)
+        pos[...] = np.arange(T)
+        plan.past[...] = 0
+        for i, (layer, c) in enumerate(zip(plan.layers, caps)):
+            a = layer.attn
+            x[...] = c["x"]
+            for slot, v in ((0, x), (1, pos), (2, None), (3, st.k[i]), (4, st.v[i]), (51, x)):
+                a.set(slot, v)
+            a()
+            h = (c["x"] + c["attn"]).astype(np.float32)
+            np.testing.assert_array_equal(x.view(np.uint32), h.view(np.uint32), err_msg=f"layer {i} attention")
+            layer.mlp.set(0, x)
+            layer.mlp.set(31, x)
+            layer.mlp()
+            np.testing.assert_array_equal(x, (h + c["mlp"]).astype(np.float32), err_msg=f"layer {i} MLP")
+            layer.bound = None
+        y = fin["x"].copy()
+        nc = plan.norm_call
+        nc.set(0, y)
+        nc.set(3, y)
+        nc()
+        np.testing.assert_array_equal(y, fin["y"])
+    for h in hooks:
+        h.remove()
+
+
 def test_int8_plan_kept_across_unfused_runs_and_rebuilt_for_a_new_threshold():
     from bitsandbytes_ms.nn import Linear8bitLt
 

@@ -33,16 +33,22 @@
 //   bias        f32|f16|bf16 [N] | none (added in fp32, any kind)
 //   blocksize   i64 (4-bit: > 0, even; others: unused)
 //   blocksize2  i64 (4-bit: > 0; others: unused)
-// Numerics (HF transformers' eager forward, fp32):
-//   QK-norm   (Qwen3) the same RMSNorm over each head's D values of q and k, before RoPE
-//   RMSNorm   r = 1/sqrt(mean(x^2) + eps) (sum in double), y = w * (x * r)
-//   RoPE      default rope type: f = float(pos) * inv_freq[i], c = cos(f) * rs, s = sin(f) * rs (rs: attention
-//             scaling), rotate_half convention: y[i] = x[i] c - x[i+D/2] s, y[i+D/2] = x[i+D/2] c + x[i] s
+// Numerics: HF transformers' eager forward in fp32 with the unfused model's rounding on MindSpore 2.7's CPU
+// kernels (simd_math.h gives the measured rules), so that a prefill gives the unfused model's bits (an int8
+// model amplifies any 1-ulp difference between layers):
+//   RMSNorm   var = float(sum of square(x) in double, in order) / H (square: glibc powf(x, 2)), r = 1 / sqrt(var +
+//             eps), y = w * (x * r); QK-norm (Qwen3) the same over each head's D values of q and k, before RoPE
+//   RoPE      default rope type: f = float(pos) * inv_freq[i], c = float(cos(double(f))) * rs, s likewise with
+//             sin (rs: attention scaling), rotate_half: y[i] = x[i] c - x[i+D/2] s, y[i+D/2] = x[i+D/2] c + x[i] s
 //   attention query row t of sequence b sits at cache index past + t; key j is visible iff j <= past + t,
-//             key_mask[b, j] != 0 and (window == 0 or past + t - j < window); softmax in fp32 (max-subtracted,
-//             sum in double); a row with no visible key gives 0.  GQA: head h reads kv head h / (Hq / KVH).
-//   SiLU      g / (1 + exp(-g))
-//   exp       simd_math.h's fp32 exp (same bits at every SIMD level, within 2 ulp of the rounded exp)
+//             key_mask[b, j] != 0 and (window == 0 or past + t - j < window).  Scores: one fma chain over d from
+//             0, times scaling (prefill; from 6 rows: the unfused bits); decode rows (fewer than 6) sum each score
+//             in four partial chains (dot: faster, within the reference's bound).  Softmax over the row of
+//             L = past + T keys: e = exp(s - max), p = e * (1 / sum) (the sum in Softmax's order, simd_math::
+//             softmax_sum); a row with no visible key gives 0.  P V: one fma chain per chunk of keys (pv_chunk_end),
+//             the chunks added in order.  GQA: head h reads kv head h / (Hq / KVH).
+//   SiLU      (g * (1 / (1 + exp(-g)))) * up
+//   exp       simd_math.h's exp (MindSpore's: same bits at every SIMD level, ~1e-7..1e-5 relative error)
 // The KV cache is the caller's preallocated k_cache/v_cache [B, KVH, S_max, D] (fp32), written IN PLACE at
 // [past, past + T) before attending over [0, past + T).  `out` may be the same memory as `x`.
 // Threads: parallel_for / parallel_for_dynamic (parallel.h) for this file's loops; the 4-bit GEMV and the int8
@@ -329,9 +335,9 @@ void rms_norm(const float *x, const float *w, float eps, float *y, int64_t R, in
   for (int64_t r = 0; r < R; ++r) {
     const float *xr = x + r * H;
     float *yr = y + r * H;
-    double ss = 0.0;
-    for (int64_t i = 0; i < H; ++i) ss += (double)xr[i] * (double)xr[i];
-    const float var = (float)(ss / (double)H);
+    double ss = 0.0;  // ReduceMean of a rank >= 3 tensor: a double sum in order, rounded, then / H in fp32
+    for (int64_t i = 0; i < H; ++i) ss += (double)simd_math::square_powf(xr[i]);
+    const float var = (float)ss / (float)H;
     const float inv = 1.0f / std::sqrt(var + eps);
     for (int64_t i = 0; i < H; ++i) yr[i] = w[i] * (xr[i] * inv);
   }
@@ -350,12 +356,21 @@ void rope_row(float *v, int64_t nh, int64_t D, const float *cs, const float *sn)
   }
 }
 
-// p[j] = exp(p[j] - mx) (masked scores are -inf and give 0); returns the sum in double, in order of j.
-double softmax_exp(float *p, int64_t n, float mx) {
-  simd_math::exp_shifted(p, mx, p, n);
-  double sum = 0.0;
-  for (int64_t j = 0; j < n; ++j) sum += p[j];
-  return sum;
+// The softmax of one attention row in the unfused model's rounding: p[0, n) holds the scores of keys [j0, n)
+// (masked ones -inf) and zeros before j0, L is the row's length in the unfused model (past + T: the keys after
+// n are masked there).  p[j] = exp(p[j] - mx) * (1 / sum), the sum as simd_math::softmax_sum (Softmax's order).
+void softmax_row(float *p, int64_t j0, int64_t n, int64_t L, float mx) {
+  simd_math::exp_shifted(p + j0, mx, p + j0, n - j0);
+  const float inv = 1.0f / simd_math::softmax_sum(p, n, L);
+  for (int64_t j = j0; j < n; ++j) p[j] *= inv;
+}
+
+// The unfused model's P V (MindSpore's BatchMatMul over L keys) sums in chunks of keys, each one fma chain
+// from 0, the chunk sums added in order: 384 keys while more than 768 remain, then the rest in two halves
+// (the first ceil(rest / 2)) or, at most 384 left, in one.  The end of the chunk that starts at c0:
+int64_t pv_chunk_end(int64_t c0, int64_t L) {
+  const int64_t rest = L - c0;
+  return rest > 768 ? c0 + 384 : rest > 384 ? c0 + (rest + 1) / 2 : L;
 }
 
 // cos / sin of RoPE for every row: [R][cos h2 | sin h2] with c = cos(float(pos) * inv_freq[i]) * rs.  Every
@@ -378,8 +393,8 @@ const float *rope_table(const int64_t *pos, int64_t R, const float *invf, int64_
     float *c = tab.data() + r * 2 * h2, *s = c + h2;
     for (int64_t i = 0; i < h2; ++i) {
       const float f = fp * invf[i];
-      c[i] = std::cos(f) * rs;
-      s[i] = std::sin(f) * rs;
+      c[i] = (float)std::cos((double)f) * rs;  // MindSpore's Cos / Sin: the double function rounded
+      s[i] = (float)std::sin((double)f) * rs;
     }
   }
   return tab.data();
@@ -396,7 +411,7 @@ void attend(const AttnShape &s, const float *q, const float *kc, const float *vc
   const int64_t L = s.past + s.T, rep = s.Hq / s.KVH, tasks = s.B * s.Hq * s.T;
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(L * s.D, 1));
   parallel_for(tasks, grain, [&](int64_t t0, int64_t t1) {
-    std::vector<float> p((size_t)L);
+    std::vector<float> p((size_t)L), acc((size_t)s.D);
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t t = task % s.T, h = (task / s.T) % s.Hq, b = task / (s.T * s.Hq);
       const int64_t g = h / rep, qi = s.past + t;
@@ -416,10 +431,18 @@ void attend(const AttnShape &s, const float *q, const float *kc, const float *vc
       }
       std::fill(o, o + s.D, 0.0f);
       if (mx == -INFINITY) continue;  // no visible key
-      const double sum = softmax_exp(p.data() + j0, qi + 1 - j0, mx);
-      const float inv = (float)(1.0 / sum);
-      for (int64_t j = j0; j <= qi; ++j)
-        if (p[j] != 0.0f) axpy(o, p[j] * inv, vb + j * s.D, s.D);
+      std::fill(p.begin(), p.begin() + j0, 0.0f);
+      softmax_row(p.data(), j0, qi + 1, L, mx);
+      std::vector<float> &part = acc;
+      for (int64_t c0 = 0; c0 <= qi; c0 = pv_chunk_end(c0, L)) {  // the unfused P V's chunks (one chain each)
+        float *dst = c0 == 0 ? o : part.data();
+        if (c0) std::fill(part.begin(), part.end(), 0.0f);
+        const int64_t c1 = std::min(pv_chunk_end(c0, L), qi + 1);
+        for (int64_t j = std::max(c0, j0); j < c1; ++j)
+          if (p[j] != 0.0f) axpy(dst, p[j], vb + j * s.D, s.D);
+        if (c0)
+          for (int64_t d = 0; d < s.D; ++d) o[d] += part[d];
+      }
     }
   });
 }
@@ -452,7 +475,7 @@ void attend_prefill(const AttnShape &s, const float *q, const float *kc, const f
   });
   const int64_t nqb = (s.T + kQBlock - 1) / kQBlock, tasks = s.B * s.Hq * nqb, ldq = s.Hq * D;
   parallel_for_dynamic(tasks, 1, [&](int64_t t0, int64_t t1) {
-    static thread_local std::vector<float> S;
+    static thread_local std::vector<float> S, part;
     S.resize((size_t)(kQBlock * Lp));
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t qb = task % nqb, h = (task / nqb) % s.Hq, b = task / (nqb * s.Hq), g = h / rep;
@@ -476,11 +499,21 @@ void attend_prefill(const AttnShape &s, const float *q, const float *kc, const f
           std::fill(p + j0, p + qi + 1, 0.0f);
           continue;
         }
-        const double sum = softmax_exp(p + j0, qi + 1 - j0, mx);
-        const float inv = (float)(1.0 / sum);
-        for (int64_t j = j0; j <= qi; ++j) p[j] *= inv;
+        softmax_row(p, j0, qi + 1, L, mx);
       }
-      gemm_panel_f32(S.data(), Lp, rows, vp, L * kPanel, Lt, D, nullptr, attn + (b * s.T + r0) * ldq + h * D, ldq);
+      // O = P V in the unfused model's chunks of keys (pv_chunk_end): the first into O, the others added
+      float *O = attn + (b * s.T + r0) * ldq + h * D;
+      for (int64_t c0 = 0; c0 < Lt; c0 = pv_chunk_end(c0, L)) {
+        const int64_t c1 = std::min(pv_chunk_end(c0, L), Lt);
+        if (c0 == 0) {
+          gemm_panel_f32(S.data(), Lp, rows, vp, L * kPanel, c1, D, nullptr, O, ldq);
+          continue;
+        }
+        part.resize((size_t)(rows * D));
+        gemm_panel_f32(S.data() + c0, Lp, rows, vp + c0 * kPanel, L * kPanel, c1 - c0, D, nullptr, part.data(), D);
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t d = 0; d < D; ++d) O[i * ldq + d] += part[i * D + d];
+      }
     }
   });
 }

@@ -1,10 +1,22 @@
-// simd_math.h -- elementwise math for the fused decoder's softmax and SiLU: exp in fp32 with the same bits on
-// every SIMD level (the scalar and AVX2 forms run the same operations in the same order).
+// simd_math.h -- elementwise math and row sums of the fused decoder, in the rounding of the unfused model.
 //
-// exp(x): n = nearbyint(x * log2(e)) (round half to even), r = (x - n * ln2_hi) - n * ln2_lo (two fmas),
-// e^r by its degree-7 Taylor polynomial in Horner form (fmas; |r| <= ln2 / 2, truncation < 1e-8 relative),
-// times 2^n built in the exponent bits.  x < -87.33 (including -inf) gives 0, x > 88 is taken as 88
-// (1.65e38), NaN stays NaN; the result is within 2 ulp of the correctly rounded exp over the normal range.
+// The fused decoder reproduces what transformers' eager forward computes on MindSpore 2.7's CPU kernels (the
+// unfused model it replaces), operation by operation, so that a fused model's perplexity is the unfused one's
+// (an LLM.int8() model amplifies any 1-ulp difference between layers: benchmarks/user_path_cpu.md).  Measured
+// against MindSpore 2.7.0 on x86 (tools/dev/ms_rounding_check.py re-checks every rule below):
+//
+// exp(x) (MindSpore's Exp, Softmax and Sigmoid on CPU): x clamped to [-87.3365478515625, 88.72283935546875];
+//   n = floor(x * log2(e) + 0.5); d = fma(-n, 0.693147f, x);
+//   t = fma(d, fma(d, 1/120, 1/24), 1/6); t = fma(d, fma(d, t, 0.5), 1); e = fma(d, t, 1);
+//   exp = (e * 2^(n-1)) * 2  (2^(n-1) from the exponent bits: n = -126 gives 0, n = 128 may give inf).
+//   Its error is up to ~1e-5 relative near the clamps (the 0.693147f constant), ~1e-7 near 0; kept because it
+//   is the unfused model's.  NaN stays NaN (ours).
+// softmax sum (Softmax's sum of exponentials over a row): 8 lane accumulators, lane j % 8, over the row's whole
+//   8-element blocks, the lanes then added in order 0..7 to 0, then the next 4 values (if 4 remain) as one
+//   ordered sum, then the remaining values one by one.  (ReduceMean of a rank >= 3 tensor, RMSNorm's mean, sums in
+//   double in order: decoder.cpp.)
+// square (RMSNorm's pow(x, 2)): glibc's powf(x, 2), which is not always the rounded x * x (a near-tie is
+//   rounded the other way in ~1e-3 of the values): x * x where the exact square is not near a tie, powf else.
 #pragma once
 #include <immintrin.h>
 
@@ -17,37 +29,37 @@
 namespace bnb_ms {
 namespace simd_math {
 
-constexpr float kExpLo = -87.33654f, kExpHi = 88.0f;  // 88 * log2(e) < 127: 2^n stays finite
-constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-constexpr float kC[8] = {1.0f, 1.0f, 0.5f, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f / 720, 1.0f / 5040};
+constexpr float kExpLo = -87.3365478515625f, kExpHi = 88.72283935546875f;  // log(FLT_MIN), log(FLT_MAX)
+constexpr float kLog2e = 1.44269504088896341f, kLn2 = 0.693147f;
+constexpr float kP1 = 1.0f / 120, kP2 = 1.0f / 24, kP3 = 1.0f / 6;
 
 BNB_MS_INLINE float exp_f32(float x) {
-  if (!(x >= kExpLo)) return x != x ? x : 0.0f;  // NaN stays NaN, below the range (and -inf) gives 0
+  if (x != x) return x;
+  x = x > kExpLo ? x : kExpLo;
   x = x < kExpHi ? x : kExpHi;
-  const float n = std::nearbyint(x * kLog2e);
-  float r = std::fma(n, -kLn2Hi, x);
-  r = std::fma(n, -kLn2Lo, r);
-  float p = kC[7];
-  for (int i = 6; i >= 0; --i) p = std::fma(p, r, kC[i]);
-  const int32_t bits = ((int32_t)n + 127) << 23;
+  const float n = std::floor(x * kLog2e + 0.5f);
+  const float d = std::fma(-n, kLn2, x);
+  float t = std::fma(d, std::fma(d, kP1, kP2), kP3);
+  t = std::fma(d, std::fma(d, t, 0.5f), 1.0f);
+  const float e = std::fma(d, t, 1.0f);
+  const int32_t bits = ((int32_t)n + 126) << 23;
   float s;
   std::memcpy(&s, &bits, sizeof s);
-  return p * s;
+  return (e * s) * 2.0f;
 }
 
 BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 exp_avx2(__m256 x) {
-  const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(kExpLo), _CMP_NGE_UQ);  // x < lo or NaN
   const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
   const __m256 xin = x;
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpLo)), _mm256_set1_ps(kExpHi));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kC[7]);
-  for (int i = 6; i >= 0; --i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC[i]));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  return _mm256_blendv_ps(_mm256_andnot_ps(below, y), xin, nan);
+  const __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _mm256_set1_ps(0.5f)));
+  const __m256 d = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_setzero_ps(), n), _mm256_set1_ps(kLn2), x);
+  __m256 t = _mm256_fmadd_ps(d, _mm256_fmadd_ps(d, _mm256_set1_ps(kP1), _mm256_set1_ps(kP2)), _mm256_set1_ps(kP3));
+  t = _mm256_fmadd_ps(d, _mm256_fmadd_ps(d, t, _mm256_set1_ps(0.5f)), _mm256_set1_ps(1.0f));
+  const __m256 e = _mm256_fmadd_ps(d, t, _mm256_set1_ps(1.0f));
+  const __m256i s = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(126)), 23);
+  const __m256 y = _mm256_mul_ps(_mm256_mul_ps(e, _mm256_castsi256_ps(s)), _mm256_set1_ps(2.0f));
+  return _mm256_blendv_ps(y, xin, nan);
 }
 
 // y[i] = exp(x[i] - shift) for i < n (in place allowed).
@@ -67,7 +79,8 @@ inline void exp_shifted(const float *x, float shift, float *y, int64_t n) {
   for (; i < n; ++i) y[i] = exp_f32(x[i] - shift);
 }
 
-// g[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u, each step rounded in fp32.
+// g[i] = silu(g[i]) * u[i] as the unfused model computes it: (g * sigmoid(g)) * u, sigmoid = 1 / (1 + exp(-g)),
+// each step rounded in fp32.
 inline void silu_mul(float *g, const float *u, int64_t n) {
   int64_t i = 0;
   if (has_avx2()) {
@@ -77,15 +90,64 @@ inline void silu_mul(float *g, const float *u, int64_t n) {
         int64_t i = 0;
         for (; i + 8 <= n; i += 8) {
           const __m256 a = _mm256_loadu_ps(g + i);
-          const __m256 d = _mm256_add_ps(one, exp_avx2(_mm256_sub_ps(zero, a)));
-          _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(a, d), _mm256_loadu_ps(u + i)));
+          const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, exp_avx2(_mm256_sub_ps(zero, a))));
+          _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(a, s), _mm256_loadu_ps(u + i)));
         }
         return i;
       }
     };
     i = K::run(g, u, n);
   }
-  for (; i < n; ++i) g[i] = g[i] / (1.0f + exp_f32(0.0f - g[i])) * u[i];
+  for (; i < n; ++i) g[i] = (g[i] * (1.0f / (1.0f + exp_f32(0.0f - g[i])))) * u[i];
+}
+
+// The unfused model's Softmax sum of a row of length L whose values are v[0, n) (n <= L; the rest are zeros,
+// which leave every partial sum unchanged).
+inline float softmax_sum(const float *v, int64_t n, int64_t L) {
+  const int64_t L8 = L / 8 * 8, n8 = n < L8 ? n : L8;
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  if (has_avx2()) {
+    struct K {
+      BNB_MS_TARGET_AVX2 static int64_t run(const float *v, int64_t n8, float *lane) {
+        __m256 acc = _mm256_setzero_ps();
+        int64_t j = 0;
+        for (; j + 8 <= n8; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(v + j));
+        _mm256_storeu_ps(lane, acc);
+        return j;
+      }
+    };
+    j = K::run(v, n8, lane);
+  }
+  for (; j < n8; ++j) lane[j & 7] += v[j];
+  float tot = 0.0f;
+  for (int l = 0; l < 8; ++l) tot += lane[l];
+  j = L8;
+  if (L - L8 >= 4) {
+    float t4 = 0.0f;
+    for (int64_t i = L8; i < L8 + 4 && i < n; ++i) t4 += v[i];
+    tot += t4;
+    j = L8 + 4;
+  }
+  for (; j < n; ++j) tot += v[j];
+  return tot;
+}
+
+// x^2 as glibc's powf(x, 2) gives it (RMSNorm's pow): the rounded x * x unless the exact square lies within
+// kPowTie ulp of a tie, where powf decides.  tools/dev/powf_square_check.cpp compared the two over every
+// float: they differ only within 0.0017 ulp of a tie (the same 6061 values in every binade of x); kPowTie leaves a 6x margin.
+constexpr float kPowTie = 0.01f;
+inline float square_powf(float x) {
+  static float (*volatile pw)(float, float) = powf;  // (through a pointer: a compiler folds powf(x, 2) to x * x)
+  const float p = x * x;
+  if (!(p >= 0x1p-100f) || !(p <= 3.4028235e38f)) return pw(x, 2.0f);  // tiny (half an ulp below), 0, inf, NaN
+  const float err = std::fma(x, x, -p);  // the exact square is p + err
+  uint32_t pb;
+  std::memcpy(&pb, &p, sizeof pb);
+  const uint32_t hb = (pb & 0x7f800000u) - (24u << 23);  // half an ulp of p
+  float half;
+  std::memcpy(&half, &hb, sizeof half);
+  return std::fabs(std::fabs(err) - half) <= kPowTie * 2.0f * half ? pw(x, 2.0f) : p;
 }
 
 }  // namespace simd_math
