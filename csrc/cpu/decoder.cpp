@@ -331,16 +331,36 @@ void apply_lin(const Lin &l, const float *x, float *out, int64_t M) {
 }
 
 // ---- norms, RoPE, attention ---------------------------------------------------------------------------
+// ReduceMean of a rank >= 3 tensor sums in double, in order: one chain per row, four rows interleaved (their
+// chains are independent), rows split between threads.
 void rms_norm(const float *x, const float *w, float eps, float *y, int64_t R, int64_t H) {
-  for (int64_t r = 0; r < R; ++r) {
-    const float *xr = x + r * H;
-    float *yr = y + r * H;
-    double ss = 0.0;  // ReduceMean of a rank >= 3 tensor: a double sum in order, rounded, then / H in fp32
-    for (int64_t i = 0; i < H; ++i) ss += (double)simd_math::square_powf(xr[i]);
-    const float var = (float)ss / (float)H;
-    const float inv = 1.0f / std::sqrt(var + eps);
-    for (int64_t i = 0; i < H; ++i) yr[i] = w[i] * (xr[i] * inv);
-  }
+  parallel_for(R, std::max<int64_t>(4, 65536 / std::max<int64_t>(H, 1)), [&](int64_t r0, int64_t r1) {
+    static thread_local std::vector<float> sq;
+    sq.resize((size_t)(4 * H));
+    for (int64_t r = r0; r < r1; r += 4) {
+      const int64_t nr = std::min<int64_t>(4, r1 - r);
+      simd_math::squares_powf(x + r * H, sq.data(), nr * H);
+      double ss[4] = {0.0, 0.0, 0.0, 0.0};
+      if (nr == 4) {
+        const float *s0 = sq.data(), *s1 = s0 + H, *s2 = s1 + H, *s3 = s2 + H;
+        for (int64_t i = 0; i < H; ++i) {
+          ss[0] += (double)s0[i];
+          ss[1] += (double)s1[i];
+          ss[2] += (double)s2[i];
+          ss[3] += (double)s3[i];
+        }
+      } else {
+        for (int64_t k = 0; k < nr; ++k)
+          for (int64_t i = 0; i < H; ++i) ss[k] += (double)sq[k * H + i];
+      }
+      for (int64_t k = 0; k < nr; ++k) {
+        const float *xr = x + (r + k) * H;
+        float *yr = y + (r + k) * H;
+        const float inv = 1.0f / std::sqrt((float)ss[k] / (float)H + eps);
+        for (int64_t i = 0; i < H; ++i) yr[i] = w[i] * (xr[i] * inv);
+      }
+    }
+  });
 }
 
 // In place on `nh` heads of D values each (row layout [nh, D]).

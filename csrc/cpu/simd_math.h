@@ -3,7 +3,7 @@
 // The fused decoder reproduces what transformers' eager forward computes on MindSpore 2.7's CPU kernels (the
 // unfused model it replaces), operation by operation, so that a fused model's perplexity is the unfused one's
 // (an LLM.int8() model amplifies any 1-ulp difference between layers: benchmarks/user_path_cpu.md).  Measured
-// against MindSpore 2.7.0 on x86 (tools/dev/ms_rounding_check.py re-checks every rule below):
+// against MindSpore 2.7.0 on x86 (tests/test_ms_rounding.py re-checks every rule below on mindtorch's ops):
 //
 // exp(x) (MindSpore's Exp, Softmax and Sigmoid on CPU): x clamped to [-87.3365478515625, 88.72283935546875];
 //   n = floor(x * log2(e) + 0.5); d = fma(-n, 0.693147f, x);
@@ -148,6 +148,35 @@ inline float square_powf(float x) {
   float half;
   std::memcpy(&half, &hb, sizeof half);
   return std::fabs(std::fabs(err) - half) <= kPowTie * 2.0f * half ? pw(x, 2.0f) : p;
+}
+
+// sq[i] = square_powf(x[i]) for i < n: the rounded squares 8 at a time, powf for the lanes near a tie.
+inline void squares_powf(const float *x, float *sq, int64_t n) {
+  int64_t i = 0;
+  if (has_avx2()) {
+    struct K {
+      BNB_MS_TARGET_AVX2 static int64_t run(const float *x, float *sq, int64_t n) {
+        const __m256 lo = _mm256_set1_ps(0x1p-100f), hi = _mm256_set1_ps(3.4028235e38f);
+        const __m256 tie = _mm256_set1_ps(kPowTie * 2.0f), abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        const __m256i expo = _mm256_set1_epi32(0x7f800000), shift = _mm256_set1_epi32(24 << 23);
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+          const __m256 v = _mm256_loadu_ps(x + i), p = _mm256_mul_ps(v, v);
+          const __m256 err = _mm256_and_ps(_mm256_fmsub_ps(v, v, p), abs);
+          const __m256 half = _mm256_castsi256_ps(_mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(p), expo), shift));
+          const __m256 off = _mm256_and_ps(_mm256_sub_ps(err, half), abs);
+          const __m256 bad = _mm256_or_ps(_mm256_cmp_ps(off, _mm256_mul_ps(tie, half), _CMP_LE_OQ),
+                                          _mm256_or_ps(_mm256_cmp_ps(p, lo, _CMP_NGE_UQ), _mm256_cmp_ps(p, hi, _CMP_NLE_UQ)));
+          _mm256_storeu_ps(sq + i, p);
+          if (_mm256_movemask_ps(bad))
+            for (int l = 0; l < 8; ++l) sq[i + l] = square_powf(x[i + l]);
+        }
+        return i;
+      }
+    };
+    i = K::run(x, sq, n);
+  }
+  for (; i < n; ++i) sq[i] = square_powf(x[i]);
 }
 
 }  // namespace simd_math
