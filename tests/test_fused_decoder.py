@@ -4,7 +4,8 @@
   fp16, bf16, NF4, FP4, double-quant and int8 (threshold 0 and 6 with outlier columns) weights, with a padding
   mask, a sliding window and out == x;
 * every Linear8bitLt call of an unfused generation (prefill: many rows; decode: 2 rows, and 1 row at batch 1),
-  replayed through the fused path's linear: the same bytes;
+  replayed through the fused path's linear: the same bytes; every decoder layer of an unfused int8 prefill
+  replayed through the fused layer calls: the same bytes (the unfused model's rounding, issue 31);
 * small random Llama / Qwen2 (q/k/v biases) / Mistral (sliding window) / Qwen3 (QK-norm) models, 4-bit or int8
   quantized (mixed with fp32 nn.Linear layers; fp16 and bf16 models with kept 16-bit layers): the fused model
   gives the unfused quantized model's greedy tokens (batch 2, left padding, EOS) and per-step logits within
@@ -35,15 +36,16 @@ from bitsandbytes_ms.integrations.patches import registry  # noqa: E402
 transformers.logging.set_verbosity_error()
 
 #: fused vs unfused logits, max |diff| / max |logit| over every generated step and the prompt's non-pad
-#: positions (measured: 2e-7 .. 5e-7 on these models; the difference is rounding order in RMSNorm/RoPE/softmax,
-#: and for prompts of > 8 rows the unfused Linear4bit's dequantize + matmul)
+#: positions. The fused layers round as the unfused model does (csrc/cpu/simd_math.h), except the decode steps'
+#: attention scores (four partial chains) and a 4-bit layer's many-row matmul (the unfused Linear4bit's dequantize +
+#: matmul sums in another order). Measured 1.9e-7 .. 2.9e-7 on these 4-bit models.
 LOGIT_BOUND = 1e-5
-#: int8 models with threshold 6 and outliers in every int8 layer (norm weights boosted): the per-layer bytes are
-#: the unfused layer's (test_int8_layers_replay_the_unfused_bytes), but int8 amplifies the rounding differences of
-#: the rest: a 1-ulp input difference can move one code (1/127 of a row's absmax), or move a column across the
-#: outlier threshold for every row of the call. Measured 8.5e-7 (llama), 3.8e-5 (mistral), 2.3e-3 (qwen2, qwen3);
-#: the same models' int8 quantization error (vs fp32) is 3.5e-2 .. 3.3e-1. At threshold 0: 1.4e-7 .. 3.0e-7
-#: (LOGIT_BOUND holds). (On a real model the int8 model's own sensitivity is larger: benchmarks/fused_cpu.md.)
+#: int8 models with threshold 6 and outliers in every int8 layer (norm weights boosted): a prefill gives the
+#: unfused bytes layer by layer (test_fused_prefill_layers_are_the_unfused_bits), but int8 amplifies the decode
+#: steps' rounding differences: a 1-ulp input difference can move one code (1/127 of a row's absmax), or move a
+#: column across the outlier threshold for every row of the call. Measured 7.6e-7 (llama), 3.8e-5 (mistral),
+#: 2.3e-3 (qwen2, qwen3); the same models' int8 quantization error (vs fp32) is 3.5e-2 .. 3.3e-1. At threshold
+#: 0: identical logits on these models (LOGIT_BOUND holds).
 INT8_LOGIT_BOUND = 1e-2
 #: an fp16 model fused (fp32 compute and hidden states) vs the same model unfused (fp16 arithmetic): the unfused
 #: fp16 model's own distance from fp32; measured 5e-4 .. 3.9e-3 (tools run of benchmarks/fused_cpu.md)

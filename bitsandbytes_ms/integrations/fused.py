@@ -27,27 +27,29 @@ unfused path also runs when gradients are being recorded, in graph mode, in trai
 ``output_attentions``/``output_hidden_states`` are asked for, for a 4-D attention mask, or for a cache that the
 unfused path has already filled (one warning per reason).
 
-Numerics: with the exact kernels (``BNB_MS_4BIT_BF16_DOT=0``, or a CPU without AVX512-BF16) decode (one token)
-runs the same 4-bit kernel as the unfused fp32 layers (bit-identical projections); RMSNorm, RoPE, softmax and the
-residual adds are fp32 like transformers' but in another order, so logits differ by rounding
-(tests/test_fused_decoder.py measures max|diff| / max|logit|). Prefill (more than 8 rows) multiplies the
-dequantized 4-bit weight in the packed-panel GEMM in exact fp32. By default on a CPU with AVX512-BF16 -- as
-upstream's CPU 4-bit layers compute there, and as the unfused Linear4bit's bf16 one-row kernel does;
-``functional.set_bf16_dot`` / ``BNB_MS_4BIT_BF16_DOT`` decide, read at every forward -- the 4-bit layers compute in
-bf16 through the ``cdecoder_*_fp32_bf16dot`` entries: prefill in gemm_panel.h's bf16 GEMM (x and the weight
-rounded to bf16, pairs accumulated in fp32; gemm_panel.h documents the order and the bound), the one-token decode
-step in fourbit.cpp's one-row bf16 kernel (x and bf16(code) multiplied in pairs, scaled by absmax per 128
-elements; bound there), which reads the weights ~1.4x faster than the exact GEMV (benchmarks/user_path_cpu.md).
-tests/test_fused_bf16_prefill.py: same greedy tokens as the unfused model, logits within 1e-2 x max|logit|. An int8 layer runs the unfused
-layer's own fused kernel (``cint8_linear_fp32``'s) at every row count: the same bytes on the same input (tested
-by replaying every Linear8bitLt call of an unfused generation). Between layers int8 amplifies rounding
-differences: a 1-ulp difference in an input can move one int8 code (1/127 of the row's absmax) or, with
-threshold > 0, move a column across the outlier threshold for every row of the call, so an int8 model's fused
-logits differ from the unfused ones by more than a 4-bit model's (tests/test_fused_decoder.py: INT8_LOGIT_BOUND).
-On the real SmolLM2-135M the unfused int8 model answers a 1-ulp change of its embeddings with up to 5e-2 x
-max|logit| itself and fused vs unfused differ by up to 1.1e-1; the fused perplexity lies inside the unfused
-model's own spread under +-1-ulp perturbations of its layer inputs, and greedy continuations can part
-(benchmarks/fused_cpu.md).
+Numerics: the fused layers compute transformers' fp32 forward in the unfused model's own rounding on MindSpore
+2.7's CPU kernels (csrc/cpu/simd_math.h gives the measured rules: RMSNorm's mean as a double sum over glibc powf
+squares, RoPE's cos/sin the double functions rounded, MindSpore's exp in softmax and SiLU, Softmax's 8-lane sum,
+P V in BatchMatMul's chunks of keys; tests/test_ms_rounding.py pins each rule against mindtorch's op). So a prefill
+(6 or more query rows) of an fp32 model gives the unfused model's bytes layer by layer wherever the linears do:
+always for ``Linear8bitLt`` (an int8 layer runs the unfused layer's own fused kernel, ``cint8_linear_fp32``'s,
+at every row count; tests/test_fused_decoder.py replays every layer of an unfused int8 prefill through the fused
+calls), and a fused int8 model's perplexity is the unfused one's (benchmarks/user_path_cpu.md). Decode steps
+(fewer than 6 query rows) sum each attention score in four partial chains instead of one (faster), within
+rounding; an int8 model can amplify that difference (a 1-ulp input change can move one int8 code, or with
+threshold > 0 move a column across the outlier threshold), so its generated logits may part from the unfused
+ones by more than a 4-bit model's (tests/test_fused_decoder.py: INT8_LOGIT_BOUND). With the exact kernels
+(``BNB_MS_4BIT_BF16_DOT=0``, or a CPU without AVX512-BF16) decode (one token) runs the same 4-bit kernel as the
+unfused fp32 layers (bit-identical projections); a 4-bit prefill (more than 8 rows) multiplies the dequantized
+weight in the packed-panel GEMM in exact fp32 (the unfused layer's matmul sums in another order). By default on
+a CPU with AVX512-BF16 -- as upstream's CPU 4-bit layers compute there, and as the unfused Linear4bit's bf16
+one-row kernel does; ``functional.set_bf16_dot`` / ``BNB_MS_4BIT_BF16_DOT`` decide, read at every forward -- the
+4-bit layers compute in bf16 through the ``cdecoder_*_fp32_bf16dot`` entries: prefill in gemm_panel.h's bf16 GEMM
+(x and the weight rounded to bf16, pairs accumulated in fp32; gemm_panel.h documents the order and the bound),
+the one-token decode step in fourbit.cpp's one-row bf16 kernel (x and bf16(code) multiplied in pairs, scaled by
+absmax per 128 elements; bound there), which reads the weights ~1.4x faster than the exact GEMV
+(benchmarks/user_path_cpu.md). tests/test_fused_bf16_prefill.py: same greedy tokens as the unfused model, logits
+within 1e-2 x max|logit|.
 
 fp16 / bf16 models (their embedding, norms and kept layers in that dtype; quantized layers computing in it):
 the fused path widens those weights exactly and computes in fp32 with fp32 hidden states between layers (fp32
