@@ -758,9 +758,9 @@ _EXP_P = (np.float32(1.0) / np.float32(120), np.float32(1.0) / np.float32(24), n
 
 
 def exp_ms(x) -> np.ndarray:
-    """MindSpore's CPU exp (simd_math.h's exp_f32): x clamped to [-87.3365478515625, 88.72283935546875],
-    n = floor(x * log2(e) + 0.5), d = fma(-n, 0.693147f, x), a degree-5 polynomial in fmas, times 2^(n-1), times 2
-    (n = -126 gives 0); NaN stays NaN."""
+    """MindSpore's CPU exp (csrc/cpu/simd_math.h ``exp_ms_portable`` / ``exp_ms_avx2``): x clamped to
+    [-87.3365478515625, 88.72283935546875], n = floor(x * log2(e) + 0.5), d = fma(-n, 0.693147f, x), a degree-5
+    polynomial in fmas, times 2^(n-1), times 2 (n = -126 gives 0); NaN stays NaN."""
     x = np.asarray(x, np.float32)
     c = np.clip(x, np.float32(-87.3365478515625), np.float32(88.72283935546875))
     n = np.floor((c * np.float32(1.44269504088896341)).astype(np.float32) + np.float32(0.5)).astype(np.float32)

@@ -63,6 +63,10 @@ FAMILIES = {
     "linear_spec_weight": ("decoder.cpp", "linear_spec_weight", ()),
     "linear4_bf16_gemv_f32": ("fourbit.cpp", "linear4_bf16_gemv_f32", ()),
     "rms_norm": ("decoder.cpp", "rms_norm", ()),
+    "pv_chunk_end": ("decoder.cpp", "pv_chunk_end", ()),
+    "exp_ms": ("simd_math.h", None, ("portable", "avx2")),
+    "softmax_sum": ("simd_math.h", "softmax_sum", ()),
+    "square_powf": ("simd_math.h", "square_powf", ()),
     "convert_span": ("simd_convert.h", "convert_span", ("portable", "avx2", "avx512")),
 }
 
