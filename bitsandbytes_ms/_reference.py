@@ -6,6 +6,17 @@ the two on random inputs; upstream bitsandbytes' vectors (``compat_tests/fixture
 
 Floating-point inputs are taken as float32 arrays (fp16/bf16 values widen exactly); outputs in a
 16-bit dtype are rounded to nearest even, as the kernels do.
+
+Names: a numpy twin and the C++ kernels it is the twin of share one stem (docs/architecture.md, "Kernel names",
+has the table). The twin is the bare stem; in ``csrc/cpu`` the function that picks the SIMD level bears the same
+stem where there is one, its portable path is ``<stem>_portable`` and each SIMD path ``<stem>_<isa>``, the ISA
+spelled as the ``BNB_MS_TARGET_*`` attribute the path is compiled with (``avx2``, ``avx512``, ``avx512vbmi``,
+``avx512bf16``, ``avxvnni``, ``avx512vnni``; a class-template path is ``<Stem>Portable`` / ``<Stem><Isa>``). So
+:func:`gemv_bf16_rows` is the twin of ``gemv_bf16_rows_portable`` and ``gemv_bf16_rows_avx512bf16``, and
+:func:`quantize_blockwise` of ``quantize_blockwise`` (the dispatcher), ``quantize_blockwise_portable``,
+``quantize_blockwise_avx2`` and ``quantize_blockwise_avx512``. A per-level piece of a family beside its main kernel
+puts its part's name before the ISA (``int8_vector_quant_flags_avx2``, ``dequantize_4bit_row_avx2``). The stems
+of the public ops are the ops' names (:mod:`bitsandbytes_ms._ops`).
 """
 
 from __future__ import annotations
@@ -55,9 +66,10 @@ def nan_bits16(x: np.ndarray, dtype: str) -> np.ndarray:
     return ((b >> 16) | 0x40).astype(np.uint16)
 
 
-def cast_out(x: np.ndarray, dtype: str) -> np.ndarray:
+def convert_span(x: np.ndarray, dtype: str) -> np.ndarray:
     """Rounds float32 values to ``dtype`` ("float32" | "float16" | "bfloat16"), NaNs as the library rounds them
-    (:func:`nan_bits16`)."""
+    (:func:`nan_bits16`): csrc/cpu/simd_convert.h ``convert_span<float, D>`` (``convert_span_portable`` /
+    ``_avx2`` / ``_avx512``; ``bnb_ms_convert``), i.e. the kernels' ``from_f32``."""
     if dtype == "float32":
         return x.astype(np.float32)
     if dtype not in ("float16", "bfloat16"):
@@ -73,8 +85,9 @@ def cast_out(x: np.ndarray, dtype: str) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # Blockwise 8-bit quantization
 # ---------------------------------------------------------------------------------------------
-def quantize_lut(code: np.ndarray) -> np.ndarray:
-    """The 65536-bin grid on [-1, 1] -> index of the nearest code entry (ties to the lower index)."""
+def quant_lut(code: np.ndarray) -> np.ndarray:
+    """The 65536-bin grid on [-1, 1] -> index of the nearest code entry (ties to the lower index): the table of
+    csrc/cpu/quant_lut.h's ``QuantLut`` (``get_quant_lut``)."""
     code = np.asarray(code, dtype=np.float32)
     mid = (np.float32(0.5) * (code[:-1] + code[1:])).astype(np.float32)
     i = np.arange(LUT_SIZE, dtype=np.float32)
@@ -82,9 +95,10 @@ def quantize_lut(code: np.ndarray) -> np.ndarray:
     return np.searchsorted(mid, grid, side="left").astype(np.uint8)
 
 
-def grid_index(v: np.ndarray) -> np.ndarray:
+def quant_grid_index(v: np.ndarray) -> np.ndarray:
     """idx = trunc(fma((clamp(v) + 1) * 0.5, 65535, 0.5)) in float32 arithmetic; NaN clamps to -1 (the
-    kernels' max(v, -1) returns -1 for NaN, as upstream's std::max does)."""
+    kernels' max(v, -1) returns -1 for NaN, as upstream's std::max does): csrc/cpu/quant_lut.h
+    ``quant_grid_index`` (8 / 16 lanes: ``quant_grid_index8`` / ``quant_grid_index16``)."""
     v = np.clip(v.astype(np.float32), np.float32(-1.0), np.float32(1.0))
     v[np.isnan(v)] = np.float32(-1.0)
     t = ((v + np.float32(1.0)) * np.float32(0.5)).astype(np.float32)
@@ -92,10 +106,11 @@ def grid_index(v: np.ndarray) -> np.ndarray:
     return fused.astype(np.int64)
 
 
-def block_scale(absmax: np.ndarray):
+def quant_block_scale(absmax: np.ndarray):
     """(pre, inv) per block: values are scaled as ``(x * pre) * inv``. pre = 1, inv = 1/absmax (upstream's);
     where 1/absmax overflows (absmax < 2^-128) the block is first scaled by 2^64 (exact), so it quantizes as
-    at a normal magnitude (upstream's x * inf maps 0 to NaN, i.e. code 0). absmax 0 gives inv 1."""
+    at a normal magnitude (upstream's x * inf maps 0 to NaN, i.e. code 0). absmax 0 gives inv 1. (csrc/cpu/quant_lut.h
+    ``quant_block_scale``.)"""
     absmax = np.asarray(absmax, dtype=np.float32)
     with np.errstate(over="ignore", divide="ignore"):
         inv = (np.float32(1.0) / np.where(absmax == 0, np.float32(1.0), absmax)).astype(np.float32)
@@ -117,10 +132,10 @@ def quantize_blockwise(A: np.ndarray, code: np.ndarray, blocksize: int, tiny_zer
     pad[:n] = flat
     blocks = pad.reshape(nblocks, blocksize)
     absmax = np.nanmax(np.abs(blocks), axis=1, initial=0.0).astype(np.float32) if n else np.zeros(0, np.float32)
-    pre, inv = block_scale(absmax)
+    pre, inv = quant_block_scale(absmax)
     with np.errstate(invalid="ignore", over="ignore"):
         scaled = ((blocks * pre[:, None]).astype(np.float32) * inv[:, None]).astype(np.float32)
-    q = quantize_lut(code)[grid_index(scaled)]
+    q = quant_lut(code)[quant_grid_index(scaled)]
     # in a block of subnormals an exact 0 takes the code entry nearest 0, so it dequantizes to 0 (the kernels'
     # lut->zero; its grid bin's code times a subnormal absmax would round to a nonzero subnormal)
     if tiny_zeros:
@@ -136,7 +151,7 @@ def dequantize_blockwise(A: np.ndarray, absmax: np.ndarray, code: np.ndarray, bl
     q = np.asarray(A, dtype=np.uint8).reshape(-1)
     scale = np.repeat(np.asarray(absmax, dtype=np.float32), blocksize)[: q.size]
     vals = (np.asarray(code, dtype=np.float32)[q] * scale).astype(np.float32)
-    return cast_out(vals, dtype).reshape(np.shape(A))
+    return convert_span(vals, dtype).reshape(np.shape(A))
 
 
 # ---- optim ----
@@ -150,9 +165,10 @@ OPTIM_8BIT_BLOCKWISE = ("adam", "momentum", "rmsprop", "lion", "adagrad", "adema
 OPTIM_BLOCKSIZE = 256
 
 
-def _optim_core(name, g, p, s1, s2, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr,
+def update_elem(name, g, p, s1, s2, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr,
                 gnorm_scale, eightbit, max_unorm=0.0, param_norm=0.0):
-    """One update on float32 copies; returns (p, s1, s2, unorm or None)."""
+    """One update on float32 copies; returns (p, s1, s2, unorm or None). The rule of csrc/optim_rule.h
+    ``update_elem`` (one element there, every element here)."""
     g = (g.astype(_f32) * _f32(gnorm_scale)).astype(_f32)
     p = p.astype(_f32).copy()
     c1 = 1.0 - beta1 ** step
@@ -228,10 +244,10 @@ def optimizer_update_32bit(name, g, p, state1, state2, beta1, beta2, beta3, alph
     param_norm = float(np.sqrt(np.sum(p32.astype(np.float64) ** 2))) if max_unorm > 0.0 else 0.0
     s1 = np.asarray(state1, dtype=_f32)
     s2 = None if state2 is None else np.asarray(state2, dtype=_f32)
-    newp, s1, s2, unorm = _optim_core(name, np.asarray(g, dtype=_f32), p32, s1, s2, beta1, beta2, beta3,
+    newp, s1, s2, unorm = update_elem(name, np.asarray(g, dtype=_f32), p32, s1, s2, beta1, beta2, beta3,
                                       alpha, eps, weight_decay, step, lr, gnorm_scale, False, max_unorm,
                                       param_norm)
-    return cast_out(newp, p_dtype), s1, s2, unorm
+    return convert_span(newp, p_dtype), s1, s2, unorm
 
 
 def optimizer_update_8bit_blockwise(name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps, step, lr,
@@ -256,7 +272,7 @@ def optimizer_update_8bit_blockwise(name, g, p, state1, state2, beta1, beta2, be
     g32, p32 = np.asarray(g, dtype=_f32).reshape(-1), np.asarray(p, dtype=_f32).reshape(-1)
     bad = ~np.isfinite(g32)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        newp, s1, s2, _ = _optim_core(name, g32, p32, s1, s2, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr,
+        newp, s1, s2, _ = update_elem(name, g32, p32, s1, s2, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr,
                                       gnorm_scale, True)
     if bad.any():
         s1[..., bad] = 0.0
@@ -273,7 +289,7 @@ def optimizer_update_8bit_blockwise(name, g, p, state1, state2, beta1, beta2, be
     if s2 is not None:
         q2, a2 = quantize_blockwise(s2, qmap2, bs, tiny_zeros=False)
         q2 = q2.reshape(np.shape(state2))
-    return cast_out(newp, p_dtype).reshape(shape), q1, q2, a1, a2
+    return convert_span(newp, p_dtype).reshape(shape), q1, q2, a1, a2
 
 # ---------------------------------------------------------------------------------------------
 # ---- 4-bit (NF4/FP4) ----
@@ -319,39 +335,50 @@ def unpack_4bit(packed: np.ndarray, n: int) -> np.ndarray:
 def dequantize_4bit(packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int, n: int,
                     dtype: str = "float32", fp4: bool = False) -> np.ndarray:
     """out[i] = code[nibble i] * absmax[i // blocksize] in fp32, rounded to ``dtype``; flat [n].
-    ``fp4``: code 8 decodes to -0.0 (bit 3 is the sign), as upstream's native CPU kernel."""
+    ``fp4``: code 8 decodes to -0.0 (bit 3 is the sign), as upstream's native CPU kernel. (A weight row at a time:
+    ``dequantize_4bit_row_*``, ``decode4_rows_f32``.)"""
     q = unpack_4bit(packed, n)
     code = np.array(code, dtype=np.float32)
     if fp4 and code[8] == 0:
         code[8] = -0.0
     scale = np.repeat(np.asarray(absmax, dtype=np.float32), blocksize)[:n]
-    return cast_out((np.asarray(code, np.float32)[q] * scale).astype(np.float32), dtype)
+    return convert_span((np.asarray(code, np.float32)[q] * scale).astype(np.float32), dtype)
 
 
 def gemv_4bit(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int, N: int,
               dtype: str = "float32") -> np.ndarray:
     """A[..., K] @ W[N, K]^T with W = dequantize_4bit (fp32 weights), accumulated in float64 then
-    rounded to ``dtype`` (the kernel's 16-lane fp32 sum differs from this by rounding only)."""
+    rounded to ``dtype`` (the kernel's 16-lane fp32 sum differs from this by rounding only). Twin of
+    csrc/cpu/fourbit.cpp ``gemv_4bit`` (one row: ``gemv_4bit_portable`` / ``_avx2`` / ``_avx512``) and, for more
+    rows, ``gemm_4bit`` (``gemm_4bit_avx512``; portable and AVX2: ``dequantize_4bit_row_*`` + ``dot_rows_*``)."""
     A = np.asarray(A, dtype=np.float32)
     K = A.shape[-1]
     W = dequantize_4bit(packed, absmax, code, blocksize, N * K).reshape(N, K).astype(np.float64)
     out = rows_2d(A, K).astype(np.float64) @ W.T
-    return cast_out(out.astype(np.float32), dtype).reshape(A.shape[:-1] + (N,))
+    return convert_span(out.astype(np.float32), dtype).reshape(A.shape[:-1] + (N,))
+
+
+def nested_absmax(absmax_q: np.ndarray, code2: np.ndarray, absmax2: np.ndarray, offset, blocksize2: int) -> np.ndarray:
+    """The fp32 absmax per block of a double-quant 4-bit weight: ``code2[q[b]] * absmax2[b // blocksize2] + offset``,
+    an fp32 multiply, then an fp32 add (dequantize_blockwise + offset). Twin of csrc/cpu/fourbit.cpp
+    ``nested_absmax_portable`` / ``_avx2`` / ``_avx512`` / ``_avx512vbmi``."""
+    q = np.asarray(absmax_q).reshape(-1)
+    return (np.asarray(code2, np.float32)[q] * np.asarray(absmax2, np.float32).reshape(-1)[
+        np.arange(q.size) // blocksize2] + np.float32(offset)).astype(np.float32)
+
 
 def linear_4bit(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int, N: int,
                 absmax2=None, code2=None, offset=None, bias=None, blocksize2: int = 256,
                 dtype: str = "float32") -> np.ndarray:
     """Twin of ``clinear_4bit_*`` (to rounding: the kernel sums in fp32 in its documented order, one order
     for one row and another for more rows): :func:`gemv_4bit` with the double-quant absmax decoded first
-    (``code2[absmax] * absmax2[b // blocksize2] + offset`` in float32, as dequantize_blockwise + offset)
-    and ``bias`` added to the result rounded to ``dtype``, in float32, then rounded again."""
+    (:func:`nested_absmax`) and ``bias`` added to the result rounded to ``dtype``, in float32, then rounded
+    again."""
     if absmax2 is not None:
-        q = np.asarray(absmax).reshape(-1)
-        absmax = (np.asarray(code2, np.float32)[q] * np.asarray(absmax2, np.float32).reshape(-1)[
-            np.arange(q.size) // blocksize2] + np.float32(offset)).astype(np.float32)
+        absmax = nested_absmax(absmax, code2, absmax2, offset, blocksize2)
     out = gemv_4bit(A, packed, absmax, code, blocksize, N, dtype)
     if bias is not None:
-        out = cast_out(out.astype(np.float32) + np.asarray(bias, np.float32), dtype)
+        out = convert_span(out.astype(np.float32) + np.asarray(bias, np.float32), dtype)
     return out
 
 
@@ -386,19 +413,17 @@ def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, c
     (2l, 2l+1): acc = ftz(fma(w_odd, x_odd, acc)), then acc = ftz(fma(w_even, x_even, acc)); the 16 lanes
     are reduced as v = a[l] + a[l+8], u = v[l] + v[l+4], (u0 + u2) + (u1 + u3); the result is rounded to
     bf16 (not flushed) and the bias added in float32 and rounded again. One row with K a multiple of 64 and of
-    the blocksize (a power of two >= 64): the one-row kernel's arithmetic instead (:func:`_bf16_gemv_one_row`)."""
+    the blocksize (a power of two >= 64): the one-row kernel's arithmetic instead (:func:`gemv_bf16_rows`)."""
     if absmax2 is not None:
-        qa = np.asarray(absmax).reshape(-1)
-        absmax = (np.asarray(code2, np.float32)[qa] * np.asarray(absmax2, np.float32).reshape(-1)[
-            np.arange(qa.size) // blocksize2] + np.float32(offset)).astype(np.float32)
+        absmax = nested_absmax(absmax, code2, absmax2, offset, blocksize2)
     A = np.asarray(A, np.float32)
     K = A.shape[-1]
     lead = A.shape[:-1]
     x = bf16_bits_f32(bf16_round_bits(rows_2d(A, K), flush=True))
     if x.shape[0] == 1 and bf16_gemv_applies(K, blocksize) and N > 0:
-        r = _bf16_gemv_one_row(x[0], packed, np.asarray(absmax, np.float32).reshape(-1), code, blocksize, N)
+        r = gemv_bf16_rows(x[0], packed, np.asarray(absmax, np.float32).reshape(-1), code, blocksize, N)
     else:
-        r = _bf16_dot_table(x, packed, absmax, code, blocksize, N, K)
+        r = dot_rows_bf16(x, packed, absmax, code, blocksize, N, K)
     out = bf16_bits_f32(bf16_round_bits(r))
     if bias is not None:
         b = bf16_bits_f32(bf16_round_bits(np.asarray(bias, np.float32).reshape(-1)))
@@ -413,19 +438,23 @@ def bf16_gemv_applies(K: int, blocksize: int) -> bool:
     return blocksize >= 64 and blocksize & (blocksize - 1) == 0 and K % blocksize == 0 and K % 64 == 0
 
 
-def _ftz(a: np.ndarray) -> np.ndarray:
+def ftz32(a: np.ndarray) -> np.ndarray:
+    """A result below FLT_MIN in magnitude as a zero of its sign (csrc/cpu/bf16_round.h ``ftz32``: vdpbf16ps' FTZ)."""
     return np.where(np.abs(a) < _FLT_MIN, np.copysign(np.float32(0), a), a).astype(np.float32)
 
 
-def _lanes_reduce(acc: np.ndarray) -> np.ndarray:
+def lanes_reduce(acc: np.ndarray) -> np.ndarray:
+    """The 16 lanes' fixed reduction tree (csrc/cpu/fourbit.cpp ``lanes_reduce``): v = a[l] + a[l + 8],
+    u = v[l] + v[l + 4], (u0 + u2) + (u1 + u3)."""
     v = acc[..., :8] + acc[..., 8:]
     u = v[..., :4] + v[..., 4:]
     return (u[..., 0] + u[..., 2]) + (u[..., 1] + u[..., 3])
 
 
-def _bf16_gemv_one_row(x: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int,
-                       N: int) -> np.ndarray:
-    """One activation row (K a multiple of 64 and of the blocksize, a power of two >= 64): w = bf16(code[q]),
+def gemv_bf16_rows(x: np.ndarray, packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, blocksize: int,
+                   N: int) -> np.ndarray:
+    """Twin, bit for bit, of csrc/cpu/fourbit.cpp ``gemv_bf16_rows_portable`` / ``gemv_bf16_rows_avx512bf16``: one
+    activation row (K a multiple of 64 and of the blocksize, a power of two >= 64): w = bf16(code[q]),
     each 128-element unit in halves h = 0, 1 of 64 elements (the last unit of K = 64 (2 j + 1): half 0 alone); lane l's chain s_h takes, from 0 in each unit,
     elements 4l + 2, 4l, 4l + 3, 4l + 1 of the half (its even-element vector, then its odd one; vdpbf16ps: the odd
     word of a pair first, ftz after each fma); acc_h += s_h * the absmax of the half's block (one fma); the lanes of
@@ -442,12 +471,14 @@ def _bf16_gemv_one_row(x: np.ndarray, packed: np.ndarray, absmax: np.ndarray, co
             sv = np.zeros((N, 16), np.float32)
             for off in (2, 0, 3, 1):
                 e = base + l4 + off  # [16] element per lane
-                sv = _ftz(fma_f32(wc[q[:, e]], x[e][None, :], sv))
+                sv = ftz32(fma_f32(wc[q[:, e]], x[e][None, :], sv))
             acc[h] = fma_f32(sv, am[:, base // blocksize][:, None].astype(np.float32), acc[h])
-    return _lanes_reduce((acc[0] + acc[1]).astype(np.float32))
+    return lanes_reduce((acc[0] + acc[1]).astype(np.float32))
 
 
-def _bf16_dot_table(x, packed, absmax, code, blocksize, N, K):
+def dot_rows_bf16(x, packed, absmax, code, blocksize, N, K):
+    """Twin, bit for bit, of csrc/cpu/fourbit.cpp ``dot_rows_bf16_portable`` / ``dot_rows_bf16_avx512bf16`` (the
+    table kernel of :func:`linear_4bit_bf16dot`, with ``decode_row_bf16_*``'s weights): fp32 [M, N] before rounding."""
     w = bf16_bits_f32(bf16_round_bits(dequantize_4bit(packed, absmax, code, blocksize, N * K), flush=True))
     M, K32 = x.shape[0], -(-K // 32) * 32
     xp = np.zeros((M, K32), np.float32)
@@ -459,13 +490,13 @@ def _bf16_dot_table(x, packed, absmax, code, blocksize, N, K):
     acc = np.zeros((M, N, 16), np.float32)
     for c in range(K32 // 32):
         for e in (1, 0):
-            acc = _ftz(fma_f32(wp[None, :, c, :, e], xp[:, None, c, :, e], acc))
-    return _lanes_reduce(acc)
+            acc = ftz32(fma_f32(wp[None, :, c, :, e], xp[:, None, c, :, e], acc))
+    return lanes_reduce(acc)
 
 
-def gemm_bf16_pairs(x: np.ndarray, W: np.ndarray, bias=None) -> np.ndarray:
+def gemm_panel_bf16(x: np.ndarray, W: np.ndarray, bias=None) -> np.ndarray:
     """Twin, bit for bit, of ``gemm_panel_bf16`` (csrc/cpu/gemm_panel.h: the fused decoder's 4-bit prefill in
-    bf16, ``cdecoder_*_fp32_bf16dot`` above 8 rows): fp32 ``x`` [M, K] and ``W`` [N, K] rounded to bf16 (nearest
+    bf16, ``cdecoder_*_fp32_bf16dot`` above 8 rows; ``gemm_panel_bf16_portable`` / ``gemm_panel_bf16_avx512bf16``): fp32 ``x`` [M, K] and ``W`` [N, K] rounded to bf16 (nearest
     even, bf16 denormals flushed; an odd K padded with 0); per output one chain over the pairs p, as vdpbf16ps
     runs it: acc = ftz(fma(w[2p+1], x[2p+1], acc)), then acc = ftz(fma(w[2p], x[2p], acc)); + ``bias`` [N]
     (fp32 add). Returns float32 [M, N]."""
@@ -501,7 +532,7 @@ def int8_vector_quant(A: np.ndarray, threshold: float = 0.0, dtype: str = "float
     flags = np.zeros(K, np.uint8)
     outl = np.zeros_like(a, dtype=bool)
     if threshold > 0:
-        thr = np.float32(cast_out(np.array([threshold], np.float32), dtype).astype(np.float32)[0])
+        thr = np.float32(convert_span(np.array([threshold], np.float32), dtype).astype(np.float32)[0])
         outl = absa >= thr
         flags = outl.any(axis=0).astype(np.uint8)
     masked = np.where(outl, np.float32(0), absa)
@@ -539,7 +570,7 @@ def int8_mm_dequant(A: np.ndarray, row_stats: np.ndarray, col_stats: np.ndarray,
     v = ((a * rc.astype(np.float32)).astype(np.float32) * MM_DEQUANT_SCALE).astype(np.float32)
     if bias is not None:
         v = (v + np.asarray(bias, np.float32).reshape(1, -1)).astype(np.float32)
-    return cast_out(v, dtype).reshape(A.shape)
+    return convert_span(v, dtype).reshape(A.shape)
 
 INT8_DEQUANT_SCALE = np.float32(7.874015718698502e-3)  # float32(1 / 127)
 
@@ -554,9 +585,10 @@ def mixed_block_size(n_cols: int) -> int:
     return (n_cols + 1) // 2 if MIXED_BLOCK < n_cols < 2 * MIXED_BLOCK else MIXED_BLOCK
 
 
-def fma_x86_f32(a, b, c) -> np.ndarray:
+def fma_x86(a, b, c) -> np.ndarray:
     """:func:`fma_f32` (one rounding) where the result is a number; where it is NaN, the NaN of ``c + a * b``
-    computed in two float32 steps (x86 SSE operand order), as the int8 kernels' ``fma_x86``."""
+    computed in two float32 steps (x86 SSE operand order), as the int8 kernels' ``fma_x86_portable`` /
+    ``fma_x86_avx2`` / ``fma_x86_avx512``."""
     a, b, c = (np.asarray(v, np.float32) for v in (a, b, c))
     r = fma_f32(a, b, c)
     bad = np.isnan(r)
@@ -593,9 +625,9 @@ def int8_mixed_mm_dequant(C: np.ndarray, row_stats: np.ndarray, col_stats: np.nd
         for b0 in range(0, cols.size, bs):
             acc = np.zeros_like(d)
             for t in range(b0, min(cols.size, b0 + bs)):
-                acc = fma_x86_f32(a[:, cols[t]][:, None], w[:, t][None, :], acc)
+                acc = fma_x86(a[:, cols[t]][:, None], w[:, t][None, :], acc)
             d = (d + acc).astype(f32)
-    return cast_out(d, dtype).reshape(C.shape)
+    return convert_span(d, dtype).reshape(C.shape)
 
 
 def int8_linear(A: np.ndarray, CB: np.ndarray, SCB: np.ndarray, bias=None, threshold: float = 0.0,
@@ -658,7 +690,7 @@ def unpack_weight_only_int4(q: np.ndarray, K: int) -> np.ndarray:
 
 def dequantize_weight_only(q: np.ndarray, scale: np.ndarray, K: int, bits: int, dtype: str = "float32") -> np.ndarray:
     qi = np.asarray(q, np.int8) if bits == 8 else unpack_weight_only_int4(q, K)
-    return cast_out((qi.astype(np.float32) * np.asarray(scale, np.float32)[:, None]).astype(np.float32), dtype)
+    return convert_span((qi.astype(np.float32) * np.asarray(scale, np.float32)[:, None]).astype(np.float32), dtype)
 
 
 def gemm_weight_only(A: np.ndarray, q: np.ndarray, scale: np.ndarray, bits: int, dtype: str = "float32") -> np.ndarray:
@@ -668,20 +700,18 @@ def gemm_weight_only(A: np.ndarray, q: np.ndarray, scale: np.ndarray, bits: int,
     K = A.shape[-1]
     qi = np.asarray(q, np.int8) if bits == 8 else unpack_weight_only_int4(q, K)
     out = (rows_2d(A, K).astype(np.float64) @ qi.astype(np.float64).T) * np.asarray(scale, np.float64)[None, :]
-    return cast_out(out.astype(np.float32), dtype).reshape(A.shape[:-1] + (qi.shape[0],))
+    return convert_span(out.astype(np.float32), dtype).reshape(A.shape[:-1] + (qi.shape[0],))
 
 
 # ---- fused decoder layers (cdecoder_*_fp32, crms_norm_fp32) ----
 # A linear spec is (W, absmax, code, absmax2, code2, offset, bias, blocksize, blocksize2) as in _native_table.LINEAR_SPEC:
 # W fp32 [N, K], or the packed 4-bit bytes with fp32 absmax or double-quant codes.
 def _spec_absmax(spec) -> np.ndarray:
-    """A 4-bit linear spec's fp32 absmax per block (the double-quant codes decoded as dequantize_blockwise + offset)."""
+    """A 4-bit linear spec's fp32 absmax per block (double quant: :func:`nested_absmax`)."""
     _W, absmax, _code, absmax2, code2, offset, _bias, _bs, bs2 = spec
     if absmax2 is None:
         return np.asarray(absmax, np.float32).reshape(-1)
-    q = np.asarray(absmax).reshape(-1)
-    return (np.asarray(code2, np.float32)[q] * np.asarray(absmax2, np.float32).reshape(-1)[
-        np.arange(q.size) // int(bs2)] + np.float32(offset)).astype(np.float32)
+    return nested_absmax(absmax, code2, absmax2, offset, int(bs2))
 
 
 def linear_spec_weight(spec, N: int, K: int) -> np.ndarray:
@@ -693,13 +723,13 @@ def linear_spec_weight(spec, N: int, K: int) -> np.ndarray:
     return dequantize_4bit(W, _spec_absmax(spec), code, int(bs), N * K).reshape(N, K)
 
 
-def linear_spec_bf16_gemv(x: np.ndarray, spec, N: int) -> np.ndarray:
+def linear4_bf16_gemv_f32(x: np.ndarray, spec, N: int) -> np.ndarray:
     """Twin of the fused decoder's one-row bf16 GEMV (a 4-bit spec through ``cdecoder_*_fp32_bf16dot`` at one row,
     K a multiple of 64 and of the blocksize: csrc/cpu/fourbit.cpp ``linear4_bf16_gemv_f32``): x [K] rounded to
-    bf16 (flushed), :func:`_bf16_gemv_one_row`'s fp32 result, the bias added in fp32 (not rounded to bf16)."""
+    bf16 (flushed), :func:`gemv_bf16_rows`'s fp32 result, the bias added in fp32 (not rounded to bf16)."""
     W, _absmax, code, _a2, _c2, _off, bias, bs, _bs2 = spec
     xb = bf16_bits_f32(bf16_round_bits(np.asarray(x, np.float32).reshape(1, -1), flush=True))[0]
-    r = _bf16_gemv_one_row(xb, W, _spec_absmax(spec), code, int(bs), N)
+    r = gemv_bf16_rows(xb, W, _spec_absmax(spec), code, int(bs), N)
     if bias is not None:
         r = (r + np.asarray(bias).astype(np.float32)).astype(np.float32)
     return r
@@ -728,9 +758,9 @@ _EXP_P = (np.float32(1.0) / np.float32(120), np.float32(1.0) / np.float32(24), n
 
 
 def exp_ms(x) -> np.ndarray:
-    """MindSpore's CPU exp (simd_math.h's exp_f32): x clamped to [-87.3365478515625, 88.72283935546875],
-    n = floor(x * log2(e) + 0.5), d = fma(-n, 0.693147f, x), a degree-5 polynomial in fmas, times 2^(n-1), times 2
-    (n = -126 gives 0); NaN stays NaN."""
+    """MindSpore's CPU exp (csrc/cpu/simd_math.h ``exp_ms_portable`` / ``exp_ms_avx2``): x clamped to
+    [-87.3365478515625, 88.72283935546875], n = floor(x * log2(e) + 0.5), d = fma(-n, 0.693147f, x), a degree-5
+    polynomial in fmas, times 2^(n-1), times 2 (n = -126 gives 0); NaN stays NaN."""
     x = np.asarray(x, np.float32)
     c = np.clip(x, np.float32(-87.3365478515625), np.float32(88.72283935546875))
     n = np.floor((c * np.float32(1.44269504088896341)).astype(np.float32) + np.float32(0.5)).astype(np.float32)
@@ -934,4 +964,4 @@ def gemm_fp(A: np.ndarray, W: np.ndarray, bias=None, dtype: str = "float32") -> 
     r = (t[..., 0] + t[..., 2]) + (t[..., 1] + t[..., 3])
     if bias is not None:
         r = r + np.asarray(bias, np.float32).reshape(1, N)
-    return cast_out(r.astype(np.float32), dtype).reshape(A.shape[:-1] + (N,))
+    return convert_span(r.astype(np.float32), dtype).reshape(A.shape[:-1] + (N,))

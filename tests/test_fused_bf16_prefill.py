@@ -1,6 +1,6 @@
 """The fused decoder's 4-bit prefill in bf16 (``cdecoder_*_fp32_bf16dot``; csrc/cpu/gemm_panel.h's bf16 variant):
 
-* a 4-bit linear of more than 8 rows gives the bytes of its numpy twin (_reference.gemm_bf16_pairs: x and the
+* a 4-bit linear of more than 8 rows gives the bytes of its numpy twin (_reference.gemm_panel_bf16: x and the
   dequantized weight rounded to bf16, pairs accumulated as vdpbf16ps does), within the documented bound of the
   exact path; up to 8 rows, and every weight that is not 4-bit (fp32/fp16/bf16, int8), the exact entry's bytes;
 * the same bytes at every SIMD level (vdpbf16ps and the portable kernel);
@@ -57,7 +57,7 @@ def test_bf16_prefill_linear_is_its_twin(mode, M, N, K):
     got, exact = np.empty((M, N), np.float32), np.empty((M, N), np.float32)
     DOT(x, *spec, N, got)
     EXACT(x, *spec, N, exact)
-    np.testing.assert_array_equal(got, R.gemm_bf16_pairs(x, R.linear_spec_weight(spec, N, K), spec[6]))
+    np.testing.assert_array_equal(got, R.gemm_panel_bf16(x, R.linear_spec_weight(spec, N, K), spec[6]))
     assert not np.array_equal(got, exact)  # it really is another computation
     assert np.all(np.abs(got - exact) <= _bound(x, spec, N, K))
 
@@ -66,14 +66,14 @@ def test_bf16_prefill_linear_is_its_twin(mode, M, N, K):
 @pytest.mark.parametrize("N, K", [(40, 128), (33, 256), (7, 384), (24, 576), (9, 192), (5, 64)])
 def test_bf16_decode_row_is_its_twin(mode, N, K):
     """One row of a 4-bit weight (K a multiple of 64, blocksize 64; an odd number of 64s ends in a half unit) runs the one-row bf16 GEMV: the bytes of its
-    numpy twin (_reference.linear_spec_bf16_gemv), within the exact path's documented bound, and not its bytes."""
+    numpy twin (_reference.linear4_bf16_gemv_f32), within the exact path's documented bound, and not its bytes."""
     rng = np.random.RandomState(N + K)
     spec = _spec(rng, N, K, mode, bias=True)
     x = (rng.randn(1, K) * 2).astype(np.float32)
     got, exact = np.empty((1, N), np.float32), np.empty((1, N), np.float32)
     DOT(x, *spec, N, got)
     EXACT(x, *spec, N, exact)
-    np.testing.assert_array_equal(got[0], R.linear_spec_bf16_gemv(x[0], spec, N))
+    np.testing.assert_array_equal(got[0], R.linear4_bf16_gemv_f32(x[0], spec, N))
     assert not np.array_equal(got, exact)
     assert np.all(np.abs(got - exact) <= _bound(x, spec, N, K))
 

@@ -3,7 +3,7 @@ sign and the top bits of its payload and is made quiet (fp16 ``sign | 0x7e00 | p
 vcvtps2ph, upstream's CPU kernels' ``_Float16`` casts and torch's vectorised casts give; bf16 ``bits >> 16 |
 0x40``), csrc/aot.h f32_to_fp16 / f32_to_bf16 and cpu/simd_convert.h.  The blockwise (simd_convert.h), 4-bit
 (fourbit.cpp) and optimizer (optim.cpp) stores are checked against the numpy reference's rounding
-(``_reference.cast_out``) and literal bit patterns.  tests/_nan_payloads.py runs the kernels through ctypes, one
+(``_reference.convert_span``) and literal bit patterns.  tests/_nan_payloads.py runs the kernels through ctypes, one
 process per level (the level is fixed at library load)."""
 import os
 import subprocess
@@ -55,9 +55,9 @@ def test_dequantize_stores(runs, sfx):
         n = r[f"dq8_{sfx}"].size
         blk = np.arange(n) // 256
         with np.errstate(invalid="ignore"):
-            want8 = R.cast_out(r["code8"][r[f"q8_{sfx}"]] * absmax[blk], DT[sfx]).view(np.uint16)
+            want8 = R.convert_span(r["code8"][r[f"q8_{sfx}"]] * absmax[blk], DT[sfx]).view(np.uint16)
             nib = np.stack([r[f"q4_{sfx}"] >> 4, r[f"q4_{sfx}"] & 15], 1).reshape(-1)[:n]
-            want4 = R.cast_out(r["code4"][nib] * absmax[blk], DT[sfx]).view(np.uint16)
+            want4 = R.convert_span(r["code4"][nib] * absmax[blk], DT[sfx]).view(np.uint16)
         assert np.isnan(absmax).sum() == 7
         np.testing.assert_array_equal(r[f"dq8_{sfx}"], want8, err_msg=f"8-bit dequantize {sfx} at {lv}")
         np.testing.assert_array_equal(r[f"dq4_{sfx}"], want4, err_msg=f"4-bit dequantize {sfx} at {lv}")

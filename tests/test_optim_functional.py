@@ -262,4 +262,4 @@ def test_8bit_requantization_of_every_grid_bin(code_kind):
     assert np.all(a1 == 1.0)
     np.testing.assert_array_equal(A1.asnumpy(), a1)
     np.testing.assert_array_equal(S1.asnumpy(), q1)
-    assert len(np.unique(q1)) == len(np.unique(R.quantize_lut(code)))  # every code the table can give was taken
+    assert len(np.unique(q1)) == len(np.unique(R.quant_lut(code)))  # every code the table can give was taken

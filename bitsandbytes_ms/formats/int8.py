@@ -132,7 +132,7 @@ def int8_double_quant(A: Tensor, col_stats=None, row_stats=None, out_col=None, o
     O = ms.ops  # MindSpore ops throughout: their results are tagged once, at the return
     a = O.cast(O.reshape(_contiguous(A), (-1, K)), ms.float32)
     if threshold > 0.0:
-        thr = float(np.float32(_reference.cast_out(np.array([threshold], np.float32), dtype_name(A.dtype))[0]))
+        thr = float(np.float32(_reference.convert_span(np.array([threshold], np.float32), dtype_name(A.dtype))[0]))
         a = O.select(O.ge(O.abs(a), thr), O.zeros_like(a), a)
     if _numel(A):
         cstats = O.reduce_max(O.abs(a), 0)

@@ -57,7 +57,6 @@ const QuantLut *get_quant_lut(const float *code) {
 
 namespace {
 
-BNB_MS_INLINE uint32_t grid_index(float v) { return quant_grid_index(v); }
 const QuantLut *get_lut(const float *code) { return get_quant_lut(code); }
 
 // In a block of subnormals (absmax < 2^-126) an exact 0 takes the code entry nearest 0, so it dequantizes to 0:
@@ -73,8 +72,8 @@ BNB_MS_INLINE void zeros_of_tiny_block(const QuantLut *lut, float amax, const T 
 
 // ---- portable path ------------------------------------------------------------------------------
 template <class T>
-BNB_MS_INLINE void quantize_blocks_generic(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,
-                                           int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+BNB_MS_INLINE void quantize_blockwise_portable(const QuantLut *lut, const T *A, float *absmax, uint8_t *out, int64_t bs,
+                                               int64_t n, int64_t b0, int64_t b1) {
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t s = b * bs, e = std::min(s + bs, n);
     float amax = 0.0f;
@@ -85,14 +84,14 @@ BNB_MS_INLINE void quantize_blocks_generic(const QuantLut *lut, const T *A, floa
       continue;
     }
     const QuantScale k = quant_block_scale(amax);
-    for (int64_t i = s; i < e; ++i) out[i] = lut->table[grid_index(to_f32(A[i]) * k.pre * k.inv)];
+    for (int64_t i = s; i < e; ++i) out[i] = lut->table[quant_grid_index(to_f32(A[i]) * k.pre * k.inv)];
     zeros_of_tiny_block(lut, amax, A + s, out + s, e - s);
   }
 }
 
 template <class T>
-BNB_MS_INLINE void dequantize_blocks_generic(const float *code, const uint8_t *A, const float *absmax, T *out,
-                                             int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+BNB_MS_INLINE void dequantize_blockwise_portable(const float *code, const uint8_t *A, const float *absmax, T *out,
+                                                 int64_t bs, int64_t n, int64_t b0, int64_t b1) {
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t s = b * bs, e = std::min(s + bs, n);
     const float scale = absmax[b];
@@ -112,8 +111,8 @@ constexpr int kGroup8 = 32;
 constexpr int64_t kTableMin = 256;
 
 template <class T>
-BNB_MS_TARGET_AVX2 void quantize_blocks_avx2(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,
-                                             int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+BNB_MS_TARGET_AVX2 void quantize_blockwise_avx2(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,
+                                                int64_t bs, int64_t n, int64_t b0, int64_t b1) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   alignas(32) uint32_t idx[kGroup8];
   for (int64_t b = b0; b < b1; ++b) {
@@ -144,14 +143,14 @@ BNB_MS_TARGET_AVX2 void quantize_blocks_avx2(const QuantLut *lut, const T *A, fl
                            quant_grid_index8(_mm256_mul_ps(_mm256_mul_ps(load8<T>(a + i + 8 * j), vpre), vinv)));
       lut_codes<kGroup8>(lut->table, idx, o + i);
     }
-    for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * k.pre * k.inv)];
+    for (; i < len; ++i) o[i] = lut->table[quant_grid_index(to_f32(a[i]) * k.pre * k.inv)];
     zeros_of_tiny_block(lut, amax, a, o, len);
   }
 }
 
 template <class T>
-BNB_MS_TARGET_AVX2 void dequantize_blocks_avx2(const float *code, const uint8_t *A, const float *absmax, T *out,
-                                               int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+BNB_MS_TARGET_AVX2 void dequantize_blockwise_avx2(const float *code, const uint8_t *A, const float *absmax, T *out,
+                                                  int64_t bs, int64_t n, int64_t b0, int64_t b1) {
   alignas(32) T tab[kQuantCode];
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t s = b * bs, e = std::min(s + bs, n), len = e - s;
@@ -174,8 +173,8 @@ BNB_MS_TARGET_AVX2 void dequantize_blocks_avx2(const float *code, const uint8_t 
 }
 
 template <class T>
-BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,
-                                                 int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+BNB_MS_TARGET_AVX512 void quantize_blockwise_avx512(const QuantLut *lut, const T *A, float *absmax, uint8_t *out,
+                                                    int64_t bs, int64_t n, int64_t b0, int64_t b1) {
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t s = b * bs, len = std::min(s + bs, n) - s;
     const T *a = A + s;
@@ -199,7 +198,7 @@ BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A
     for (i = 0; i + 16 <= len; i += 16)
       _mm_storeu_si128((__m128i *)(o + i),
                        lut_gather16(lut, quant_grid_index16(_mm512_mul_ps(_mm512_mul_ps(load16<T>(a + i), vpre), vinv))));
-    for (; i < len; ++i) o[i] = lut->table[grid_index(to_f32(a[i]) * k.pre * k.inv)];
+    for (; i < len; ++i) o[i] = lut->table[quant_grid_index(to_f32(a[i]) * k.pre * k.inv)];
     zeros_of_tiny_block(lut, amax, a, o, len);
   }
 }
@@ -226,8 +225,8 @@ BNB_MS_TARGET_AVX512 void quantize_blocks_avx512(const QuantLut *lut, const T *A
       for (; i < len; ++i) o[i] = from_f32<T>(code[q[i]] * scale);                                            \
     }                                                                                                         \
   }
-BNB_MS_DEQUANT_BLOCKS(dequantize_blocks_avx512, BNB_MS_TARGET_AVX512, Code256Gather)
-BNB_MS_DEQUANT_BLOCKS(dequantize_blocks_vbmi, BNB_MS_TARGET_AVX512VBMI, Code256Vbmi)
+BNB_MS_DEQUANT_BLOCKS(dequantize_blockwise_avx512, BNB_MS_TARGET_AVX512, Code256Gather)
+BNB_MS_DEQUANT_BLOCKS(dequantize_blockwise_avx512vbmi, BNB_MS_TARGET_AVX512VBMI, Code256Vbmi)
 #undef BNB_MS_DEQUANT_BLOCKS
 
 template <class T>
@@ -236,9 +235,9 @@ void quantize_blockwise(const float *code, const T *A, float *absmax, uint8_t *o
   const int64_t nblocks = (n + bs - 1) / bs;
   const SimdLevel lvl = simd_level();
   parallel_for(nblocks, std::max<int64_t>(1, 65536 / bs), [&](int64_t b0, int64_t b1) {  // (2 chunks: >= ~80 us)
-    if (lvl >= SimdLevel::avx512) quantize_blocks_avx512<T>(lut, A, absmax, out, bs, n, b0, b1);
-    else if (lvl >= SimdLevel::avx2) quantize_blocks_avx2<T>(lut, A, absmax, out, bs, n, b0, b1);
-    else quantize_blocks_generic<T>(lut, A, absmax, out, bs, n, b0, b1);
+    if (lvl >= SimdLevel::avx512) quantize_blockwise_avx512<T>(lut, A, absmax, out, bs, n, b0, b1);
+    else if (lvl >= SimdLevel::avx2) quantize_blockwise_avx2<T>(lut, A, absmax, out, bs, n, b0, b1);
+    else quantize_blockwise_portable<T>(lut, A, absmax, out, bs, n, b0, b1);
   });
 }
 
@@ -248,10 +247,10 @@ void dequantize_blockwise(const float *code, const uint8_t *A, const float *absm
   const SimdLevel lvl = simd_level();
   const bool vbmi = has_avx512vbmi() && bs >= 64;  // (smaller blocks: the table costs more than it saves)
   parallel_for(nblocks, std::max<int64_t>(1, 131072 / bs), [&](int64_t b0, int64_t b1) {  // (2 chunks: >= ~70 us)
-    if (vbmi) dequantize_blocks_vbmi<T>(code, A, absmax, out, bs, n, b0, b1);
-    else if (lvl >= SimdLevel::avx512) dequantize_blocks_avx512<T>(code, A, absmax, out, bs, n, b0, b1);
-    else if (lvl >= SimdLevel::avx2) dequantize_blocks_avx2<T>(code, A, absmax, out, bs, n, b0, b1);
-    else dequantize_blocks_generic<T>(code, A, absmax, out, bs, n, b0, b1);
+    if (vbmi) dequantize_blockwise_avx512vbmi<T>(code, A, absmax, out, bs, n, b0, b1);
+    else if (lvl >= SimdLevel::avx512) dequantize_blockwise_avx512<T>(code, A, absmax, out, bs, n, b0, b1);
+    else if (lvl >= SimdLevel::avx2) dequantize_blockwise_avx2<T>(code, A, absmax, out, bs, n, b0, b1);
+    else dequantize_blockwise_portable<T>(code, A, absmax, out, bs, n, b0, b1);
   });
 }
 

@@ -76,7 +76,7 @@ namespace {
 // dot(a, b) (attention scores): a fp32, b fp32 | fp16 | bf16 (widened exactly in registers); fp32 accumulation, the same order
 // for every element type of b.
 template <class T>
-float dot_scalar(const float *a, const T *b, int64_t n) {
+float dot_portable(const float *a, const T *b, int64_t n) {
   // dot_avx2's operations in its order (so every SIMD level gives the same bits): four 8-lane fma accumulators
   // over 32-element steps, then 8-element steps into the first, (s0 + s1) + (s2 + s3), the lanes reduced as
   // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), then the tail fmas
@@ -114,7 +114,7 @@ BNB_MS_TARGET_AVX2 float dot_avx2(const float *a, const T *b, int64_t n) {
 }
 
 // y += p * x
-void axpy_scalar(float *y, float p, const float *x, int64_t n) {
+void axpy_portable(float *y, float p, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::fma(p, x[i], y[i]);
 }
 BNB_MS_TARGET_AVX2 void axpy_avx2(float *y, float p, const float *x, int64_t n) {
@@ -126,11 +126,11 @@ BNB_MS_TARGET_AVX2 void axpy_avx2(float *y, float p, const float *x, int64_t n) 
 
 template <class T>
 BNB_MS_INLINE float dot(const float *a, const T *b, int64_t n) {
-  return has_avx2() ? dot_avx2<T>(a, b, n) : dot_scalar<T>(a, b, n);
+  return has_avx2() ? dot_avx2<T>(a, b, n) : dot_portable<T>(a, b, n);
 }
 BNB_MS_INLINE void axpy(float *y, float p, const float *x, int64_t n) {
   if (has_avx2()) axpy_avx2(y, p, x, n);
-  else axpy_scalar(y, p, x, n);
+  else axpy_portable(y, p, x, n);
 }
 
 // ---- linear layers --------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ int parse_lin(const Call<> &c, int i0, int64_t N, int64_t K, Lin *l, bool bf16do
 constexpr int64_t kPanelChunkBytes = 128 << 10;
 
 // rows [n0, n1) of a weight that is not fp32 (4-bit or fp16 / bf16) in fp32 ((n1 - n0) x K), for gemm_rows.
-void weight_rows_f32(const Lin &l, int64_t n0, int64_t n1, float *dst) {
+void linear_spec_weight(const Lin &l, int64_t n0, int64_t n1, float *dst) {
   if (l.W16) widen(static_cast<const uint16_t *>(l.W16) + n0 * l.K, l.wdt, dst, (n1 - n0) * l.K);
   else decode4_rows_f32(l.q4, n0, n1, l.K, dst);
 }
@@ -283,7 +283,7 @@ void gemm_rows(const Lin &l, const float *x, float *out, int64_t M) {
         if (l.dense) return pack_panel_rows(l.W + n * K, K, K, w, P);
         static thread_local std::vector<float> rows;
         rows.resize((size_t)(kPanel * K));
-        weight_rows_f32(l, n, n + w, rows.data());
+        linear_spec_weight(l, n, n + w, rows.data());
         pack_panel_rows(rows.data(), K, K, w, P);
       },
       [&](int64_t n0, int64_t nc, const float *P) {
@@ -307,7 +307,7 @@ void gemm_rows_bf16(const Lin &l, const float *x, float *out, int64_t M) {
       [&](int64_t n, int w, uint32_t *P) {
         static thread_local std::vector<float> rows;
         rows.resize((size_t)(kPanel * K));
-        weight_rows_f32(l, n, n + w, rows.data());
+        linear_spec_weight(l, n, n + w, rows.data());
         pack_panel_rows_bf16(rows.data(), K, K, w, P);
       },
       [&](int64_t n0, int64_t nc, const uint32_t *P) {
@@ -320,7 +320,7 @@ void gemm_rows_bf16(const Lin &l, const float *x, float *out, int64_t M) {
 // int8 layers run the unfused layer's fused kernel at every row count (its own GEMV/GEMM choice inside).
 constexpr int64_t kGemvMaxRows = 8;
 
-void apply_lin(const Lin &l, const float *x, float *out, int64_t M) {
+void linear_spec(const Lin &l, const float *x, float *out, int64_t M) {
   if (l.int8) int8_linear_f32(l.q8, x, l.bias, out, M, l.N, l.K);
   else if (M > kGemvMaxRows && l.bf16dot) gemm_rows_bf16(l, x, out, M);
   else if (M > kGemvMaxRows) gemm_rows(l, x, out, M);
@@ -605,9 +605,9 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   at.resize((size_t)(R * QD));
   o.resize((size_t)(R * s.H));
   rms_norm(x, norm_w, eps, xn.data(), R, s.H);
-  apply_lin(lq, xn.data(), q.data(), R);
-  apply_lin(lk, xn.data(), k.data(), R);
-  apply_lin(lv, xn.data(), v.data(), R);
+  linear_spec(lq, xn.data(), q.data(), R);
+  linear_spec(lk, xn.data(), k.data(), R);
+  linear_spec(lv, xn.data(), v.data(), R);
   if (qn_w) rms_norm(q.data(), qn_w, eps, q.data(), R * s.Hq, s.D);  // QK-norm (Qwen3)
   if (kn_w) rms_norm(k.data(), kn_w, eps, k.data(), R * s.KVH, s.D);
   const float *rope = rope_table(pos, R, invf, s.D / 2, rscale);
@@ -625,7 +625,7 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   const int64_t mstride = c.is_none(MASK) ? 0 : c.dim(MASK, 1);
   if (s.T >= kPrefillAttnRows) attend_prefill(s, q.data(), kc, vc, mask, mstride, at.data());
   else attend(s, q.data(), kc, vc, mask, mstride, at.data());
-  apply_lin(lo, at.data(), o.data(), R);
+  linear_spec(lo, at.data(), o.data(), R);
   for (int64_t i = 0; i < R * s.H; ++i) out[i] = x[i] + o[i];
   return OK;
 }
@@ -658,14 +658,14 @@ int mlp_entry(BNB_MS_AOT_ARGS) {
   u.resize((size_t)(R * I));
   d.resize((size_t)(R * H));
   rms_norm(x, f32_of(c, NORM, nw), eps, xn.data(), R, H);
-  apply_lin(lg, xn.data(), g.data(), R);
-  apply_lin(lu, xn.data(), u.data(), R);
+  linear_spec(lg, xn.data(), g.data(), R);
+  linear_spec(lu, xn.data(), u.data(), R);
   float *gp = g.data();
   const float *up = u.data();
   parallel_for(R, std::max<int64_t>(1, 16384 / I), [&](int64_t r0, int64_t r1) {
     simd_math::silu_mul(gp + r0 * I, up + r0 * I, (r1 - r0) * I);
   });
-  apply_lin(ld, g.data(), d.data(), R);
+  linear_spec(ld, g.data(), d.data(), R);
   for (int64_t i = 0; i < R * H; ++i) out[i] = x[i] + d[i];
   return OK;
 }
@@ -686,7 +686,7 @@ int linear_entry(BNB_MS_AOT_ARGS) {
   if (int st = parse_lin(c, S, N, K, &l, BF16)) return st;
   if (M * N == 0) return OK;
   if (!c.params[X] || !c.params[OUT]) return E_NULL;
-  apply_lin(l, c.ptr<float>(X), c.ptr<float>(OUT), M);
+  linear_spec(l, c.ptr<float>(X), c.ptr<float>(OUT), M);
   return OK;
 }
 

@@ -13,7 +13,7 @@
 //     padded with the code of 0.
 // Dequantize: out = code[nibble] * absmax[block] in fp32, rounded to the output dtype.
 // GEMV: out[n] = sum_k A[k] * code[q(n, k)] * absmax[block(n*K + k)], fp32 accumulation in fixed
-// slots, scaled by absmax once per block (see the GEMV section), so the scalar, AVX2 and AVX-512 paths
+// slots, scaled by absmax once per block (see the GEMV section), so the portable, AVX2 and AVX-512 paths
 // give identical bits; the packed weight is read once and decoded in registers.
 // bf16 compute (clinear_4bit_bf16dot_bf16, beside the exact path above, which it does not change): x and
 // bf16(code * absmax) per block (RNE, bf16 denormals flushed), pairs accumulated in 16 fp32 lanes as vdpbf16ps
@@ -50,7 +50,7 @@ struct Bounds4 {
   bool sorted;        // mid non-decreasing and NaN-free: the SIMD binary search equals the count below
 };
 
-void make_bounds(const float *code, Bounds4 *b) {
+void fourbit_bounds(const float *code, Bounds4 *b) {
   int idx[kCode4];
   for (int i = 0; i < kCode4; ++i) idx[i] = i;
   std::stable_sort(idx, idx + kCode4, [&](int x, int y) { return code[x] < code[y]; });
@@ -119,8 +119,8 @@ BNB_MS_INLINE Scale4 scale4_from_bits(uint32_t top, const T *A, int64_t i, int64
 
 // ---- portable path: the reference --------------------------------------------------------------
 template <class T>
-void quantize4_blocks_generic(const Bounds4 &bd, const T *A, float *absmax, uint8_t *out, int64_t bs, int64_t n,
-                              int64_t b0, int64_t b1) {
+void quantize_4bit_portable(const Bounds4 &bd, const T *A, float *absmax, uint8_t *out, int64_t bs, int64_t n,
+                            int64_t b0, int64_t b1) {
   for (int64_t blk = b0; blk < b1; ++blk) {
     const int64_t s = blk * bs, e = std::min(s + bs, n);
     float amax = 0.0f;
@@ -159,8 +159,8 @@ struct Search4Avx2 {
 };
 
 template <class T>
-BNB_MS_TARGET_AVX2 void quantize4_blocks_avx2(const Bounds4 &bd, const T *A, float *absmax, uint8_t *out, int64_t bs,
-                                              int64_t n, int64_t b0, int64_t b1) {
+BNB_MS_TARGET_AVX2 void quantize_4bit_avx2(const Bounds4 &bd, const T *A, float *absmax, uint8_t *out, int64_t bs,
+                                           int64_t n, int64_t b0, int64_t b1) {
   const Search4Avx2 search(bd);
   const __m256i order = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)bd.order));
   const __m256i pair = _mm256_set1_epi16(0x0110);  // byte 2j * 16 + byte 2j+1
@@ -221,8 +221,8 @@ struct Search4Avx512 {
 };
 
 template <class T>
-BNB_MS_TARGET_AVX512 void quantize4_blocks_avx512(const Bounds4 &bd, const T *A, float *absmax, uint8_t *out,
-                                                  int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+BNB_MS_TARGET_AVX512 void quantize_4bit_avx512(const Bounds4 &bd, const T *A, float *absmax, uint8_t *out, int64_t bs,
+                                               int64_t n, int64_t b0, int64_t b1) {
   const Search4Avx512 search(bd);
   const __m256i order = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)bd.order));
   const __m256i pair = _mm256_set1_epi16(0x0110);
@@ -255,8 +255,8 @@ BNB_MS_TARGET_AVX512 void quantize4_blocks_avx512(const Bounds4 &bd, const T *A,
 BNB_MS_INLINE float nib(const uint8_t *q, int64_t i) { return (float)((q[i >> 1] >> ((i & 1) ? 0 : 4)) & 15); }
 
 template <class T>
-void dequantize4_generic(const float *code, const uint8_t *q, const float *absmax, T *out, int64_t bs, int64_t n,
-                         int64_t b0, int64_t b1) {
+void dequantize_4bit_portable(const float *code, const uint8_t *q, const float *absmax, T *out, int64_t bs, int64_t n,
+                              int64_t b0, int64_t b1) {
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t s = b * bs, e = std::min(s + bs, n);
     const float sc = absmax[b];
@@ -279,8 +279,8 @@ BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 lut16_avx2(__m256 tlo, __m256 thi, __m25
 }
 
 template <class T>
-BNB_MS_TARGET_AVX2 void dequantize4_avx2(const float *code, const uint8_t *q, const float *absmax, T *out, int64_t bs,
-                                         int64_t n, int64_t b0, int64_t b1) {
+BNB_MS_TARGET_AVX2 void dequantize_4bit_avx2(const float *code, const uint8_t *q, const float *absmax, T *out,
+                                             int64_t bs, int64_t n, int64_t b0, int64_t b1) {
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t s = b * bs, e = std::min(s + bs, n);
     const float sc = absmax[b];
@@ -315,8 +315,8 @@ BNB_MS_TARGET_AVX512 BNB_MS_INLINE void nibbles32_avx512(const uint8_t *p, __m51
 }
 
 template <class T>
-BNB_MS_TARGET_AVX512 void dequantize4_avx512(const float *code, const uint8_t *q, const float *absmax, T *out,
-                                             int64_t bs, int64_t n, int64_t b0, int64_t b1) {
+BNB_MS_TARGET_AVX512 void dequantize_4bit_avx512(const float *code, const uint8_t *q, const float *absmax, T *out,
+                                                 int64_t bs, int64_t n, int64_t b0, int64_t b1) {
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t s = b * bs, e = std::min(s + bs, n);
     const float sc = absmax[b];
@@ -334,7 +334,7 @@ BNB_MS_TARGET_AVX512 void dequantize4_avx512(const float *code, const uint8_t *q
 // ---- GEMV -------------------------------------------------------------------------------------
 // out[n] = sum over the absmax blocks b of row n: absmax[b] * sum_{k in b} code[q(n, k)] * x[k].
 //
-// Numerics (identical at every SIMD level; the scalar kernel is the reference).  A row is cut into
+// Numerics (identical at every SIMD level; the portable kernel is the reference).  A row is cut into
 // segments (the parts of the row inside one absmax block), a segment into 32-element groups; element j
 // of a group goes to accumulator slot s(j) = j / 2 (j even) or 16 + j / 2 (j odd):
 //   bacc[s] = fma(code[q], x, bacc[s])                     32 slots, zeroed at every segment start
@@ -369,8 +369,8 @@ void pad_group(const uint8_t *q, const float *xrow, int64_t g, int64_t e, int64_
 }
 
 // Each kernel reads x in its own order: position p of a permuted group holds element xelem(p).
-// Scalar and AVX-512: p = slot.
-struct Gemv4Scalar {
+// Portable and AVX-512: p = slot.
+struct Gemv4bitPortable {
   float code[kCode4];
   float bacc[kGroup], acc[8];
   static int xelem(int p) { return p < 16 ? 2 * p : 2 * (p - 16) + 1; }
@@ -400,7 +400,7 @@ struct Gemv4Scalar {
 
 // AVX2: registers f0..f3 hold the slots [0-3 8-11], [4-7 12-15], [16-19 24-27], [20-23 28-31], i.e. the
 // elements [0 2 4 6 16 18 20 22], [8 10 12 14 24 26 28 30], [1 3 5 7 17 19 21 23], [9 .. 15 25 .. 31].
-struct Gemv4Avx2 {
+struct Gemv4bitAvx2 {
   __m256i plane[4];  // byte k of code[0..15], in both 128-bit lanes
   __m256 b0, b1, b2, b3, acc;
   static int xelem(int p) {
@@ -447,7 +447,7 @@ struct Gemv4Avx2 {
 
 // AVX-512: 16-entry vpermps decode.  bh lane i = element 2i (slot i), bl lane i = element 2i+1 (slot
 // 16+i).  acc lanes 0-3 and 8-11 are the 8 row accumulators (lanes 4-7, 12-15 duplicate them).
-struct Gemv4Avx512 {
+struct Gemv4bitAvx512 {
   __m512 tab, bh, bl, acc;
   static int xelem(int p) { return p < 16 ? 2 * p : 2 * (p - 16) + 1; }
   BNB_MS_TARGET_AVX512 BNB_MS_INLINE void init(const float *code) { tab = _mm512_loadu_ps(code); }
@@ -487,7 +487,7 @@ BNB_MS_INLINE T with_bias(T r, const T *bias, int64_t n) {
 // Output rows [n0, n1) for every A row.  absmax[b - blk_off] is block b's scale (blk_off: the first block
 // the caller decoded, 0 when absmax is the whole array); bias (may be null) is added per output.  xn: A in fp32 (M x K); xp: each A row's whole 32-element groups
 // in the kernel's order (M x K32).  Stamped out per SIMD level so that everything inlines.
-#define BNB_MS_GEMV4_ROWS(NAME, TARGET, KERN)                                                                 \
+#define BNB_MS_GEMV_4BIT(NAME, TARGET, KERN)                                                                  \
   template <class T>                                                                                          \
   TARGET void NAME(const float *code, const uint8_t *q, const float *absmax, int64_t blk_off, const float *xn,  \
                    const float *xp, const T *bias, T *out, int64_t M, int64_t N, int64_t K, int64_t bs,        \
@@ -546,10 +546,10 @@ BNB_MS_INLINE T with_bias(T r, const T *bias, int64_t n) {
       }                                                                                                       \
     }                                                                                                         \
   }
-BNB_MS_GEMV4_ROWS(gemv4_rows_scalar, , Gemv4Scalar)
-BNB_MS_GEMV4_ROWS(gemv4_rows_avx2, BNB_MS_TARGET_AVX2, Gemv4Avx2)
-BNB_MS_GEMV4_ROWS(gemv4_rows_avx512, BNB_MS_TARGET_AVX512, Gemv4Avx512)
-#undef BNB_MS_GEMV4_ROWS
+BNB_MS_GEMV_4BIT(gemv_4bit_portable, , Gemv4bitPortable)
+BNB_MS_GEMV_4BIT(gemv_4bit_avx2, BNB_MS_TARGET_AVX2, Gemv4bitAvx2)
+BNB_MS_GEMV_4BIT(gemv_4bit_avx512, BNB_MS_TARGET_AVX512, Gemv4bitAvx512)
+#undef BNB_MS_GEMV_4BIT
 
 template <class Kern>
 void gemv4_prep(const float *xn, float *xp, int64_t M, int64_t K) {
@@ -601,7 +601,7 @@ void gemv4_parallel_rows(int64_t N, int64_t K, F &&f, int64_t align = 1) {
   }
 BNB_MS_NESTED_ABSMAX(nested_absmax_avx512, BNB_MS_TARGET_AVX512, Code256Gather)
 // AVX-512 VBMI: code2[q] in registers, 64 blocks at a time (about 8x the gather loop on the EPYC measured)
-BNB_MS_NESTED_ABSMAX(nested_absmax_vbmi, BNB_MS_TARGET_AVX512VBMI, Code256Vbmi)
+BNB_MS_NESTED_ABSMAX(nested_absmax_avx512vbmi, BNB_MS_TARGET_AVX512VBMI, Code256Vbmi)
 #undef BNB_MS_NESTED_ABSMAX
 
 BNB_MS_TARGET_AVX2 void nested_absmax_avx2(const uint8_t *q, const float *code2, const float *absmax2, float offset,
@@ -619,8 +619,8 @@ BNB_MS_TARGET_AVX2 void nested_absmax_avx2(const uint8_t *q, const float *code2,
   }
 }
 
-void nested_absmax_scalar(const uint8_t *q, const float *code2, const float *absmax2, float offset, int64_t bs2,
-                          int64_t b0, int64_t b1, float *dst) {
+void nested_absmax_portable(const uint8_t *q, const float *code2, const float *absmax2, float offset, int64_t bs2,
+                            int64_t b0, int64_t b1, float *dst) {
   for (int64_t b = b0; b < b1;) {
     const int64_t j = b / bs2, e = std::min(b1, (j + 1) * bs2);
     const float s = absmax2[j];
@@ -655,10 +655,10 @@ struct Absmax4 {
     return a;
   }
   void decode(int64_t b0, int64_t b1, float *dst) const {
-    if (has_avx512vbmi()) nested_absmax_vbmi(q, code2, absmax2, offset, bs2, b0, b1, dst);
+    if (has_avx512vbmi()) nested_absmax_avx512vbmi(q, code2, absmax2, offset, bs2, b0, b1, dst);
     else if (has_avx512()) nested_absmax_avx512(q, code2, absmax2, offset, bs2, b0, b1, dst);
     else if (has_avx2()) nested_absmax_avx2(q, code2, absmax2, offset, bs2, b0, b1, dst);
-    else nested_absmax_scalar(q, code2, absmax2, offset, bs2, b0, b1, dst);
+    else nested_absmax_portable(q, code2, absmax2, offset, bs2, b0, b1, dst);
   }
   // The fp32 scales of the blocks that weight rows [n0, n1) touch: the array itself, or (nested) those blocks
   // decoded into this thread's buffer.  *off is the first block the returned pointer holds.
@@ -697,21 +697,21 @@ auto absmax_runs(const Absmax4 &amx, int64_t K, int64_t bs, int64_t align, F &&f
 }
 
 template <class T>
-void gemv4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out, int64_t M,
-           int64_t N, int64_t K, int64_t bs) {
+void gemv_4bit(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out, int64_t M,
+               int64_t N, int64_t K, int64_t bs) {
   const SimdLevel lvl = simd_level();
   // x in fp32, natural order and in the kernel's group order: converted once, reused by every row.  The
   // buffers are kept per calling thread (a call allocates nothing once they have grown), cache-line aligned.
   static thread_local Scratch<float> xn, xp;
   float *xnp = xn.get((size_t)(M * K)), *xpp = xp.get((size_t)(M * (K / kGroup * kGroup)) + 1);
   for (int64_t i = 0; i < M * K; ++i) xnp[i] = to_f32(A[i]);
-  if (lvl >= SimdLevel::avx512) gemv4_prep<Gemv4Avx512>(xnp, xpp, M, K);
-  else if (lvl >= SimdLevel::avx2) gemv4_prep<Gemv4Avx2>(xnp, xpp, M, K);
-  else gemv4_prep<Gemv4Scalar>(xnp, xpp, M, K);
+  if (lvl >= SimdLevel::avx512) gemv4_prep<Gemv4bitAvx512>(xnp, xpp, M, K);
+  else if (lvl >= SimdLevel::avx2) gemv4_prep<Gemv4bitAvx2>(xnp, xpp, M, K);
+  else gemv4_prep<Gemv4bitPortable>(xnp, xpp, M, K);
   gemv4_parallel_rows(N, K, absmax_runs(amx, K, bs, 1, [&](int64_t n0, int64_t n1, const float *am, int64_t off) {
-    if (lvl >= SimdLevel::avx512) gemv4_rows_avx512<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
-    else if (lvl >= SimdLevel::avx2) gemv4_rows_avx2<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
-    else gemv4_rows_scalar<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
+    if (lvl >= SimdLevel::avx512) gemv_4bit_avx512<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
+    else if (lvl >= SimdLevel::avx2) gemv_4bit_avx2<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
+    else gemv_4bit_portable<T>(code, q, am, off, xnp, xpp, bias, out, M, N, K, bs, n0, n1);
   }));
 }
 
@@ -724,15 +724,15 @@ int quantize4_entry(BNB_MS_AOT_ARGS) {
   if (q4.empty) return OK;
   const int64_t n = q4.n, nb = q4.nb, bs = q4.bs;
   Bounds4 bd;
-  make_bounds(q4.code, &bd);
+  fourbit_bounds(q4.code, &bd);
   const T *a = q4.A;
   float *amax = q4.absmax;
   uint8_t *o = q4.out;
   const SimdLevel lvl = bd.sorted ? simd_level() : SimdLevel::scalar;
   parallel_for(nb, std::max<int64_t>(1, 32768 / bs), [&](int64_t b0, int64_t b1) {
-    if (lvl >= SimdLevel::avx512) quantize4_blocks_avx512<T>(bd, a, amax, o, bs, n, b0, b1);
-    else if (lvl >= SimdLevel::avx2) quantize4_blocks_avx2<T>(bd, a, amax, o, bs, n, b0, b1);
-    else quantize4_blocks_generic<T>(bd, a, amax, o, bs, n, b0, b1);
+    if (lvl >= SimdLevel::avx512) quantize_4bit_avx512<T>(bd, a, amax, o, bs, n, b0, b1);
+    else if (lvl >= SimdLevel::avx2) quantize_4bit_avx2<T>(bd, a, amax, o, bs, n, b0, b1);
+    else quantize_4bit_portable<T>(bd, a, amax, o, bs, n, b0, b1);
   });
   return OK;
 }
@@ -754,9 +754,9 @@ int dequantize4_entry(BNB_MS_AOT_ARGS) {
   T *o = a.out;
   const SimdLevel lvl = simd_level();
   parallel_for((n + bs - 1) / bs, std::max<int64_t>(1, 65536 / bs), [&](int64_t b0, int64_t b1) {
-    if (lvl >= SimdLevel::avx512) dequantize4_avx512<T>(code, q, amax, o, bs, n, b0, b1);
-    else if (lvl >= SimdLevel::avx2) dequantize4_avx2<T>(code, q, amax, o, bs, n, b0, b1);
-    else dequantize4_generic<T>(code, q, amax, o, bs, n, b0, b1);
+    if (lvl >= SimdLevel::avx512) dequantize_4bit_avx512<T>(code, q, amax, o, bs, n, b0, b1);
+    else if (lvl >= SimdLevel::avx2) dequantize_4bit_avx2<T>(code, q, amax, o, bs, n, b0, b1);
+    else dequantize_4bit_portable<T>(code, q, amax, o, bs, n, b0, b1);
   });
   return OK;
 }
@@ -773,7 +773,7 @@ int gemv4_entry(BNB_MS_AOT_ARGS) {
   }
   Absmax4 amx;
   amx.f32 = a.absmax;
-  gemv4<T>(a.code, a.B, amx, a.A, nullptr, a.out, a.M, a.N, a.K, a.bs);
+  gemv_4bit<T>(a.code, a.B, amx, a.A, nullptr, a.out, a.M, a.N, a.K, a.bs);
   return OK;
 }
 
@@ -794,15 +794,15 @@ BNB_MS_INLINE float lanes_reduce(const float *a) {
 }
 
 // Decode the dequantized weight row n (K values, zero-padded to K16) into w.
-BNB_MS_INLINE void decode_row_scalar(const float *code, const uint8_t *q, const float *am, int64_t blk_off, int64_t n,
-                                     int64_t K, int64_t K16, int64_t bs, float *w) {
+BNB_MS_INLINE void dequantize_4bit_row_portable(const float *code, const uint8_t *q, const float *am, int64_t blk_off,
+                                                int64_t n, int64_t K, int64_t K16, int64_t bs, float *w) {
   const int64_t r0 = n * K;
   for (int64_t k = 0; k < K; ++k) w[k] = code[nib_at(q, r0 + k)] * am[(r0 + k) / bs - blk_off];
   for (int64_t k = K; k < K16; ++k) w[k] = 0.0f;
 }
 
-BNB_MS_TARGET_AVX2 void decode_row_avx2(const float *code, const uint8_t *q, const float *am, int64_t blk_off,
-                                        int64_t n, int64_t K, int64_t K16, int64_t bs, float *w) {
+BNB_MS_TARGET_AVX2 void dequantize_4bit_row_avx2(const float *code, const uint8_t *q, const float *am, int64_t blk_off,
+                                                 int64_t n, int64_t K, int64_t K16, int64_t bs, float *w) {
   const int64_t r0 = n * K;
   for (int64_t b = r0 / bs, s = r0; s < r0 + K; ++b) {
     const int64_t e = std::min((b + 1) * bs, r0 + K);
@@ -824,8 +824,8 @@ BNB_MS_TARGET_AVX2 void decode_row_avx2(const float *code, const uint8_t *q, con
 }
 
 // Elements [s0, s0 + len) of the flat weight (any start: a row or a K slice of one) dequantized into w.
-BNB_MS_TARGET_AVX512 void decode_span_avx512(const float *code, const uint8_t *q, const float *am, int64_t blk_off,
-                                             int64_t s0, int64_t len, int64_t bs, float *w) {
+BNB_MS_TARGET_AVX512 void dequantize_4bit_span_avx512(const float *code, const uint8_t *q, const float *am,
+                                                      int64_t blk_off, int64_t s0, int64_t len, int64_t bs, float *w) {
   const int64_t end = s0 + len;
   for (int64_t b = s0 / bs, s = s0; s < end; ++b) {
     const int64_t e = std::min((b + 1) * bs, end);
@@ -848,14 +848,15 @@ BNB_MS_TARGET_AVX512 void decode_span_avx512(const float *code, const uint8_t *q
   }
 }
 
-BNB_MS_TARGET_AVX512 void decode_row_avx512(const float *code, const uint8_t *q, const float *am, int64_t blk_off,
-                                            int64_t n, int64_t K, int64_t K16, int64_t bs, float *w) {
-  decode_span_avx512(code, q, am, blk_off, n * K, K, bs, w);
+BNB_MS_TARGET_AVX512 void dequantize_4bit_row_avx512(const float *code, const uint8_t *q, const float *am,
+                                                     int64_t blk_off, int64_t n, int64_t K, int64_t K16, int64_t bs,
+                                                     float *w) {
+  dequantize_4bit_span_avx512(code, q, am, blk_off, n * K, K, bs, w);
   for (int64_t k = K; k < K16; ++k) w[k] = 0.0f;
 }
 
 // One weight row against every padded A row (x: M x K16).
-BNB_MS_INLINE void dot_rows_scalar(const float *w, const float *x, int64_t M, int64_t K16, float *r) {
+BNB_MS_INLINE void dot_rows_portable(const float *w, const float *x, int64_t M, int64_t K16, float *r) {
   for (int64_t m = 0; m < M; ++m) {
     float a[kLanes] = {0};
     const float *xm = x + m * K16;
@@ -969,9 +970,9 @@ void pack_slices(const T *A, int64_t M, int64_t K, int64_t K16, float *xs) {
 }
 
 // Weight rows [n0, n1) against the sliced A: res[m * kPanel + (n - n0)] for n1 - n0 <= kPanel.
-BNB_MS_TARGET_AVX512 void gemm4_panel_avx512(const float *code, const uint8_t *q, const float *am, int64_t off,
-                                             const float *xs, int64_t M, int64_t K, int64_t K16, int64_t bs, int64_t n0,
-                                             int64_t n1, float *wpan, float *acc, float *res) {
+BNB_MS_TARGET_AVX512 void gemm_4bit_panel_avx512(const float *code, const uint8_t *q, const float *am, int64_t off,
+                                                 const float *xs, int64_t M, int64_t K, int64_t K16, int64_t bs,
+                                                 int64_t n0, int64_t n1, float *wpan, float *acc, float *res) {
   const int64_t R = n1 - n0, G = (R + kW - 1) / kW;
   for (int64_t k0 = 0; k0 < K16; k0 += kKc) {
     const int64_t kc = std::min(kKc, K16 - k0), kv = std::max<int64_t>(0, std::min(kc, K - k0));
@@ -979,7 +980,7 @@ BNB_MS_TARGET_AVX512 void gemm4_panel_avx512(const float *code, const uint8_t *q
     for (int64_t r = 0; r < G * kW; ++r) {  // rows past n1 (a short last group) are zeros; their results are dropped
       float *w = wpan + r * kc;
       int64_t done = 0;
-      if (r < R) decode_span_avx512(code, q, am, off, (n0 + r) * K + k0, done = kv, bs, w);
+      if (r < R) dequantize_4bit_span_avx512(code, q, am, off, (n0 + r) * K + k0, done = kv, bs, w);
       for (int64_t k = done; k < kc; ++k) w[k] = 0.0f;
     }
     const float *xk = xs + k0 * M;
@@ -1036,8 +1037,8 @@ BNB_MS_TARGET_AVX2 void dot_rows2_avx2(const float *w, const float *x, int64_t M
 }
 
 template <class T>
-void gemm4_avx512(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out,
-                  int64_t M, int64_t N, int64_t K, int64_t bs) {
+void gemm_4bit_avx512(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out,
+                      int64_t M, int64_t N, int64_t K, int64_t bs) {
   const int64_t K16 = (K + kLanes - 1) / kLanes * kLanes;
   static thread_local Scratch<float> xsl;
   float *xs = xsl.get((size_t)(M * K16));
@@ -1048,7 +1049,7 @@ void gemm4_avx512(const float *code, const uint8_t *q, const Absmax4 &amx, const
     float *rp = res.get((size_t)(kPanel * M));
     for (int64_t n = n0; n < n1; n += kPanel) {
       const int64_t e = std::min(n1, n + kPanel);
-      gemm4_panel_avx512(code, q, am, off, xs, M, K, K16, bs, n, e, wp, ap, rp);
+      gemm_4bit_panel_avx512(code, q, am, off, xs, M, K, K16, bs, n, e, wp, ap, rp);
       for (int64_t m = 0; m < M; ++m)
         for (int64_t j = n; j < e; ++j) out[m * N + j] = with_bias(from_f32<T>(rp[m * kPanel + (j - n)]), bias, j);
     }
@@ -1056,10 +1057,10 @@ void gemm4_avx512(const float *code, const uint8_t *q, const Absmax4 &amx, const
 }
 
 template <class T>
-void gemm4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out, int64_t M,
-           int64_t N, int64_t K, int64_t bs) {
+void gemm_4bit(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out, int64_t M,
+               int64_t N, int64_t K, int64_t bs) {
   const SimdLevel lvl = simd_level();
-  if (lvl >= SimdLevel::avx512) return gemm4_avx512<T>(code, q, amx, A, bias, out, M, N, K, bs);
+  if (lvl >= SimdLevel::avx512) return gemm_4bit_avx512<T>(code, q, amx, A, bias, out, M, N, K, bs);
   const int64_t K16 = (K + kLanes - 1) / kLanes * kLanes;
   static thread_local std::vector<float> xpad;  // A in fp32, rows zero-padded to K16
   xpad.assign((size_t)(M * K16), 0.0f);
@@ -1073,7 +1074,8 @@ void gemm4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, 
     int64_t n = n0;
     if (lvl >= SimdLevel::avx2) {
       for (; n + kW2 <= n1; n += kW2) {
-        for (int j = 0; j < kW2; ++j) decode_row_avx2(code, q, am, off, n + j, K, K16, bs, wrow.data() + j * K16);
+        for (int j = 0; j < kW2; ++j)
+          dequantize_4bit_row_avx2(code, q, am, off, n + j, K, K16, bs, wrow.data() + j * K16);
         dot_rows2_avx2(wrow.data(), xp, M, K16, res.data());
         for (int64_t m = 0; m < M; ++m)
           for (int j = 0; j < kW2; ++j) out[m * N + n + j] = with_bias(from_f32<T>(res[m * kW2 + j]), bias, n + j);
@@ -1081,11 +1083,11 @@ void gemm4(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, 
     }
     for (; n < n1; ++n) {
       if (lvl >= SimdLevel::avx2) {
-        decode_row_avx2(code, q, am, off, n, K, K16, bs, wrow.data());
+        dequantize_4bit_row_avx2(code, q, am, off, n, K, K16, bs, wrow.data());
         dot_rows_avx2(wrow.data(), xp, M, K16, res.data());
       } else {
-        decode_row_scalar(code, q, am, off, n, K, K16, bs, wrow.data());
-        dot_rows_scalar(wrow.data(), xp, M, K16, res.data());
+        dequantize_4bit_row_portable(code, q, am, off, n, K, K16, bs, wrow.data());
+        dot_rows_portable(wrow.data(), xp, M, K16, res.data());
       }
       for (int64_t m = 0; m < M; ++m) out[m * N + n] = with_bias(from_f32<T>(res[m]), bias, n);
     }
@@ -1160,9 +1162,9 @@ void dot_rows_bf16_portable(const uint16_t *const *w, int R, const uint16_t *x, 
 }
 
 // Columns [k0, k1) of weight row n as bf16 into w[0, k1 - k0) (columns >= K are zero padding).
-BNB_MS_TARGET_AVX512BF16 void decode_row_bf16_avx512(const float *code, const uint8_t *q, const float *am,
-                                                      int64_t blk_off, int64_t n, int64_t K, int64_t k0, int64_t k1,
-                                                      int64_t bs, uint16_t *w) {
+BNB_MS_TARGET_AVX512BF16 void decode_row_bf16_avx512bf16(const float *code, const uint8_t *q, const float *am,
+                                                         int64_t blk_off, int64_t n, int64_t K, int64_t k0, int64_t k1,
+                                                         int64_t bs, uint16_t *w) {
   const int64_t r0 = n * K, rs = r0 + k0, re = r0 + std::min(k1, K);
   const __m512 c = _mm512_loadu_ps(code);
   alignas(64) uint16_t t[2 * kCode4];
@@ -1221,10 +1223,10 @@ BNB_MS_TARGET_AVX512BF16 BNB_MS_INLINE void dot_tile_bf16(const uint16_t *const 
 }
 
 // R (<= kRowGroup) weight rows n..n+R-1 against every x row: r[m * kRowGroup + j].
-BNB_MS_TARGET_AVX512BF16 void dot_rows_bf16_avx512(const float *code, const uint8_t *q, const float *am,
-                                                    int64_t blk_off, int64_t n, int R, int64_t K, int64_t bs,
-                                                    const uint16_t *x, int64_t M, int64_t K32, uint16_t *wbuf,
-                                                    float *acc, float *r) {
+BNB_MS_TARGET_AVX512BF16 void dot_rows_bf16_avx512bf16(const float *code, const uint8_t *q, const float *am,
+                                                       int64_t blk_off, int64_t n, int R, int64_t K, int64_t bs,
+                                                       const uint16_t *x, int64_t M, int64_t K32, uint16_t *wbuf,
+                                                       float *acc, float *r) {
   std::memset(acc, 0, sizeof(float) * (size_t)(M * kRowGroup * kLanes));
   const uint16_t *w[kRowGroup];
   for (int64_t c0 = 0; c0 < K32; c0 += kSliceK) {
@@ -1236,7 +1238,7 @@ BNB_MS_TARGET_AVX512BF16 void dot_rows_bf16_avx512(const float *code, const uint
         const uint8_t *nx = q + ((n + j) * K + c1) / 2;
         for (int64_t b = 0; b < kSliceK / 2; b += 64) _mm_prefetch((const char *)(nx + b), _MM_HINT_T0);
       }
-      decode_row_bf16_avx512(code, q, am, blk_off, n + j, K, c0, c1, bs, wbuf + j * kSliceK);
+      decode_row_bf16_avx512bf16(code, q, am, blk_off, n + j, K, c0, c1, bs, wbuf + j * kSliceK);
       w[j] = wbuf + j * kSliceK;
     }
     int64_t m = 0;
@@ -1272,7 +1274,7 @@ BNB_MS_TARGET_AVX512BF16 void dot_rows_bf16_avx512(const float *code, const uint
 // twice, so the high nibble's low bit in bit 4 does not matter), and shifted right by 4 the high nibble's; 8 vector
 // ops per 128 weights where vpshufb on the code's two bytes and unpacking them took 11 (Zen 4 issues two 512-bit
 // ops a cycle: the loop is op-bound; ~1.17x in L1 on the EPYC measured).  Arithmetic (the portable kernel and
-// _reference._bf16_gemv_one_row are its twins, bit for bit):
+// _reference.gemv_bf16_rows are its twins, bit for bit):
 //   * w = bf16(code[nibble]) (code rounded once, flushed), x flushed bf16.
 //   * row cut into 128-element units (64 packed bytes), each into halves h = 0, 1 (elements 64 h .. 64 h + 63,
 //     bytes 32 h ..); a K of an odd number of 64s (SmolLM2's 576) ends in a unit of half 0 alone.  Per half two word vectors: E (word j = element 64 h + 2 j, the high nibble of byte j) and
@@ -1357,9 +1359,9 @@ constexpr int64_t kPF = 2048;
 // xs: x in the kernel's order, per unit the words of E, O of half 0, then of half 1 (32 each).
 // SH: log2(bs) known at compile time (6: blocksize 64, the 4-bit default) or 0 (read at run time; see ScaleNested).
 template <int SH, class Scale>
-BNB_MS_TARGET_AVX512BF16 void gemv_bf16_rows_avx512(const float *code, const uint8_t *q, const Scale &scale,
-                                                     const uint16_t *xs, int64_t K, int64_t bs, int64_t n0, int64_t n1,
-                                                     float *r) {
+BNB_MS_TARGET_AVX512BF16 void gemv_bf16_rows_avx512bf16(const float *code, const uint8_t *q, const Scale &scale,
+                                                        const uint16_t *xs, int64_t K, int64_t bs, int64_t n0,
+                                                        int64_t n1, float *r) {
   alignas(64) uint16_t tab[32];  // bf16(code[i & 15]): vpermw's 5-bit index
   for (int i = 0; i < 32; ++i) tab[i] = to_bf16_flushed(code[i % kCode4]);
   const __m512i t = _mm512_load_si512(tab);
@@ -1427,8 +1429,8 @@ void gemv4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, cons
     gemv4_parallel_rows(N, K, [&](int64_t n0, int64_t n1) {
       static thread_local std::vector<float> res;
       res.resize((size_t)(n1 - n0));
-      if (common) gemv_bf16_rows_avx512<6>(code, q, ScaleNested<8>(amx), xsp, K, bs, n0, n1, res.data());
-      else gemv_bf16_rows_avx512<0>(code, q, ScaleNested<>(amx), xsp, K, bs, n0, n1, res.data());
+      if (common) gemv_bf16_rows_avx512bf16<6>(code, q, ScaleNested<8>(amx), xsp, K, bs, n0, n1, res.data());
+      else gemv_bf16_rows_avx512bf16<0>(code, q, ScaleNested<>(amx), xsp, K, bs, n0, n1, res.data());
       finish(n0, n1, res.data());
     });
     return;
@@ -1436,16 +1438,16 @@ void gemv4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, cons
   gemv4_parallel_rows(N, K, absmax_runs(amx, K, bs, 1, [&](int64_t n0, int64_t n1, const float *am, int64_t off) {
     static thread_local std::vector<float> res;
     res.resize((size_t)(n1 - n0));
-    if (native && bs == 64) gemv_bf16_rows_avx512<6>(code, q, ScaleF32{am, off}, xsp, K, bs, n0, n1, res.data());
-    else if (native) gemv_bf16_rows_avx512<0>(code, q, ScaleF32{am, off}, xsp, K, bs, n0, n1, res.data());
+    if (native && bs == 64) gemv_bf16_rows_avx512bf16<6>(code, q, ScaleF32{am, off}, xsp, K, bs, n0, n1, res.data());
+    else if (native) gemv_bf16_rows_avx512bf16<0>(code, q, ScaleF32{am, off}, xsp, K, bs, n0, n1, res.data());
     else gemv_bf16_rows_portable(code, q, am, off, xb, K, bs, n0, n1, res.data());
     finish(n0, n1, res.data());
   }));
 }
 
 template <class T>
-void linear4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out,
-                     int64_t M, int64_t N, int64_t K, int64_t bs) {
+void linear_4bit_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, const T *A, const T *bias, T *out,
+                         int64_t M, int64_t N, int64_t K, int64_t bs) {
   const bool native = bf16dot_native();
   const int64_t K32 = (K + kChunk - 1) / kChunk * kChunk;
   static thread_local Scratch<uint16_t> xb;  // x as flushed bf16, rows zero-padded to K32
@@ -1469,7 +1471,7 @@ void linear4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, co
     for (int64_t n = n0; n < n1; n += kRowGroup) {
       const int R = (int)std::min<int64_t>(kRowGroup, n1 - n);
       if (native) {
-        dot_rows_bf16_avx512(code, q, am, off, n, R, K, bs, xp, M, K32, wr, accp, res.data());
+        dot_rows_bf16_avx512bf16(code, q, am, off, n, R, K, bs, xp, M, K32, wr, accp, res.data());
       } else {
         const uint16_t *wp[kRowGroup];
         for (int j = 0; j < R; ++j) {
@@ -1485,8 +1487,8 @@ void linear4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, co
   }), kRowGroup);
 }
 
-// The fused inference forward of a 4-bit linear layer: one row runs gemv4 (gemv_4bit's bits), more rows
-// gemm4; the double-quant absmax is decoded in the kernel and the bias added, one call per layer (see
+// The fused inference forward of a 4-bit linear layer: one row runs gemv_4bit (the gemv_4bit op's bits), more rows
+// gemm_4bit; the double-quant absmax is decoded in the kernel and the bias added, one call per layer (see
 // bitsandbytes_ms/_native_table.py, clinear_4bit_*).
 // params: A T[..., K], B u8[>= (N*K+1)/2], absmax f32[nb] | u8[nb] (nested), code f32[16],
 //   absmax2 f32[>= ceil(nb/bs2)] | none, code2 f32[256] | none, offset f32 0-d | none, bias T[N] | none,
@@ -1504,9 +1506,9 @@ int linear4_entry(BNB_MS_AOT_ARGS) {
     return OK;
   }
   const Absmax4 amx = Absmax4::of(a.absmax, a.nested ? a.absmax_q : nullptr, a.code2, a.absmax2, a.offset, a.bs2);
-  if (BF16DOT) linear4_bf16dot<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
-  else if (M == 1) gemv4<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
-  else gemm4<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
+  if (BF16DOT) linear_4bit_bf16dot<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
+  else if (M == 1) gemv_4bit<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
+  else gemm_4bit<T>(a.code, a.B, amx, a.A, a.bias, a.out, M, N, K, a.bs);
   return OK;
 }
 
@@ -1520,7 +1522,7 @@ static Absmax4 absmax_of(const Linear4Weight &w) {
 void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
                  int64_t K) {
   if (linear_without_products(bias, out, M, N, K)) return;
-  gemv4<float>(w.code, w.packed, absmax_of(w), A, bias, out, M, N, K, w.blocksize);
+  gemv_4bit<float>(w.code, w.packed, absmax_of(w), A, bias, out, M, N, K, w.blocksize);
 }
 
 // One fp32 activation row through the one-row bf16 kernel ("bf16 compute, one activation row": x rounded to
@@ -1530,7 +1532,7 @@ bool linear4_bf16_gemv_f32(const Linear4Weight &w, const float *A, const float *
                            int64_t K) {
   if (!bf16_gemv_applies(1, K, w.blocksize)) return false;
   if (linear_without_products(bias, out, 1, N, K)) return true;
-  linear4_bf16dot<float>(w.code, w.packed, absmax_of(w), A, bias, out, 1, N, K, w.blocksize);
+  linear_4bit_bf16dot<float>(w.code, w.packed, absmax_of(w), A, bias, out, 1, N, K, w.blocksize);
   return true;
 }
 
@@ -1543,9 +1545,9 @@ void decode4_rows_f32(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K,
   const float *am = absmax_of(w).rows(n0, n1, K, w.blocksize, &off);
   for (int64_t n = n0; n < n1; ++n) {
     float *row = dst + (n - n0) * K;
-    if (lvl >= SimdLevel::avx512) decode_row_avx512(w.code, w.packed, am, off, n, K, K, w.blocksize, row);
-    else if (lvl >= SimdLevel::avx2) decode_row_avx2(w.code, w.packed, am, off, n, K, K, w.blocksize, row);
-    else decode_row_scalar(w.code, w.packed, am, off, n, K, K, w.blocksize, row);
+    if (lvl >= SimdLevel::avx512) dequantize_4bit_row_avx512(w.code, w.packed, am, off, n, K, K, w.blocksize, row);
+    else if (lvl >= SimdLevel::avx2) dequantize_4bit_row_avx2(w.code, w.packed, am, off, n, K, K, w.blocksize, row);
+    else dequantize_4bit_row_portable(w.code, w.packed, am, off, n, K, K, w.blocksize, row);
   }
 }
 

@@ -51,7 +51,7 @@ BNB_MS_INLINE float reduce16(const float *acc) {
 }
 
 // ---- portable path --------------------------------------------------------------------------------
-struct KernScalar {
+struct GemmFpPortable {
   static constexpr int MR = 1, NR = 1, NR1 = 1;
   template <class T, int R, int C>
   static void tile(const float *a, int64_t lda, const T *w, int64_t K, float *res, const T *pf) {
@@ -75,7 +75,7 @@ BNB_MS_INLINE void tail_rows(const T *p, int64_t ld, int64_t k, int64_t K, float
 }
 
 // ---- AVX2 + FMA + F16C: two ymm accumulators per output (lanes 0-7, 8-15) ------------------------------
-struct KernAvx2 {
+struct GemmFpAvx2 {
   // gemm tile 3 x 2 (12 accumulators + 3 + 2 loaded vectors); gemv tile 1 x 4 (8 independent fma chains)
   static constexpr int MR = BNB_GEMM_FP_MR, NR = BNB_GEMM_FP_NR, NR1 = 4;
   // The fixed tree on lanes 0-7 (lo) and 8-15 (hi): u = lo + hi, t[i] = u[i] + u[i+4], (t0 + t2) + (t1 + t3).
@@ -125,7 +125,7 @@ struct KernAvx2 {
 };
 
 // ---- AVX-512: one zmm accumulator per output ------------------------------------------------------------
-struct KernAvx512 {
+struct GemmFpAvx512 {
   static constexpr int MR = 4, NR = 4, NR1 = 8;
   template <class T, int R, int C>
   BNB_MS_TARGET_AVX512 static void tile(const float *a, int64_t lda, const T *w, int64_t K, float *res, const T *pf) {
@@ -153,7 +153,7 @@ struct KernAvx512 {
     }
     for (int i = 0; i < R; ++i)
       for (int j = 0; j < C; ++j)
-        res[i * C + j] = KernAvx2::reduce(_mm512_castps512_ps256(acc[i][j]), _mm512_extractf32x8_ps(acc[i][j], 1));
+        res[i * C + j] = GemmFpAvx2::reduce(_mm512_castps512_ps256(acc[i][j]), _mm512_extractf32x8_ps(acc[i][j], 1));
   }
 };
 
@@ -226,11 +226,11 @@ void run(const float *a32, const T *W, const float *bias, O *out, int64_t M, int
 
 // The kernel at the CPU's SIMD level (K > 0).
 template <class T, class O>
-void run_simd(const float *a32, const T *W, const float *bias, O *out, int64_t M, int64_t N, int64_t K) {
+void gemm_fp(const float *a32, const T *W, const float *bias, O *out, int64_t M, int64_t N, int64_t K) {
   const SimdLevel lvl = simd_level();
-  if (lvl >= SimdLevel::avx512) run<KernAvx512>(a32, W, bias, out, M, N, K);
-  else if (lvl >= SimdLevel::avx2) run<KernAvx2>(a32, W, bias, out, M, N, K);
-  else run<KernScalar>(a32, W, bias, out, M, N, K);
+  if (lvl >= SimdLevel::avx512) run<GemmFpAvx512>(a32, W, bias, out, M, N, K);
+  else if (lvl >= SimdLevel::avx2) run<GemmFpAvx2>(a32, W, bias, out, M, N, K);
+  else run<GemmFpPortable>(a32, W, bias, out, M, N, K);
 }
 
 template <class B>
@@ -273,7 +273,7 @@ int gemm_fp_entry(BNB_MS_AOT_ARGS) {
     widen(a.A, a_buf.data(), M * K);
     a32 = a_buf.data();
   }
-  run_simd(a32, a.W, bias, a.out, M, N, K);
+  gemm_fp(a32, a.W, bias, a.out, M, N, K);
   return OK;
 }
 
@@ -282,9 +282,9 @@ int gemm_fp_entry(BNB_MS_AOT_ARGS) {
 void dense_linear_f32(const float *A, const void *W, DType wdt, const float *bias, float *out, int64_t M, int64_t N,
                       int64_t K) {
   if (linear_without_products(bias, out, M, N, K)) return;
-  if (wdt == DType::f16) run_simd(A, static_cast<const fp16_t *>(W), bias, out, M, N, K);
-  else if (wdt == DType::bf16) run_simd(A, static_cast<const bf16_t *>(W), bias, out, M, N, K);
-  else run_simd(A, static_cast<const float *>(W), bias, out, M, N, K);
+  if (wdt == DType::f16) gemm_fp(A, static_cast<const fp16_t *>(W), bias, out, M, N, K);
+  else if (wdt == DType::bf16) gemm_fp(A, static_cast<const bf16_t *>(W), bias, out, M, N, K);
+  else gemm_fp(A, static_cast<const float *>(W), bias, out, M, N, K);
 }
 
 }  // namespace bnb_ms

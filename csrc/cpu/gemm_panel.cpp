@@ -24,8 +24,8 @@ BNB_MS_INLINE void store_row(const float *acc, const float *bias, int nc, float 
     std::memcpy(c, acc, sizeof(float) * (size_t)nc);
 }
 
-void tile_scalar(const float *A, int64_t lda, int64_t mr, const float *P, int64_t K, int nc, const float *bias,
-                 float *C, int64_t ldc) {
+void gemm_panel_f32_portable(const float *A, int64_t lda, int64_t mr, const float *P, int64_t K, int nc,
+                             const float *bias, float *C, int64_t ldc) {
   for (int64_t i = 0; i < mr; ++i) {
     float acc[kPanel] = {0};
     const float *a = A + i * lda;
@@ -37,8 +37,8 @@ void tile_scalar(const float *A, int64_t lda, int64_t mr, const float *P, int64_
 
 // Rows [0, mr) of a 6-row tile (mr <= 6; A must have 6 readable rows: the caller pads a short tail).
 // The 12 accumulators are named variables: with arrays GCC spilled them to the stack on every k.
-BNB_MS_TARGET_AVX2 void tile_avx2(const float *A, int64_t lda, int64_t mr, const float *P, int64_t K, int nc,
-                                  const float *bias, float *C, int64_t ldc) {
+BNB_MS_TARGET_AVX2 void gemm_panel_f32_avx2(const float *A, int64_t lda, int64_t mr, const float *P, int64_t K, int nc,
+                                            const float *bias, float *C, int64_t ldc) {
   const float *a0 = A, *a1 = A + lda, *a2 = A + 2 * lda, *a3 = A + 3 * lda, *a4 = A + 4 * lda, *a5 = A + 5 * lda;
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
          c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -85,8 +85,9 @@ BNB_MS_TARGET_AVX2 void tile_avx2(const float *A, int64_t lda, int64_t mr, const
 constexpr int kMR16 = 8, kNP16 = 3;
 
 template <int NP>
-BNB_MS_TARGET_AVX512 void tile_avx512(const float *A, int64_t lda, int64_t mr, const float *P, int64_t pstride,
-                                      int64_t K, int ncl, const float *bias, float *C, int64_t ldc) {
+BNB_MS_TARGET_AVX512 void gemm_panel_f32_avx512(const float *A, int64_t lda, int64_t mr, const float *P,
+                                                int64_t pstride, int64_t K, int ncl, const float *bias, float *C,
+                                                int64_t ldc) {
   __m512 acc[kMR16][NP];
 #pragma GCC unroll 8
   for (int i = 0; i < kMR16; ++i)
@@ -142,9 +143,10 @@ void gemm_tiles8(const Tile8<E> *tiles, const E *A, int64_t lda, int64_t M, cons
   }
 }
 
-void gemm_f32_avx512(const float *A, int64_t lda, int64_t M, const float *P, int64_t pstride, int64_t K, int64_t N,
-                     const float *bias, float *C, int64_t ldc) {
-  static const Tile8<float> tiles[kNP16] = {tile_avx512<1>, tile_avx512<2>, tile_avx512<3>};
+void gemm_panel_f32_tiles8(const float *A, int64_t lda, int64_t M, const float *P, int64_t pstride, int64_t K,
+                           int64_t N, const float *bias, float *C, int64_t ldc) {
+  static const Tile8<float> tiles[kNP16] = {gemm_panel_f32_avx512<1>, gemm_panel_f32_avx512<2>,
+                                            gemm_panel_f32_avx512<3>};
   gemm_tiles8(tiles, A, lda, M, P, pstride, K, N, bias, C, ldc);
 }
 
@@ -152,7 +154,7 @@ void gemm_f32_avx512(const float *A, int64_t lda, int64_t M, const float *P, int
 
 void gemm_panel_f32(const float *A, int64_t lda, int64_t M, const float *P, int64_t pstride, int64_t K, int64_t N,
                     const float *bias, float *C, int64_t ldc) {
-  if (has_avx512()) return gemm_f32_avx512(A, lda, M, P, pstride, K, N, bias, C, ldc);
+  if (has_avx512()) return gemm_panel_f32_tiles8(A, lda, M, P, pstride, K, N, bias, C, ldc);
   const bool avx2 = has_avx2();
   static thread_local std::vector<float> tail;  // the last < 6 rows of A, zero-padded to 6 (AVX2 tile)
   for (int64_t m = 0; m < M; m += kMR) {
@@ -169,8 +171,8 @@ void gemm_panel_f32(const float *A, int64_t lda, int64_t M, const float *P, int6
       const int nc = (int)(N - n < kPanel ? N - n : kPanel);
       const float *p = P + n / kPanel * pstride, *b = bias ? bias + n : nullptr;
       float *c = C + m * ldc + n;
-      if (avx2) tile_avx2(a, la, mr, p, K, nc, b, c, ldc);
-      else tile_scalar(a, la, mr, p, K, nc, b, c, ldc);
+      if (avx2) gemm_panel_f32_avx2(a, la, mr, p, K, nc, b, c, ldc);
+      else gemm_panel_f32_portable(a, la, mr, p, K, nc, b, c, ldc);
     }
   }
 }
@@ -198,8 +200,8 @@ namespace {
 BNB_MS_INLINE float bf16_lo(uint32_t d) { return bf16_to_f32((uint16_t)(d & 0xffffu)); }
 BNB_MS_INLINE float bf16_hi(uint32_t d) { return bf16_to_f32((uint16_t)(d >> 16)); }
 
-void tile_bf16_portable(const uint32_t *A2, int64_t lda2, int64_t mr, const uint32_t *P2, int64_t K2, int nc,
-                        const float *bias, float *C, int64_t ldc) {
+void gemm_panel_bf16_portable(const uint32_t *A2, int64_t lda2, int64_t mr, const uint32_t *P2, int64_t K2, int nc,
+                              const float *bias, float *C, int64_t ldc) {
   for (int64_t i = 0; i < mr; ++i) {
     float acc[kPanel] = {0};
     const uint32_t *a = A2 + i * lda2;
@@ -218,9 +220,9 @@ void tile_bf16_portable(const uint32_t *A2, int64_t lda2, int64_t mr, const uint
 // Rows [0, mr) (mr <= 8; A2 must have 8 readable rows) against NP consecutive panels (the last may be short:
 // ncl columns).  Loops over constants, fully unrolled: the 8 x NP accumulators stay in registers.
 template <int NP>
-BNB_MS_TARGET_AVX512BF16 void tile_bf16_avx512(const uint32_t *A2, int64_t lda2, int64_t mr, const uint32_t *P2,
-                                               int64_t pstride2, int64_t K2, int ncl, const float *bias, float *C,
-                                               int64_t ldc) {
+BNB_MS_TARGET_AVX512BF16 void gemm_panel_bf16_avx512bf16(const uint32_t *A2, int64_t lda2, int64_t mr,
+                                                         const uint32_t *P2, int64_t pstride2, int64_t K2, int ncl,
+                                                         const float *bias, float *C, int64_t ldc) {
   __m512 acc[kMR16][NP];
 #pragma GCC unroll 8
   for (int i = 0; i < kMR16; ++i)
@@ -246,14 +248,15 @@ BNB_MS_TARGET_AVX512BF16 void tile_bf16_avx512(const uint32_t *A2, int64_t lda2,
     }
 }
 
-void gemm_bf16_avx512(const uint32_t *A2, int64_t lda2, int64_t M, const uint32_t *P2, int64_t pstride2, int64_t K2,
-                      int64_t N, const float *bias, float *C, int64_t ldc) {
-  static const Tile8<uint32_t> tiles[kNP16] = {tile_bf16_avx512<1>, tile_bf16_avx512<2>, tile_bf16_avx512<3>};
+void gemm_panel_bf16_tiles8(const uint32_t *A2, int64_t lda2, int64_t M, const uint32_t *P2, int64_t pstride2,
+                            int64_t K2, int64_t N, const float *bias, float *C, int64_t ldc) {
+  static const Tile8<uint32_t> tiles[kNP16] = {gemm_panel_bf16_avx512bf16<1>, gemm_panel_bf16_avx512bf16<2>,
+                                               gemm_panel_bf16_avx512bf16<3>};
   gemm_tiles8(tiles, A2, lda2, M, P2, pstride2, K2, N, bias, C, ldc);
 }
 
 // K fp32 -> K flushed bf16 words, zero-padded to an even count (one row of pairs: dword p = (x[2p], x[2p+1])).
-BNB_MS_TARGET_AVX512BF16 void round_row_avx512(const float *x, int64_t K, uint16_t *d) {
+BNB_MS_TARGET_AVX512BF16 void round_row_avx512bf16(const float *x, int64_t K, uint16_t *d) {
   int64_t k = 0;
   for (; k + 16 <= K; k += 16)
     _mm256_storeu_si256((__m256i *)(d + k), _mm512_cvtepi32_epi16(bf16_flushed16(_mm512_loadu_ps(x + k))));
@@ -262,7 +265,7 @@ BNB_MS_TARGET_AVX512BF16 void round_row_avx512(const float *x, int64_t K, uint16
 }
 
 void round_row(const float *x, int64_t K, uint16_t *d) {
-  if (bf16dot_native()) return round_row_avx512(x, K, d);
+  if (bf16dot_native()) return round_row_avx512bf16(x, K, d);
   for (int64_t k = 0; k < K; ++k) d[k] = to_bf16_flushed(x[k]);
   if (K & 1) d[K] = 0;
 }
@@ -271,12 +274,12 @@ void round_row(const float *x, int64_t K, uint16_t *d) {
 
 void gemm_panel_bf16(const uint32_t *A2, int64_t lda2, int64_t M, const uint32_t *P2, int64_t pstride2, int64_t K2,
                      int64_t N, const float *bias, float *C, int64_t ldc) {
-  if (bf16dot_native()) return gemm_bf16_avx512(A2, lda2, M, P2, pstride2, K2, N, bias, C, ldc);
+  if (bf16dot_native()) return gemm_panel_bf16_tiles8(A2, lda2, M, P2, pstride2, K2, N, bias, C, ldc);
   for (int64_t m = 0; m < M; m += kMR16) {
     const int64_t mr = M - m < kMR16 ? M - m : kMR16;
     for (int64_t n = 0; n < N; n += kPanel) {
       const int nc = (int)(N - n < kPanel ? N - n : kPanel);
-      tile_bf16_portable(A2 + m * lda2, lda2, mr, P2 + n / kPanel * pstride2, K2, nc, bias ? bias + n : nullptr,
+      gemm_panel_bf16_portable(A2 + m * lda2, lda2, mr, P2 + n / kPanel * pstride2, K2, nc, bias ? bias + n : nullptr,
                          C + m * ldc + n, ldc);
     }
   }

@@ -83,7 +83,8 @@ BNB_MS_INLINE void vq_absmax_tail(const T *a, int64_t c, int64_t cols, bool any,
 // One row: absmax (outliers left out, NaN propagated) into *stat, then the int8 codes; `zf` (the column
 // flags, or null) zeroes whole outlier columns.
 template <class T>
-void vq_row_generic(const T *a, int8_t *o, int64_t cols, bool any, float thr, const uint8_t *zf, float *stat) {
+void int8_vector_quant_portable(const T *a, int8_t *o, int64_t cols, bool any, float thr, const uint8_t *zf,
+                                float *stat) {
   float amax = 0.0f;
   bool nan = false;
   vq_absmax_tail<T>(a, 0, cols, any, thr, &amax, &nan);
@@ -104,8 +105,8 @@ BNB_MS_TARGET_AVX2 BNB_MS_INLINE float hmax8(__m256 v) {
 }
 
 template <class T>
-BNB_MS_TARGET_AVX2 void vq_row_avx2(const T *a, int8_t *o, int64_t cols, bool any, float thr, const uint8_t *zf,
-                                    float *stat) {
+BNB_MS_TARGET_AVX2 void int8_vector_quant_avx2(const T *a, int8_t *o, int64_t cols, bool any, float thr,
+                                               const uint8_t *zf, float *stat) {
   const __m256 sign = _mm256_set1_ps(-0.0f), vthr = _mm256_set1_ps(thr);
   __m256 vmax = _mm256_setzero_ps(), vnan = _mm256_setzero_ps();
   int64_t c = 0;
@@ -137,8 +138,8 @@ BNB_MS_TARGET_AVX2 void vq_row_avx2(const T *a, int8_t *o, int64_t cols, bool an
 }
 
 template <class T>
-BNB_MS_TARGET_AVX512 void vq_row_avx512(const T *a, int8_t *o, int64_t cols, bool any, float thr, const uint8_t *zf,
-                                        float *stat) {
+BNB_MS_TARGET_AVX512 void int8_vector_quant_avx512(const T *a, int8_t *o, int64_t cols, bool any, float thr,
+                                                   const uint8_t *zf, float *stat) {
   const __m512 vthr = _mm512_set1_ps(thr);
   __m512 vmax = _mm512_setzero_ps();
   __mmask16 mnan = 0;
@@ -170,7 +171,8 @@ BNB_MS_TARGET_AVX512 void vq_row_avx512(const T *a, int8_t *o, int64_t cols, boo
 
 // Column flags: flags[c] = 1 where some row has |x| >= thr, for columns [c0, c1).
 template <class T>
-void flag_cols_generic(const T *A, int64_t rows, int64_t cols, int64_t c0, int64_t c1, float thr, uint8_t *flags) {
+void int8_vector_quant_flags_portable(const T *A, int64_t rows, int64_t cols, int64_t c0, int64_t c1, float thr,
+                                      uint8_t *flags) {
   for (int64_t r = 0; r < rows; ++r) {
     const T *a = A + r * cols;
     for (int64_t c = c0; c < c1; ++c)
@@ -179,8 +181,8 @@ void flag_cols_generic(const T *A, int64_t rows, int64_t cols, int64_t c0, int64
 }
 
 template <class T>
-BNB_MS_TARGET_AVX2 void flag_cols_avx2(const T *A, int64_t rows, int64_t cols, int64_t c0, int64_t c1, float thr,
-                                       uint8_t *flags) {
+BNB_MS_TARGET_AVX2 void int8_vector_quant_flags_avx2(const T *A, int64_t rows, int64_t cols, int64_t c0, int64_t c1,
+                                                     float thr, uint8_t *flags) {
   const __m256 sign = _mm256_set1_ps(-0.0f), vthr = _mm256_set1_ps(thr);
   for (int64_t r = 0; r < rows; ++r) {
     const T *a = A + r * cols;
@@ -195,8 +197,8 @@ BNB_MS_TARGET_AVX2 void flag_cols_avx2(const T *A, int64_t rows, int64_t cols, i
 }
 
 template <class T>
-BNB_MS_TARGET_AVX512 void flag_cols_avx512(const T *A, int64_t rows, int64_t cols, int64_t c0, int64_t c1, float thr,
-                                           uint8_t *flags) {
+BNB_MS_TARGET_AVX512 void int8_vector_quant_flags_avx512(const T *A, int64_t rows, int64_t cols, int64_t c0, int64_t c1,
+                                                         float thr, uint8_t *flags) {
   const __m512 vthr = _mm512_set1_ps(thr);
   for (int64_t r = 0; r < rows; ++r) {
     const T *a = A + r * cols;
@@ -211,8 +213,8 @@ BNB_MS_TARGET_AVX512 void flag_cols_avx512(const T *A, int64_t rows, int64_t col
 }
 
 template <class T>
-void vector_quant(const T *A, int8_t *out, float *row_stats, uint8_t *col_flags, int64_t rows, int64_t cols,
-                  float threshold) {
+void int8_vector_quant(const T *A, int8_t *out, float *row_stats, uint8_t *col_flags, int64_t rows, int64_t cols,
+                       float threshold) {
   const bool split = threshold > 0.0f;
   const float thr = split ? to_f32<T>(from_f32<T>(threshold)) : 0.0f;
   const SimdLevel lvl = simd_level();
@@ -221,9 +223,9 @@ void vector_quant(const T *A, int8_t *out, float *row_stats, uint8_t *col_flags,
   if (split) {
     // Column flags: one pass, rows in parallel would race on flags, so columns are split instead.
     parallel_for(cols, 1024, [&](int64_t c0, int64_t c1) {
-      if (lvl >= SimdLevel::avx512) flag_cols_avx512<T>(A, rows, cols, c0, c1, thr, col_flags);
-      else if (lvl >= SimdLevel::avx2) flag_cols_avx2<T>(A, rows, cols, c0, c1, thr, col_flags);
-      else flag_cols_generic<T>(A, rows, cols, c0, c1, thr, col_flags);
+      if (lvl >= SimdLevel::avx512) int8_vector_quant_flags_avx512<T>(A, rows, cols, c0, c1, thr, col_flags);
+      else if (lvl >= SimdLevel::avx2) int8_vector_quant_flags_avx2<T>(A, rows, cols, c0, c1, thr, col_flags);
+      else int8_vector_quant_flags_portable<T>(A, rows, cols, c0, c1, thr, col_flags);
     });
     for (int64_t c = 0; c < cols; ++c) any |= col_flags[c] != 0;
   }
@@ -232,9 +234,9 @@ void vector_quant(const T *A, int8_t *out, float *row_stats, uint8_t *col_flags,
     for (int64_t r = r0; r < r1; ++r) {
       const T *a = A + r * cols;
       int8_t *o = out + r * cols;
-      if (lvl >= SimdLevel::avx512) vq_row_avx512<T>(a, o, cols, any, thr, zf, row_stats + r);
-      else if (lvl >= SimdLevel::avx2) vq_row_avx2<T>(a, o, cols, any, thr, zf, row_stats + r);
-      else vq_row_generic<T>(a, o, cols, any, thr, zf, row_stats + r);
+      if (lvl >= SimdLevel::avx512) int8_vector_quant_avx512<T>(a, o, cols, any, thr, zf, row_stats + r);
+      else if (lvl >= SimdLevel::avx2) int8_vector_quant_avx2<T>(a, o, cols, any, thr, zf, row_stats + r);
+      else int8_vector_quant_portable<T>(a, o, cols, any, thr, zf, row_stats + r);
     }
   });
 }
@@ -248,9 +250,11 @@ int vector_quant_entry(BNB_MS_AOT_ARGS) {
   int8_t *o = a.out;
   float *rs = a.row_stats;
   uint8_t *fl = a.col_flags;
-  if (a.dt == DType::f32) vector_quant<float>(static_cast<const float *>(a.A), o, rs, fl, a.rows, a.cols, a.threshold);
-  else if (a.dt == DType::f16) vector_quant<fp16_t>(static_cast<const fp16_t *>(a.A), o, rs, fl, a.rows, a.cols, a.threshold);
-  else vector_quant<bf16_t>(static_cast<const bf16_t *>(a.A), o, rs, fl, a.rows, a.cols, a.threshold);
+  if (a.dt == DType::f32)
+    int8_vector_quant<float>(static_cast<const float *>(a.A), o, rs, fl, a.rows, a.cols, a.threshold);
+  else if (a.dt == DType::f16)
+    int8_vector_quant<fp16_t>(static_cast<const fp16_t *>(a.A), o, rs, fl, a.rows, a.cols, a.threshold);
+  else int8_vector_quant<bf16_t>(static_cast<const bf16_t *>(a.A), o, rs, fl, a.rows, a.cols, a.threshold);
   return OK;
 }
 
@@ -287,7 +291,8 @@ int igemm_entry(BNB_MS_AOT_ARGS) {
 constexpr float kMmDequant = 6.200124e-05f;
 
 template <class T, class BT>
-void mmdq_row_generic(const int32_t *a, float rv, const float *cs, const BT *bias, T *o, int64_t j0, int64_t cols) {
+void int8_mm_dequant_portable(const int32_t *a, float rv, const float *cs, const BT *bias, T *o, int64_t j0,
+                              int64_t cols) {
   for (int64_t j = j0; j < cols; ++j) {
     float v = (float)a[j] * (rv * cs[j]);
     v = v * kMmDequant;
@@ -298,7 +303,8 @@ void mmdq_row_generic(const int32_t *a, float rv, const float *cs, const BT *bia
 
 // Same fp32 operations in the same order per element (no FMA), then the same output rounding.
 template <class T, class BT>
-BNB_MS_TARGET_AVX2 void mmdq_row_avx2(const int32_t *a, float rv, const float *cs, const BT *bias, T *o, int64_t cols) {
+BNB_MS_TARGET_AVX2 void int8_mm_dequant_avx2(const int32_t *a, float rv, const float *cs, const BT *bias, T *o,
+                                             int64_t cols) {
   const __m256 vrv = _mm256_set1_ps(rv), vk = _mm256_set1_ps(kMmDequant);
   int64_t j = 0;
   for (; j + 8 <= cols; j += 8) {
@@ -308,12 +314,12 @@ BNB_MS_TARGET_AVX2 void mmdq_row_avx2(const int32_t *a, float rv, const float *c
     if (bias) v = _mm256_add_ps(v, load8<BT>(bias + j));
     store8<T>(o + j, v);
   }
-  mmdq_row_generic<T, BT>(a, rv, cs, bias, o, j, cols);
+  int8_mm_dequant_portable<T, BT>(a, rv, cs, bias, o, j, cols);
 }
 
 template <class T, class BT>
-BNB_MS_TARGET_AVX512 void mmdq_row_avx512(const int32_t *a, float rv, const float *cs, const BT *bias, T *o,
-                                          int64_t cols) {
+BNB_MS_TARGET_AVX512 void int8_mm_dequant_avx512(const int32_t *a, float rv, const float *cs, const BT *bias, T *o,
+                                                 int64_t cols) {
   const __m512 vrv = _mm512_set1_ps(rv), vk = _mm512_set1_ps(kMmDequant);
   int64_t j = 0;
   for (; j + 16 <= cols; j += 16) {
@@ -323,20 +329,20 @@ BNB_MS_TARGET_AVX512 void mmdq_row_avx512(const int32_t *a, float rv, const floa
     if (bias) v = _mm512_add_ps(v, load16<BT>(bias + j));
     store16<T>(o + j, v);
   }
-  mmdq_row_generic<T, BT>(a, rv, cs, bias, o, j, cols);
+  int8_mm_dequant_portable<T, BT>(a, rv, cs, bias, o, j, cols);
 }
 
 template <class T, class BT>
-void mm_dequant(const int32_t *A, const float *rs, const float *cs, const BT *bias, T *out, int64_t rows,
-                int64_t cols) {
+void int8_mm_dequant(const int32_t *A, const float *rs, const float *cs, const BT *bias, T *out, int64_t rows,
+                     int64_t cols) {
   const SimdLevel lvl = simd_level();
   parallel_for(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int32_t *a = A + r * cols;
       T *o = out + r * cols;
-      if (lvl >= SimdLevel::avx512) mmdq_row_avx512<T, BT>(a, rs[r], cs, bias, o, cols);
-      else if (lvl >= SimdLevel::avx2) mmdq_row_avx2<T, BT>(a, rs[r], cs, bias, o, cols);
-      else mmdq_row_generic<T, BT>(a, rs[r], cs, bias, o, 0, cols);
+      if (lvl >= SimdLevel::avx512) int8_mm_dequant_avx512<T, BT>(a, rs[r], cs, bias, o, cols);
+      else if (lvl >= SimdLevel::avx2) int8_mm_dequant_avx2<T, BT>(a, rs[r], cs, bias, o, cols);
+      else int8_mm_dequant_portable<T, BT>(a, rs[r], cs, bias, o, 0, cols);
     }
   });
 }
@@ -351,10 +357,12 @@ int mm_dequant_entry(BNB_MS_AOT_ARGS) {
   const int32_t *A = a.A;
   const float *rs = a.row_stats, *cs = a.col_stats;
   const int64_t rows = a.rows, cols = a.cols;
-  if (a.bias_dt == DType::none) mm_dequant<T, float>(A, rs, cs, nullptr, a.out, rows, cols);
-  else if (a.bias_dt == DType::f32) mm_dequant<T, float>(A, rs, cs, static_cast<const float *>(a.bias), a.out, rows, cols);
-  else if (a.bias_dt == DType::f16) mm_dequant<T, fp16_t>(A, rs, cs, static_cast<const fp16_t *>(a.bias), a.out, rows, cols);
-  else mm_dequant<T, bf16_t>(A, rs, cs, static_cast<const bf16_t *>(a.bias), a.out, rows, cols);
+  if (a.bias_dt == DType::none) int8_mm_dequant<T, float>(A, rs, cs, nullptr, a.out, rows, cols);
+  else if (a.bias_dt == DType::f32)
+    int8_mm_dequant<T, float>(A, rs, cs, static_cast<const float *>(a.bias), a.out, rows, cols);
+  else if (a.bias_dt == DType::f16)
+    int8_mm_dequant<T, fp16_t>(A, rs, cs, static_cast<const fp16_t *>(a.bias), a.out, rows, cols);
+  else int8_mm_dequant<T, bf16_t>(A, rs, cs, static_cast<const bf16_t *>(a.bias), a.out, rows, cols);
   return OK;
 }
 
@@ -364,9 +372,9 @@ int mm_dequant_entry(BNB_MS_AOT_ARGS) {
 // Mixed mm dequant (cint8_mixed_mm_dequant_<T>; the outlier part of functional.int8_mixed_scaled_mm):
 //   J = the flagged columns, ascending.  J empty: out = mm dequant of C straight into T (the bytes of
 //   cdequant_mm_int32_<T>).  Otherwise, in fp32:
-//     d[r, n]   = mm dequant of C in fp32 (+ bias)                       (mmdq_row_*<float>)
+//     d[r, n]   = mm dequant of C in fp32 (+ bias)                       (int8_mm_dequant_*<float>)
 //     w[n, j]   = (float(CB[n, j]) * col_stats[n]) * 7.874015718698502e-3f  (int8_vectorwise_dequant)
-//     J is cut into blocks of mixed_block(|J|) columns (192; |J|/2 rounded up for 192 < |J| < 384); per block
+//     J is cut into blocks of mixed_block_size(|J|) columns (192; |J|/2 rounded up for 192 < |J| < 384); per block
 //     acc = fma(A[r, j], w[n, j], acc) over its columns, ascending, from acc = 0, then d[r, n] = d[r, n] + acc
 //     out[r, n] = T(d[r, n])
 //   A NaN fma result takes the NaN of acc + A * w computed in two steps (x86 operand order), so the NaN bits
@@ -377,7 +385,7 @@ int mm_dequant_entry(BNB_MS_AOT_ARGS) {
 //   and the fused forward and the unfused functional path share this code.
 // Fused linear (cint8_linear_<T>): the unfused forward of MatMul8bitLt in one call, on per-thread scratch:
 //   fp32 A is rounded to fp16 first (as `A.to(float16)` upstream, and _as_quant_input here), then
-//   vector_quant (with outlier column flags for threshold > 0) -> int8_gemm (the path of
+//   int8_vector_quant (with outlier column flags for threshold > 0) -> int8_gemm (the path of
 //   gemm_path_for_rows(rows)) -> for threshold > 0 the mixed mm dequant above, else the mm dequant
 //   straight into T.  col_flags are those of cint8_vector_quant on the quantized input.
 //   The same kernel serves the fused decoder layers (decoder.cpp) through int8_linear_f32 (linear_kernels.h).
@@ -417,10 +425,12 @@ X *grow(std::vector<X> &v, int64_t n) {
 
 // Outlier columns per block of the outlier sum (see "mixed mm dequant" above; _reference.mixed_block_size).
 constexpr int64_t kMixedBlock = 192;
-inline int64_t mixed_block(int64_t nJ) { return (nJ > kMixedBlock && nJ < 2 * kMixedBlock) ? (nJ + 1) / 2 : kMixedBlock; }
+inline int64_t mixed_block_size(int64_t nJ) {
+  return (nJ > kMixedBlock && nJ < 2 * kMixedBlock) ? (nJ + 1) / 2 : kMixedBlock;
+}
 
 // fma(a, b, c) with a NaN result replaced by the NaN of c + a * b in two steps (SSE: the first NaN operand).
-inline float fma_x86(float a, float b, float c) {
+inline float fma_x86_portable(float a, float b, float c) {
   const float r = std::fma(a, b, c);
   if (r == r) return r;
   const float p = a * b;
@@ -430,22 +440,22 @@ inline float fma_x86(float a, float b, float c) {
 // d + outlier sum for columns [j0, n) of one row: d, o and the columns of wt (row stride ldw) start at
 // the row's first column; av holds the row's nJ outlier activations.
 template <class T>
-void mixed_cols_generic(const float *d, const float *av, const float *wt, int64_t ldw, int64_t nJ, T *o, int64_t j0,
-                        int64_t n) {
-  const int64_t bs = mixed_block(nJ);
+void int8_mixed_mm_dequant_portable(const float *d, const float *av, const float *wt, int64_t ldw, int64_t nJ, T *o,
+                                    int64_t j0, int64_t n) {
+  const int64_t bs = mixed_block_size(nJ);
   for (int64_t j = j0; j < n; ++j) {
     float v = d[j];
     for (int64_t t0 = 0; t0 < nJ; t0 += bs) {
       const int64_t t1 = std::min(nJ, t0 + bs);
       float acc = 0.0f;
-      for (int64_t t = t0; t < t1; ++t) acc = fma_x86(av[t], wt[t * ldw + j], acc);
+      for (int64_t t = t0; t < t1; ++t) acc = fma_x86_portable(av[t], wt[t * ldw + j], acc);
       v = v + acc;
     }
     o[j] = from_f32<T>(v);
   }
 }
 
-BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 fma_x86_8(__m256 a, __m256 b, __m256 c) {
+BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 fma_x86_avx2(__m256 a, __m256 b, __m256 c) {
   const __m256 r = _mm256_fmadd_ps(a, b, c);
   const __m256 nan = _mm256_cmp_ps(r, r, _CMP_UNORD_Q);
   if (_mm256_testz_ps(nan, nan)) return r;
@@ -453,9 +463,9 @@ BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 fma_x86_8(__m256 a, __m256 b, __m256 c) 
 }
 
 template <class T>
-BNB_MS_TARGET_AVX2 void mixed_cols_avx2(const float *d, const float *av, const float *wt, int64_t ldw, int64_t nJ,
-                                        T *o, int64_t n) {
-  const int64_t bs = mixed_block(nJ);
+BNB_MS_TARGET_AVX2 void int8_mixed_mm_dequant_avx2(const float *d, const float *av, const float *wt, int64_t ldw,
+                                                   int64_t nJ, T *o, int64_t n) {
+  const int64_t bs = mixed_block_size(nJ);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
     __m256 v = _mm256_loadu_ps(d + j);
@@ -463,15 +473,15 @@ BNB_MS_TARGET_AVX2 void mixed_cols_avx2(const float *d, const float *av, const f
       const int64_t t1 = std::min(nJ, t0 + bs);
       __m256 acc = _mm256_setzero_ps();
       for (int64_t t = t0; t < t1; ++t)
-        acc = fma_x86_8(_mm256_set1_ps(av[t]), _mm256_loadu_ps(wt + t * ldw + j), acc);
+        acc = fma_x86_avx2(_mm256_set1_ps(av[t]), _mm256_loadu_ps(wt + t * ldw + j), acc);
       v = _mm256_add_ps(v, acc);
     }
     store8<T>(o + j, v);
   }
-  mixed_cols_generic<T>(d, av, wt, ldw, nJ, o, j, n);
+  int8_mixed_mm_dequant_portable<T>(d, av, wt, ldw, nJ, o, j, n);
 }
 
-BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 fma_x86_16(__m512 a, __m512 b, __m512 c) {
+BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 fma_x86_avx512(__m512 a, __m512 b, __m512 c) {
   const __m512 r = _mm512_fmadd_ps(a, b, c);
   const __mmask16 nan = _mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q);
   if (!nan) return r;
@@ -479,9 +489,9 @@ BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 fma_x86_16(__m512 a, __m512 b, __m512 
 }
 
 template <class T>
-BNB_MS_TARGET_AVX512 void mixed_cols_avx512(const float *d, const float *av, const float *wt, int64_t ldw,
-                                            int64_t nJ, T *o, int64_t n) {
-  const int64_t bs = mixed_block(nJ);
+BNB_MS_TARGET_AVX512 void int8_mixed_mm_dequant_avx512(const float *d, const float *av, const float *wt, int64_t ldw,
+                                                       int64_t nJ, T *o, int64_t n) {
+  const int64_t bs = mixed_block_size(nJ);
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
     __m512 v = _mm512_loadu_ps(d + j);
@@ -489,23 +499,23 @@ BNB_MS_TARGET_AVX512 void mixed_cols_avx512(const float *d, const float *av, con
       const int64_t t1 = std::min(nJ, t0 + bs);
       __m512 acc = _mm512_setzero_ps();
       for (int64_t t = t0; t < t1; ++t)
-        acc = fma_x86_16(_mm512_set1_ps(av[t]), _mm512_loadu_ps(wt + t * ldw + j), acc);
+        acc = fma_x86_avx512(_mm512_set1_ps(av[t]), _mm512_loadu_ps(wt + t * ldw + j), acc);
       v = _mm512_add_ps(v, acc);
     }
     store16<T>(o + j, v);
   }
-  mixed_cols_generic<T>(d, av, wt, ldw, nJ, o, j, n);
+  int8_mixed_mm_dequant_portable<T>(d, av, wt, ldw, nJ, o, j, n);
 }
 
 template <class T, class BT>
-void mixed_mm_dequant(const int32_t *C, const float *rs, const float *cs, const BT *bias, const T *A, int64_t K,
-                      const int8_t *CB, const uint8_t *flags, T *out, int64_t M, int64_t N, Int8Scratch &s) {
+void int8_mixed_mm_dequant(const int32_t *C, const float *rs, const float *cs, const BT *bias, const T *A, int64_t K,
+                           const int8_t *CB, const uint8_t *flags, T *out, int64_t M, int64_t N, Int8Scratch &s) {
   int64_t nJ = 0;
   int64_t *J = grow(s.cols, std::max<int64_t>(K, 1));
   for (int64_t k = 0; k < K; ++k)
     if (flags[k]) J[nJ++] = k;
   if (nJ == 0) {
-    mm_dequant<T, BT>(C, rs, cs, bias, out, M, N);
+    int8_mm_dequant<T, BT>(C, rs, cs, bias, out, M, N);
     return;
   }
   float *wt = grow(s.wt, nJ * N);
@@ -531,14 +541,14 @@ void mixed_mm_dequant(const int32_t *C, const float *rs, const float *cs, const 
       const float *a = av + r * nJ;
       T *o = out + r * N + n0;
       if (lvl >= SimdLevel::avx512) {
-        mmdq_row_avx512<float, BT>(c, rs[r], cs + n0, b, d, len);
-        mixed_cols_avx512<T>(d, a, wt + n0, N, nJ, o, len);
+        int8_mm_dequant_avx512<float, BT>(c, rs[r], cs + n0, b, d, len);
+        int8_mixed_mm_dequant_avx512<T>(d, a, wt + n0, N, nJ, o, len);
       } else if (lvl >= SimdLevel::avx2) {
-        mmdq_row_avx2<float, BT>(c, rs[r], cs + n0, b, d, len);
-        mixed_cols_avx2<T>(d, a, wt + n0, N, nJ, o, len);
+        int8_mm_dequant_avx2<float, BT>(c, rs[r], cs + n0, b, d, len);
+        int8_mixed_mm_dequant_avx2<T>(d, a, wt + n0, N, nJ, o, len);
       } else {
-        mmdq_row_generic<float, BT>(c, rs[r], cs + n0, b, d, 0, len);
-        mixed_cols_generic<T>(d, a, wt + n0, N, nJ, o, 0, len);
+        int8_mm_dequant_portable<float, BT>(c, rs[r], cs + n0, b, d, 0, len);
+        int8_mixed_mm_dequant_portable<T>(d, a, wt + n0, N, nJ, o, 0, len);
       }
     }
   });
@@ -555,15 +565,15 @@ int mixed_mm_dequant_entry(BNB_MS_AOT_ARGS) {
   const int32_t *C = a.C;
   const float *rs = a.row_stats, *cs = a.col_stats;
   if (a.bias_dt == DType::none)
-    mixed_mm_dequant<T, float>(C, rs, cs, nullptr, a.A, a.K, a.CB, a.col_flags, a.out, a.rows, a.N, s);
+    int8_mixed_mm_dequant<T, float>(C, rs, cs, nullptr, a.A, a.K, a.CB, a.col_flags, a.out, a.rows, a.N, s);
   else if (a.bias_dt == DType::f32)
-    mixed_mm_dequant<T, float>(C, rs, cs, static_cast<const float *>(a.bias), a.A, a.K, a.CB, a.col_flags, a.out,
+    int8_mixed_mm_dequant<T, float>(C, rs, cs, static_cast<const float *>(a.bias), a.A, a.K, a.CB, a.col_flags, a.out,
                                a.rows, a.N, s);
   else if (a.bias_dt == DType::f16)
-    mixed_mm_dequant<T, fp16_t>(C, rs, cs, static_cast<const fp16_t *>(a.bias), a.A, a.K, a.CB, a.col_flags, a.out,
+    int8_mixed_mm_dequant<T, fp16_t>(C, rs, cs, static_cast<const fp16_t *>(a.bias), a.A, a.K, a.CB, a.col_flags, a.out,
                                 a.rows, a.N, s);
   else
-    mixed_mm_dequant<T, bf16_t>(C, rs, cs, static_cast<const bf16_t *>(a.bias), a.A, a.K, a.CB, a.col_flags, a.out,
+    int8_mixed_mm_dequant<T, bf16_t>(C, rs, cs, static_cast<const bf16_t *>(a.bias), a.A, a.K, a.CB, a.col_flags, a.out,
                                 a.rows, a.N, s);
   s.trim();
   return OK;
@@ -583,14 +593,14 @@ void int8_linear(const T *A, const int8_t *CB, const float *SCB, const BT *bias,
   if (std::is_same<T, float>::value) {  // quantized after the cast to fp16, as the unfused path
     fp16_t *a16 = grow(s.a16, M * K);
     to_fp16(reinterpret_cast<const float *>(A), a16, M * K);
-    vector_quant<fp16_t>(a16, ca, sca, flags, M, K, threshold);
+    int8_vector_quant<fp16_t>(a16, ca, sca, flags, M, K, threshold);
   } else {
-    vector_quant<T>(A, ca, sca, flags, M, K, threshold);
+    int8_vector_quant<T>(A, ca, sca, flags, M, K, threshold);
   }
   int32_t *c = grow(s.c, M * N);
   int8_gemm(ca, CB, c, M, N, K);
-  if (threshold > 0.0f) mixed_mm_dequant<T, BT>(c, sca, SCB, bias, A, K, CB, flags, out, M, N, s);
-  else mm_dequant<T, BT>(c, sca, SCB, bias, out, M, N);
+  if (threshold > 0.0f) int8_mixed_mm_dequant<T, BT>(c, sca, SCB, bias, A, K, CB, flags, out, M, N, s);
+  else int8_mm_dequant<T, BT>(c, sca, SCB, bias, out, M, N);
   s.trim();
 }
 

@@ -56,8 +56,8 @@ constexpr int64_t kAmxMinRows = 8;
 
 // ---- scalar / AVX2 / AVX-512: int16 A x int8 B ---------------------------------------------------
 // portable tile: any mr <= 4, nr <= 3
-void tile_generic(const int16_t *A16, const int8_t *B, int32_t *C, int64_t K, int64_t ldc, int64_t k0, int64_t k1,
-                  int64_t m0, int64_t mr, int64_t n0, int64_t nr, bool first) {
+void int8_gemm_tile_portable(const int16_t *A16, const int8_t *B, int32_t *C, int64_t K, int64_t ldc, int64_t k0,
+                             int64_t k1, int64_t m0, int64_t mr, int64_t n0, int64_t nr, bool first) {
   for (int64_t i = 0; i < mr; ++i)
     for (int64_t j = 0; j < nr; ++j) {
       const int16_t *a = A16 + (m0 + i) * K;
@@ -78,8 +78,8 @@ BNB_MS_TARGET_AVX2 BNB_MS_INLINE int32_t hsum256(__m256i v) {
 
 // AVX2 MR x NR tile: per 16 k, NR sign-extending loads of B (vpmovsxbw), MR*NR vpmaddwd against int16 A.
 template <int MR, int NR>
-BNB_MS_TARGET_AVX2 void tile_avx2(const int16_t *A16, const int8_t *B, int32_t *C, int64_t K, int64_t ldc,
-                                  int64_t k0, int64_t k1, int64_t m0, int64_t n0, bool first) {
+BNB_MS_TARGET_AVX2 void int8_gemm_tile_avx2(const int16_t *A16, const int8_t *B, int32_t *C, int64_t K, int64_t ldc,
+                                            int64_t k0, int64_t k1, int64_t m0, int64_t n0, bool first) {
   __m256i acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_si256();
@@ -108,8 +108,8 @@ BNB_MS_TARGET_AVX2 void tile_avx2(const int16_t *A16, const int8_t *B, int32_t *
 // AVX-512 (no VNNI) tile, same structure with 32 k per step. (Its target has no avx512vnni, so the
 // compiler cannot fuse vpmaddwd + vpaddd into a VNNI instruction on CPUs without it.)
 template <int MR, int NR>
-BNB_MS_TARGET_AVX512 void tile_avx512(const int16_t *A16, const int8_t *B, int32_t *C, int64_t K, int64_t ldc,
-                                      int64_t k0, int64_t k1, int64_t m0, int64_t n0, bool first) {
+BNB_MS_TARGET_AVX512 void int8_gemm_tile_avx512(const int16_t *A16, const int8_t *B, int32_t *C, int64_t K, int64_t ldc,
+                                                int64_t k0, int64_t k1, int64_t m0, int64_t n0, bool first) {
   __m512i acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_si512();
@@ -176,9 +176,9 @@ constexpr int64_t kPrefetchMaxK = 2048;
 
 // asum: sums of A over this K block, indexed by the row of A.
 template <int MR, int NR>
-BNB_MS_TARGET_AVX512VNNI void tile_avx512vnni(const int8_t *A, const int8_t *B, const int32_t *asum, int32_t *C,
-                                              int64_t K, int64_t ldc, int64_t k0, int64_t k1, int64_t m0, int64_t n0,
-                                              bool first) {
+BNB_MS_TARGET_AVX512VNNI void int8_gemm_tile_avx512vnni(const int8_t *A, const int8_t *B, const int32_t *asum,
+                                                        int32_t *C, int64_t K, int64_t ldc, int64_t k0, int64_t k1,
+                                                        int64_t m0, int64_t n0, bool first) {
   const int64_t pf = MR <= 2 && K <= kPrefetchMaxK ? NR * K : 0;  // see kPrefetchMaxK
   const __m512i flip = _mm512_set1_epi8((char)0x80);
   __m512i acc[MR][NR];
@@ -214,8 +214,9 @@ BNB_MS_TARGET_AVX512VNNI void tile_avx512vnni(const int8_t *A, const int8_t *B, 
 }
 
 template <int MR, int NR>
-BNB_MS_TARGET_AVXVNNI void tile_avxvnni(const int8_t *A, const int8_t *B, const int32_t *asum, int32_t *C, int64_t K,
-                                        int64_t ldc, int64_t k0, int64_t k1, int64_t m0, int64_t n0, bool first) {
+BNB_MS_TARGET_AVXVNNI void int8_gemm_tile_avxvnni(const int8_t *A, const int8_t *B, const int32_t *asum, int32_t *C,
+                                                  int64_t K, int64_t ldc, int64_t k0, int64_t k1, int64_t m0,
+                                                  int64_t n0, bool first) {
   const __m256i flip = _mm256_set1_epi8((char)0x80);
   __m256i acc[MR][NR];
   for (int i = 0; i < MR; ++i)
@@ -301,12 +302,16 @@ void run_tile(GemmPath p, const void *Ap, const int8_t *B, const int32_t *sums, 
               int64_t k0, int64_t k1, int64_t m0, int64_t n0, bool first) {
   switch (p) {
     case GemmPath::avx512vnni:
-      tile_avx512vnni<MR, NR>((const int8_t *)Ap, B, sums, C, K, ldc, k0, k1, m0, n0, first);
+      int8_gemm_tile_avx512vnni<MR, NR>((const int8_t *)Ap, B, sums, C, K, ldc, k0, k1, m0, n0, first);
       break;
-    case GemmPath::avxvnni: tile_avxvnni<MR, NR>((const int8_t *)Ap, B, sums, C, K, ldc, k0, k1, m0, n0, first); break;
-    case GemmPath::avx512: tile_avx512<MR, NR>((const int16_t *)Ap, B, C, K, ldc, k0, k1, m0, n0, first); break;
-    case GemmPath::avx2: tile_avx2<MR, NR>((const int16_t *)Ap, B, C, K, ldc, k0, k1, m0, n0, first); break;
-    default: tile_generic((const int16_t *)Ap, B, C, K, ldc, k0, k1, m0, MR, n0, NR, first); break;
+    case GemmPath::avxvnni:
+      int8_gemm_tile_avxvnni<MR, NR>((const int8_t *)Ap, B, sums, C, K, ldc, k0, k1, m0, n0, first);
+      break;
+    case GemmPath::avx512:
+      int8_gemm_tile_avx512<MR, NR>((const int16_t *)Ap, B, C, K, ldc, k0, k1, m0, n0, first);
+      break;
+    case GemmPath::avx2: int8_gemm_tile_avx2<MR, NR>((const int16_t *)Ap, B, C, K, ldc, k0, k1, m0, n0, first); break;
+    default: int8_gemm_tile_portable((const int16_t *)Ap, B, C, K, ldc, k0, k1, m0, MR, n0, NR, first); break;
   }
 }
 

@@ -88,8 +88,8 @@ using K = OptConsts;
 
 // ---- 32-bit state -------------------------------------------------------------------------------
 template <class T, Opt O, bool UNORM>
-BNB_MS_INLINE void blocks32_generic(const K &k, const T *g, T *p, float *s1, float *s2, float *upd, int64_t n,
-                                    int64_t b0, int64_t b1) {
+BNB_MS_INLINE void optimizer_update_32bit_portable(const K &k, const T *g, T *p, float *s1, float *s2, float *upd,
+                                                   int64_t n, int64_t b0, int64_t b1) {
   float dummy = 0.0f;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t s = b * kBlock, e = std::min(s + kBlock, n);
@@ -103,14 +103,14 @@ BNB_MS_INLINE void blocks32_generic(const K &k, const T *g, T *p, float *s1, flo
   }
 }
 template <class T, Opt O, bool UNORM>
-BNB_MS_TARGET_AVX2 void blocks32_avx2(const K &k, const T *g, T *p, float *s1, float *s2, float *upd, int64_t n,
-                                      int64_t b0, int64_t b1) {
-  blocks32_generic<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
+BNB_MS_TARGET_AVX2 void optimizer_update_32bit_avx2(const K &k, const T *g, T *p, float *s1, float *s2, float *upd,
+                                                    int64_t n, int64_t b0, int64_t b1) {
+  optimizer_update_32bit_portable<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
 }
 template <class T, Opt O, bool UNORM>
-BNB_MS_TARGET_AVX512 void blocks32_avx512(const K &k, const T *g, T *p, float *s1, float *s2, float *upd, int64_t n,
-                                          int64_t b0, int64_t b1) {
-  blocks32_generic<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
+BNB_MS_TARGET_AVX512 void optimizer_update_32bit_avx512(const K &k, const T *g, T *p, float *s1, float *s2, float *upd,
+                                                        int64_t n, int64_t b0, int64_t b1) {
+  optimizer_update_32bit_portable<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
 }
 
 template <class T, Opt O, bool UNORM>
@@ -118,9 +118,9 @@ void run32(const K &k, const T *g, T *p, float *s1, float *s2, float *upd, int64
   const int64_t nb = (n + kBlock - 1) / kBlock;
   const SimdLevel lvl = simd_level();
   parallel_for(nb, 64, [&](int64_t b0, int64_t b1) {
-    if (lvl >= SimdLevel::avx512) blocks32_avx512<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
-    else if (lvl >= SimdLevel::avx2) blocks32_avx2<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
-    else blocks32_generic<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
+    if (lvl >= SimdLevel::avx512) optimizer_update_32bit_avx512<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
+    else if (lvl >= SimdLevel::avx2) optimizer_update_32bit_avx2<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
+    else optimizer_update_32bit_portable<T, O, UNORM>(k, g, p, s1, s2, upd, n, b0, b1);
   });
 }
 
@@ -133,8 +133,8 @@ double norm_of(const T *x, int64_t n) {
 
 // LAMB / LARS (max_unorm > 0; Adam, Momentum, RMSprop): the norm of the whole update scales the step.
 template <class T, Opt O>
-void update32_unorm(const K &k, const Hyper &h, const T *g, T *p, float *s1, float *s2, float *unorm_vec,
-                    double max_unorm, double param_norm, int64_t n) {
+void optimizer_update_32bit_unorm(const K &k, const Hyper &h, const T *g, T *p, float *s1, float *s2, float *unorm_vec,
+                                  double max_unorm, double param_norm, int64_t n) {
   if (param_norm <= 0.0) param_norm = norm_of(p, n);
   std::vector<float> upd((size_t)n);
   run32<T, O, true>(k, g, p, s1, s2, upd.data(), n);
@@ -147,11 +147,12 @@ void update32_unorm(const K &k, const Hyper &h, const T *g, T *p, float *s1, flo
 }
 
 template <class T, Opt O>
-void update32(const Hyper &h, const T *g, T *p, float *s1, float *s2, float *unorm_vec, double max_unorm,
-              double param_norm, int64_t n) {
+void optimizer_update_32bit(const Hyper &h, const T *g, T *p, float *s1, float *s2, float *unorm_vec, double max_unorm,
+                            double param_norm, int64_t n) {
   const K k = opt_consts(h);
   if constexpr (has_unorm_path<O>()) {
-    if (max_unorm > 0.0) return update32_unorm<T, O>(k, h, g, p, s1, s2, unorm_vec, max_unorm, param_norm, n);
+    if (max_unorm > 0.0)
+      return optimizer_update_32bit_unorm<T, O>(k, h, g, p, s1, s2, unorm_vec, max_unorm, param_norm, n);
   }
   run32<T, O, false>(k, g, p, s1, s2, nullptr, n);
 }
@@ -174,7 +175,8 @@ struct State8 {
 };
 
 template <class T, Opt O>
-BNB_MS_INLINE void blocks8_generic(const K &k, const T *g, T *p, const State8 &st, int64_t n, int64_t b0, int64_t b1) {
+BNB_MS_INLINE void optimizer_update_8bit_blockwise_portable(const K &k, const T *g, T *p, const State8 &st, int64_t n,
+                                                            int64_t b0, int64_t b1) {
   const int64_t nb = (n + kBlock - 1) / kBlock;
   float m[kBlock], mb[kBlock], v[kBlock];
   for (int64_t b = b0; b < b1; ++b) {
@@ -450,32 +452,33 @@ SIMD_TARGET BNB_MS_INLINE int64_t requant_vec(const OptLut *lut, const Grid256Vb
 }  // namespace avx512
 
 template <class T, Opt O>
-BNB_MS_TARGET_AVX2 void blocks8_avx2(const K &k, const T *g, T *p, const State8 &st, int64_t n, int64_t b0, int64_t b1) {
+BNB_MS_TARGET_AVX2 void optimizer_update_8bit_blockwise_avx2(const K &k, const T *g, T *p, const State8 &st, int64_t n,
+                                                             int64_t b0, int64_t b1) {
   avx2::blocks8<T, O>(k, g, p, st, n, b0, b1);
 }
 template <class T, Opt O>
-BNB_MS_TARGET_AVX512 void blocks8_avx512(const K &k, const T *g, T *p, const State8 &st, int64_t n, int64_t b0,
-                                         int64_t b1) {
+BNB_MS_TARGET_AVX512 void optimizer_update_8bit_blockwise_avx512(const K &k, const T *g, T *p, const State8 &st,
+                                                                 int64_t n, int64_t b0, int64_t b1) {
   avx512::blocks8<T, O>(k, g, p, st, n, b0, b1);
 }
 
 template <class T, Opt O>
-BNB_MS_TARGET_AVX512VBMI void blocks8_avx512vbmi(const K &k, const T *g, T *p, const State8 &st, int64_t n, int64_t b0,
-                                                 int64_t b1) {
+BNB_MS_TARGET_AVX512VBMI void optimizer_update_8bit_blockwise_avx512vbmi(const K &k, const T *g, T *p, const State8 &st,
+                                                                         int64_t n, int64_t b0, int64_t b1) {
   avx512::vbmi::blocks8<T, O>(k, g, p, st, n, b0, b1);
 }
 
 template <class T, Opt O>
-void update8(const Hyper &h, const T *g, T *p, const State8 &st, int64_t n) {
+void optimizer_update_8bit_blockwise(const Hyper &h, const T *g, T *p, const State8 &st, int64_t n) {
   const K k = opt_consts(h);
   const int64_t nb = (n + kBlock - 1) / kBlock;
   const SimdLevel lvl = simd_level();
   const bool vbmi = has_avx512vbmi();
   parallel_for(nb, 32, [&](int64_t b0, int64_t b1) {
-    if (vbmi) blocks8_avx512vbmi<T, O>(k, g, p, st, n, b0, b1);
-    else if (lvl >= SimdLevel::avx512) blocks8_avx512<T, O>(k, g, p, st, n, b0, b1);
-    else if (lvl >= SimdLevel::avx2) blocks8_avx2<T, O>(k, g, p, st, n, b0, b1);
-    else blocks8_generic<T, O>(k, g, p, st, n, b0, b1);
+    if (vbmi) optimizer_update_8bit_blockwise_avx512vbmi<T, O>(k, g, p, st, n, b0, b1);
+    else if (lvl >= SimdLevel::avx512) optimizer_update_8bit_blockwise_avx512<T, O>(k, g, p, st, n, b0, b1);
+    else if (lvl >= SimdLevel::avx2) optimizer_update_8bit_blockwise_avx2<T, O>(k, g, p, st, n, b0, b1);
+    else optimizer_update_8bit_blockwise_portable<T, O>(k, g, p, st, n, b0, b1);
   });
 }
 
@@ -499,7 +502,7 @@ int entry32(BNB_MS_AOT_ARGS) {
   if (int f = forced_error("optim")) return report_status(a.status, f);
   if (a.empty) return OK;
   try {
-    update32<T, O>(a.h, a.g, a.p, a.s1, a.s2, a.unorm, a.max_unorm, a.param_norm, a.n);
+    optimizer_update_32bit<T, O>(a.h, a.g, a.p, a.s1, a.s2, a.unorm, a.max_unorm, a.param_norm, a.n);
   } catch (const std::bad_alloc &) {  // the max_unorm path's buffer of raw updates
     return report_status(a.status, E_NOMEM);
   }
@@ -522,7 +525,7 @@ int entry8(BNB_MS_AOT_ARGS) {
     st.s2 = a.s2; st.a2 = a.a2; st.q2 = a.q2;
     st.l2 = opt_lut(st.q2);
   }
-  update8<T, O>(a.h, a.g, a.p, st, a.n);
+  optimizer_update_8bit_blockwise<T, O>(a.h, a.g, a.p, st, a.n);
   return OK;
 }
 

@@ -58,7 +58,11 @@ template <> BNB_MS_TARGET_AVX512 BNB_MS_INLINE void store16<bf16_t>(bf16_t *p, _
 }
 
 // dst[i] = from_f32<D>(to_f32<S>(src[i])) for i < n: widening is exact, narrowing rounds to nearest even with
-// from_f32's NaNs, the same bytes at every level.
+// from_f32's NaNs, the same bytes at every level (numpy twin: _reference.convert_span).
+template <class S, class D>
+BNB_MS_INLINE void convert_span_portable(const S *src, D *dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = from_f32<D>(to_f32<S>(src[i]));
+}
 template <class S, class D>
 BNB_MS_TARGET_AVX2 void convert_span_avx2(const S *src, D *dst, int64_t n) {
   int64_t i = 0;
@@ -76,7 +80,6 @@ void convert_span(const S *src, D *dst, int64_t n) {
   const SimdLevel lvl = simd_level();
   if (lvl >= SimdLevel::avx512) convert_span_avx512<S, D>(src, dst, n);
   else if (lvl >= SimdLevel::avx2) convert_span_avx2<S, D>(src, dst, n);
-  else
-    for (int64_t i = 0; i < n; ++i) dst[i] = from_f32<D>(to_f32<S>(src[i]));
+  else convert_span_portable<S, D>(src, dst, n);
 }
 }  // namespace bnb_ms

@@ -33,7 +33,7 @@ constexpr float kExpLo = -87.3365478515625f, kExpHi = 88.72283935546875f;  // lo
 constexpr float kLog2e = 1.44269504088896341f, kLn2 = 0.693147f;
 constexpr float kP1 = 1.0f / 120, kP2 = 1.0f / 24, kP3 = 1.0f / 6;
 
-BNB_MS_INLINE float exp_f32(float x) {
+BNB_MS_INLINE float exp_ms_portable(float x) {
   if (x != x) return x;
   x = x > kExpLo ? x : kExpLo;
   x = x < kExpHi ? x : kExpHi;
@@ -48,7 +48,7 @@ BNB_MS_INLINE float exp_f32(float x) {
   return (e * s) * 2.0f;
 }
 
-BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 exp_avx2(__m256 x) {
+BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 exp_ms_avx2(__m256 x) {
   const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
   const __m256 xin = x;
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpLo)), _mm256_set1_ps(kExpHi));
@@ -70,13 +70,13 @@ inline void exp_shifted(const float *x, float shift, float *y, int64_t n) {
       BNB_MS_TARGET_AVX2 static int64_t run(const float *x, float shift, float *y, int64_t n) {
         const __m256 s = _mm256_set1_ps(shift);
         int64_t i = 0;
-        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), s)));
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp_ms_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), s)));
         return i;
       }
     };
     i = K::run(x, shift, y, n);
   }
-  for (; i < n; ++i) y[i] = exp_f32(x[i] - shift);
+  for (; i < n; ++i) y[i] = exp_ms_portable(x[i] - shift);
 }
 
 // g[i] = silu(g[i]) * u[i] as the unfused model computes it: (g * sigmoid(g)) * u, sigmoid = 1 / (1 + exp(-g)),
@@ -90,7 +90,7 @@ inline void silu_mul(float *g, const float *u, int64_t n) {
         int64_t i = 0;
         for (; i + 8 <= n; i += 8) {
           const __m256 a = _mm256_loadu_ps(g + i);
-          const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, exp_avx2(_mm256_sub_ps(zero, a))));
+          const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, exp_ms_avx2(_mm256_sub_ps(zero, a))));
           _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(a, s), _mm256_loadu_ps(u + i)));
         }
         return i;
@@ -98,7 +98,7 @@ inline void silu_mul(float *g, const float *u, int64_t n) {
     };
     i = K::run(g, u, n);
   }
-  for (; i < n; ++i) g[i] = (g[i] * (1.0f / (1.0f + exp_f32(0.0f - g[i])))) * u[i];
+  for (; i < n; ++i) g[i] = (g[i] * (1.0f / (1.0f + exp_ms_portable(0.0f - g[i])))) * u[i];
 }
 
 // The unfused model's Softmax sum of a row of length L whose values are v[0, n) (n <= L; the rest are zeros,

@@ -14,7 +14,7 @@
 //   cgemm_weight_only_int{8,4}_{fp32,fp16,bf16}:        A T[..., K], q, scale -> out T[..., N]
 //       out[m, n] = scale[n] * sum_k A[m, k] * q[n, k]: the quantized weight is read once per row of A
 //       and widened in registers (never materialised in floating point); fp32 accumulation in 16 fixed
-//       lanes (lane = k mod 16, fused multiply-add, fixed reduction tree), so the scalar, AVX2 and AVX-512
+//       lanes (lane = k mod 16, fused multiply-add, fixed reduction tree), so the portable, AVX2 and AVX-512
 //       paths give identical bits.
 #include <immintrin.h>
 
@@ -54,7 +54,7 @@ BNB_MS_INLINE void tail_lanes(const uint8_t *row, const float *a, int64_t k0, in
 }
 
 template <int BITS>
-float dot_generic(const uint8_t *row, const float *a, int64_t K) {
+float gemm_weight_only_portable(const uint8_t *row, const float *a, int64_t K) {
   float acc[16] = {0};
   tail_lanes<BITS>(row, a, 0, K, acc);
   return wo_reduce16(acc);
@@ -76,7 +76,7 @@ BNB_MS_TARGET_AVX2 BNB_MS_INLINE void load16_avx2(const uint8_t *row, int64_t k,
 }
 
 template <int BITS>
-BNB_MS_TARGET_AVX2 float dot_avx2(const uint8_t *row, const float *a, int64_t K) {
+BNB_MS_TARGET_AVX2 float gemm_weight_only_avx2(const uint8_t *row, const float *a, int64_t K) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
@@ -93,7 +93,7 @@ BNB_MS_TARGET_AVX2 float dot_avx2(const uint8_t *row, const float *a, int64_t K)
 }
 
 template <int BITS>
-BNB_MS_TARGET_AVX512 float dot_avx512(const uint8_t *row, const float *a, int64_t K) {
+BNB_MS_TARGET_AVX512 float gemm_weight_only_avx512(const uint8_t *row, const float *a, int64_t K) {
   __m512 acc = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
@@ -115,7 +115,7 @@ BNB_MS_TARGET_AVX512 float dot_avx512(const uint8_t *row, const float *a, int64_
 }
 
 template <class T, int BITS>
-void gemm_wo(const T *A, const uint8_t *q, const float *scale, T *out, int64_t M, int64_t N, int64_t K) {
+void gemm_weight_only(const T *A, const uint8_t *q, const float *scale, T *out, int64_t M, int64_t N, int64_t K) {
   std::vector<float> a32((size_t)(M * K));
   for (int64_t i = 0; i < M * K; ++i) a32[(size_t)i] = to_f32(A[i]);
   const SimdLevel lvl = simd_level();
@@ -127,9 +127,9 @@ void gemm_wo(const T *A, const uint8_t *q, const float *scale, T *out, int64_t M
       for (int64_t m = 0; m < M; ++m) {
         const float *a = a32.data() + m * K;
         float r;
-        if (lvl >= SimdLevel::avx512) r = dot_avx512<BITS>(row, a, K);
-        else if (lvl >= SimdLevel::avx2) r = dot_avx2<BITS>(row, a, K);
-        else r = dot_generic<BITS>(row, a, K);
+        if (lvl >= SimdLevel::avx512) r = gemm_weight_only_avx512<BITS>(row, a, K);
+        else if (lvl >= SimdLevel::avx2) r = gemm_weight_only_avx2<BITS>(row, a, K);
+        else r = gemm_weight_only_portable<BITS>(row, a, K);
         out[m * N + n] = from_f32<T>(r * scale[n]);
       }
     }
@@ -198,7 +198,7 @@ int gemm_wo_entry(BNB_MS_AOT_ARGS) {
   checks::GemmWeightOnly<T> a;
   if (int s = checks::gemm_weight_only<T, BITS>(c, &a)) return s;
   if (a.empty) return OK;
-  gemm_wo<T, BITS>(a.A, a.q, a.scale, a.out, a.M, a.N, a.K);
+  gemm_weight_only<T, BITS>(a.A, a.q, a.scale, a.out, a.M, a.N, a.K);
   return OK;
 }
 
