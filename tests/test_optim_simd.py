@@ -47,3 +47,16 @@ sys.stdout.write(c.simd_level() + ' ' + hashlib.sha256(b''.join(outs)).hexdigest
 
 def test_optim8bit_simd_equals_scalar():
     assert_levels_agree(_CODE)
+
+
+@pytest.mark.parametrize("gather", ["0", "1"])
+def test_optim8bit_avx2_lookups_equal_scalar(gather, monkeypatch):
+    """Both forms of the AVX2 loop's lookups (scalar loads, vpgatherdd: BNB_MS_AVX2_GATHER; by default gathers on
+    Intel CPUs, scalar loads elsewhere) give the portable path's bytes."""
+    from simd_levels import run_at
+    from bitsandbytes_ms import cextension
+    if cextension.simd_level() == "scalar":
+        pytest.skip("no AVX2")
+    ref = run_at(_CODE, "scalar")[1]
+    monkeypatch.setenv("BNB_MS_AVX2_GATHER", gather)
+    assert run_at(_CODE, "avx2") == ["avx2", ref]

@@ -33,14 +33,21 @@ struct Code256Vbmi {
   static constexpr int kN = 64;
   __m512i plane[4][4];  // plane[k][j]: byte k of code[64 j .. 64 j + 63]
   __m512i perm;
+  // sym: code[127] is +0 and code[127 - j] = -code[127 + j] for j = 1..127 (the signed dynamic map); then
+  // code[q] = -code[254 - q] for q < 127 and one 128-entry table of code[128..255] per plane serves every q (one
+  // vpermi2b per plane instead of two and a blend): plane[k][2..3] as always, q < 127 looked up at 126 - q with the
+  // sign bit set, q = 127 zeroed.
+  bool sym = false;
 
   BNB_MS_TARGET_AVX512VBMI void init(const float *code) {
     alignas(64) uint8_t b[4][256];
+    uint32_t u[256];
     for (int i = 0; i < 256; ++i) {
-      uint32_t u;
-      std::memcpy(&u, code + i, 4);
-      for (int k = 0; k < 4; ++k) b[k][i] = (uint8_t)(u >> (8 * k));
+      std::memcpy(&u[i], code + i, 4);
+      for (int k = 0; k < 4; ++k) b[k][i] = (uint8_t)(u[i] >> (8 * k));
     }
+    sym = u[127] == 0;
+    for (int j = 1; j < 128 && sym; ++j) sym = u[127 - j] == (u[127 + j] ^ 0x80000000u);
     for (int k = 0; k < 4; ++k)
       for (int j = 0; j < 4; ++j) plane[k][j] = _mm512_load_si512(b[k] + 64 * j);
     // after the unpacks, register r, 128-bit lane L, dword t holds index position 16 L + 4 r + t; it must hold
@@ -57,9 +64,16 @@ struct Code256Vbmi {
     const __m512i idx = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(q));
     const __mmask64 upper = _mm512_movepi8_mask(idx);  // q >= 128
     __m512i p[4];
-    for (int k = 0; k < 4; ++k)
-      p[k] = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(plane[k][0], idx, plane[k][1]),
-                                    _mm512_permutex2var_epi8(plane[k][2], idx, plane[k][3]));
+    if (sym) {
+      const __mmask64 nz = _mm512_cmpneq_epi8_mask(idx, _mm512_set1_epi8(127)), neg = ~upper & nz;
+      const __m512i m = _mm512_mask_sub_epi8(idx, ~upper, _mm512_set1_epi8(126), idx);  // vpermi2b reads 7 bits
+      for (int k = 0; k < 4; ++k) p[k] = _mm512_maskz_permutex2var_epi8(nz, plane[k][2], m, plane[k][3]);
+      p[3] = _mm512_mask_add_epi8(p[3], neg, p[3], _mm512_set1_epi8((char)0x80));  // the sign bit
+    } else {
+      for (int k = 0; k < 4; ++k)
+        p[k] = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(plane[k][0], idx, plane[k][1]),
+                                      _mm512_permutex2var_epi8(plane[k][2], idx, plane[k][3]));
+    }
     const __m512i w01l = _mm512_unpacklo_epi8(p[0], p[1]), w01h = _mm512_unpackhi_epi8(p[0], p[1]);
     const __m512i w23l = _mm512_unpacklo_epi8(p[2], p[3]), w23h = _mm512_unpackhi_epi8(p[2], p[3]);
     v[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01l, w23l));
@@ -106,9 +120,12 @@ struct Grid256Vbmi {
   // dense buckets around the middle pair up (signed map: D 4 -> 2).
   bool fold = false;
   int fc = 0, fe = -1;
+  // sat: every i <= fe has table[65535 - i] = fc + 1 (and table[i] = 0), fc <= 254: the lower lanes' fc - code
+  // (+ 1 for i <= fe) is then the saturating byte difference max(fc - code, 0) (signed dynamic map: yes)
+  bool sat = false;
 
   BNB_MS_TARGET_AVX512VBMI bool init(const uint8_t *table) {
-    fold = false;
+    fold = sat = false;
     fc = table[32767] + table[32768];
     int i = 32767;
     for (; i >= 0 && table[i] + table[65535 - i] == fc; --i) {}
@@ -120,6 +137,8 @@ struct Grid256Vbmi {
       return build(table);
     }
     fold = true;
+    sat = fc <= 254;
+    for (int j = 0; j <= fe && sat; ++j) sat = table[65535 - j] == fc + 1;
     std::vector<uint8_t> upper(table, table + 65536);
     std::memset(upper.data(), 0, 32768);  // the lower half is never looked up
     return build(upper.data());
@@ -185,13 +204,14 @@ struct Grid256Vbmi {
     if (fold) {
       const __m512i ones = _mm512_set1_epi8(-1);
       const __mmask64 lo = ~hu;  // lanes of the lower half: looked up at ~i, then fc - code (+ 1 for i <= fe)
+      const __m512i hf = _mm512_mask_blend_epi8(lo, h, _mm512_xor_si512(h, ones));
+      const __m512i lf = _mm512_mask_blend_epi8(lo, l, _mm512_xor_si512(l, ones));
+      __m512i r = codes_hl<true>(hf, lf, ~(__mmask64)0);
+      if (sat) return _mm512_mask_subs_epu8(r, lo, _mm512_set1_epi8((char)fc), r);
       const __mmask64 exc = fe < 0 ? 0
                                    : _mm512_mask_cmplt_epu8_mask(lo, h, _mm512_set1_epi8((char)(fe >> 8))) |
                                          (_mm512_mask_cmpeq_epi8_mask(lo, h, _mm512_set1_epi8((char)(fe >> 8))) &
                                           _mm512_cmple_epu8_mask(l, _mm512_set1_epi8((char)(fe & 255))));
-      const __m512i h2 = _mm512_mask_blend_epi8(lo, h, _mm512_xor_si512(h, ones));
-      const __m512i l2 = _mm512_mask_blend_epi8(lo, l, _mm512_xor_si512(l, ones));
-      __m512i r = codes_hl<true>(h2, l2, ~(__mmask64)0);
       r = _mm512_mask_sub_epi8(r, lo, _mm512_set1_epi8((char)fc), r);
       return _mm512_mask_add_epi8(r, exc, r, _mm512_set1_epi8(1));
     }

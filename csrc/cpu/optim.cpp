@@ -17,9 +17,10 @@
 // parameter and the state in float32, then requantize the block with the same 65536-bin lookup
 // table as quantize_blockwise (blockwise.cpp / upstream's CPU kernel), so the state bytes equal
 // upstream's.  The SIMD paths compute the grid indices in vectors and look codes up as blockwise.cpp does
-// (AVX2: scalar loads, dequantization through a per-block table of code * absmax; AVX-512: gathers), except that
-// with AVX-512 VBMI both lookups stay in registers: Code256Vbmi decodes 64 states at a time inside the update
-// loop, Grid256Vbmi (cpu/code256.h: the grid table as per-bucket tables of 256 bytes, the same bytes) requantizes.
+// (AVX2: scalar loads, dequantization through a per-block table of code * absmax, or on Intel CPUs 8-lane gathers;
+// AVX-512: gathers), except that with AVX-512 VBMI both lookups stay in registers: Code256Vbmi decodes 64 states at
+// a time inside the update loop, Grid256Vbmi (cpu/code256.h: the grid table as per-bucket tables of 256 bytes, the
+// same bytes) requantizes.
 // The vector loops divide by the call's bias corrections without the divider (optim_simd.inc, vdiv_by: exact).
 //
 // Non-finite gradients. 8-bit state: an element whose gradient is inf or NaN updates its parameter as
@@ -36,6 +37,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -209,6 +211,10 @@ struct BlockCodes {
   BNB_MS_INLINE float at1(int64_t i) const { return code[q[i]] * absmax; }
 };
 
+// The compile-time flags of the vector loops (optim_simd.inc, blocks8_fl): kFlLean: gnorm 1, no weight decay, both
+// bias corrections divided without the divider; kFlLeanWd: the same with weight decay; kFlAny: read at run time.
+enum : int { kFlLean = 0, kFlLeanWd = 1, kFlAny = 2 };
+
 // The per-call state tables of a SIMD level that has none (AVX2, AVX-512 without VBMI: the lookups read the codes).
 struct NoStateCodes {
   const void *c1 = nullptr, *c2 = nullptr;
@@ -264,7 +270,7 @@ template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v) { store8<T>(p
 // (prepare), then read by lane groups (at) or elements (at1); requant32: the 32 codes of v[0..32) * pre * inv.
 // kAhead: software prefetch distance in blocks (the scalar lookups leave the hardware prefetchers idle for
 // long stretches; Adam8bit on Zen 3: 3-5% less thread time).
-constexpr int64_t kAhead = 4;
+constexpr int64_t kAhead = 4, kAheadChunk = 0;
 using StateCodes = NoStateCodes;
 struct StateSrc {
   float *buf;
@@ -299,6 +305,63 @@ SIMD_TARGET BNB_MS_INLINE float hmax(F v) {
   return _mm_cvtss_f32(m);
 }
 #include "cpu/optim_simd.inc"
+
+// The same loop with the lookups as 8-lane gathers (vpgatherdd) instead of scalar loads: the states decoded in the
+// update loop (no block buffer), the codes gathered from the grid table (4-byte reads at byte offsets: the table is
+// padded).  Where gathers are fast (avx2_gathers below).
+namespace gather {
+// software prefetch 384 elements ahead, 32 at a time (Xeon, 20M parameters, 2 threads: 17.7 -> 16.0 ms loaded; none:
+// faster than whole blocks 1-8 ahead)
+constexpr int64_t kAhead = 0, kAheadChunk = 384;
+using StateCodes = NoStateCodes;
+struct StateSrc {
+  float *buf;
+  const void *unused;
+  BlockCodes blk;
+  BNB_MS_INLINE void prepare(const float *c, float a, const uint8_t *qq, int64_t) { blk = BlockCodes{c, qq, a}; }
+  SIMD_TARGET BNB_MS_INLINE F at(int64_t i) const {
+    const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk.q + i)));
+    return vmul(_mm256_i32gather_ps(blk.code, q, 4), set1(blk.absmax));
+  }
+  SIMD_TARGET BNB_MS_INLINE void at4(int64_t i, F v[4]) const {
+    for (int j = 0; j < 4; ++j) v[j] = at(i + j * W);
+  }
+  BNB_MS_INLINE float at1(int64_t i) const { return blk.at1(i); }
+};
+// The grid index as quant_grid_index8 without its clamps of v + 1 to [0, 2]: v = x * pre * inv is NaN or within
+// 1 + 2^-22 of [-1, 1] (|x| <= the block's absmax; an inf absmax gives inv 0), so the index is in [0, 65535] but
+// for a NaN (cvtt's INT_MIN), which the signed max takes to 0, as the clamps do.  One operation instead of two.
+template <bool PRE>
+SIMD_TARGET BNB_MS_INLINE __m256i grid_index8(F x, F pre, F inv) {
+  if (PRE) x = vmul(x, pre);
+  const F w = vadd(vmul(x, inv), set1(1.0f));
+  const __m256i i = _mm256_cvttps_epi32(_mm256_fmadd_ps(w, set1(0.5f * (kQuantLut - 1)), set1(0.5f)));
+  return _mm256_max_epi32(i, _mm256_setzero_si256());
+}
+template <bool PRE>
+SIMD_TARGET BNB_MS_INLINE void requant32g(const OptLut *lut, const float *v, F pre, F inv, uint8_t *q) {
+  __m256i c[4];
+  const __m256i lo = _mm256_set1_epi32(0xff);
+  for (int j = 0; j < 4; ++j)
+    c[j] = _mm256_and_si256(
+        _mm256_i32gather_epi32((const int *)lut->table, grid_index8<PRE>(load<float>(v + 8 * j), pre, inv), 1), lo);
+  // packs work within 128-bit lanes: bytes come out as (c0 lo, c1 lo, c2 lo, c3 lo | c0 hi, ...) by 4-byte groups
+  const __m256i w = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+  _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+// pre == 1 (every block but one of subnormals) skips that multiply: x * 1 is x, a NaN included as far as the grid
+// index goes
+SIMD_TARGET BNB_MS_INLINE int64_t requant_vec(const OptLut *lut, const void *, const float *v, int64_t len, float pre,
+                                              float inv, uint8_t *q) {
+  int64_t i = 0;
+  if (pre == 1.0f)
+    for (; i + 32 <= len; i += 32) requant32g<false>(lut, v + i, set1(pre), set1(inv), q + i);
+  else
+    for (; i + 32 <= len; i += 32) requant32g<true>(lut, v + i, set1(pre), set1(inv), q + i);
+  return i;
+}
+#include "cpu/optim_simd.inc"
+}  // namespace gather
 #undef SIMD_TARGET
 }  // namespace avx2
 
@@ -348,7 +411,7 @@ SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F pr
 
 // Without VBMI the state lookups are gathers in the update loop itself (cpu/quant_lut.h says why AVX-512 gathers;
 // no block buffer, no prefetch: measured faster on the Sapphire Rapids host).
-constexpr int64_t kAhead = 0;
+constexpr int64_t kAhead = 0, kAheadChunk = 0;
 using StateCodes = NoStateCodes;
 struct StateSrc {
   float *buf;
@@ -383,7 +446,10 @@ SIMD_TARGET BNB_MS_INLINE int64_t requant_vec(const OptLut *lut, const void *, c
 // (benchmarks/cpu.md).  The loop is bound by the vector ports (decode and requantization ~30% each).
 namespace vbmi {
 #define SIMD_TARGET BNB_MS_TARGET_AVX512VBMI
-constexpr int64_t kAhead = 4;  // software prefetch 4 blocks ahead (Xeon: 19 -> 17 ms a 20M step; 1-16 measured)
+// Software prefetch 384 elements ahead, 64 at a time in the update loop (2-core Xeon, 20M parameters, 2 threads:
+// 13.4 -> 11.1-12.1 ms against 4 whole blocks at each block's start, which had taken it from 19 to 17 ms; 64-768
+// elements ahead measured, and 1-4 whole blocks spread over the update loop)
+constexpr int64_t kAhead = 0, kAheadChunk = 384;
 struct StateCodes {
   Code256Vbmi t1, t2;
   const Code256Vbmi *c1 = nullptr, *c2 = nullptr;
@@ -457,6 +523,11 @@ BNB_MS_TARGET_AVX2 void optimizer_update_8bit_blockwise_avx2(const K &k, const T
   avx2::blocks8<T, O>(k, g, p, st, n, b0, b1);
 }
 template <class T, Opt O>
+BNB_MS_TARGET_AVX2 void optimizer_update_8bit_blockwise_gather_avx2(const K &k, const T *g, T *p, const State8 &st,
+                                                                 int64_t n, int64_t b0, int64_t b1) {
+  avx2::gather::blocks8<T, O>(k, g, p, st, n, b0, b1);
+}
+template <class T, Opt O>
 BNB_MS_TARGET_AVX512 void optimizer_update_8bit_blockwise_avx512(const K &k, const T *g, T *p, const State8 &st,
                                                                  int64_t n, int64_t b0, int64_t b1) {
   avx512::blocks8<T, O>(k, g, p, st, n, b0, b1);
@@ -468,15 +539,28 @@ BNB_MS_TARGET_AVX512VBMI void optimizer_update_8bit_blockwise_avx512vbmi(const K
   avx512::vbmi::blocks8<T, O>(k, g, p, st, n, b0, b1);
 }
 
+// The AVX2 loop's lookups: gathers (avx2::gather) on Intel CPUs (the 2-core Xeon, 2026-12-06: Adam8bit step 1.4x
+// faster than with scalar loads), scalar loads elsewhere (on Zen 3 they beat the gathers, cpu/quant_lut.h).
+// BNB_MS_AVX2_GATHER=0 / 1 overrides the choice (the tests check both forms on one machine).
+bool avx2_gathers() {
+  static const bool g = [] {
+    if (const char *e = std::getenv("BNB_MS_AVX2_GATHER")) return std::strcmp(e, "0") != 0;
+    return cpu_is_intel();
+  }();
+  return g;
+}
+
 template <class T, Opt O>
 void optimizer_update_8bit_blockwise(const Hyper &h, const T *g, T *p, const State8 &st, int64_t n) {
   const K k = opt_consts(h);
   const int64_t nb = (n + kBlock - 1) / kBlock;
   const SimdLevel lvl = simd_level();
   const bool vbmi = has_avx512vbmi();
+  const bool gathers = avx2_gathers();
   parallel_for(nb, 32, [&](int64_t b0, int64_t b1) {
     if (vbmi) optimizer_update_8bit_blockwise_avx512vbmi<T, O>(k, g, p, st, n, b0, b1);
     else if (lvl >= SimdLevel::avx512) optimizer_update_8bit_blockwise_avx512<T, O>(k, g, p, st, n, b0, b1);
+    else if (lvl >= SimdLevel::avx2 && gathers) optimizer_update_8bit_blockwise_gather_avx2<T, O>(k, g, p, st, n, b0, b1);
     else if (lvl >= SimdLevel::avx2) optimizer_update_8bit_blockwise_avx2<T, O>(k, g, p, st, n, b0, b1);
     else optimizer_update_8bit_blockwise_portable<T, O>(k, g, p, st, n, b0, b1);
   });
