@@ -310,8 +310,9 @@ SIMD_TARGET BNB_MS_INLINE float hmax(F v) {
 // update loop (no block buffer), the codes gathered from the grid table (4-byte reads at byte offsets: the table is
 // padded).  Where gathers are fast (avx2_gathers below).
 namespace gather {
-// software prefetch 384 elements ahead, 32 at a time (Xeon, 20M parameters, 2 threads: 17.7 -> 16.0 ms loaded; none:
-// faster than whole blocks 1-8 ahead)
+// Software prefetch 384 elements ahead, 32 at a time (2-core Xeon, 20M parameters, 2 threads, loaded: 17.7 ms without
+// prefetch, 16.0-16.3 ms 256-512 elements ahead; whole blocks 2-8 ahead at a block's start lost to none, 4M
+// parameters, 1 thread: 6.3-7.2 against 6.0 ms)
 constexpr int64_t kAhead = 0, kAheadChunk = 384;
 using StateCodes = NoStateCodes;
 struct StateSrc {
@@ -442,13 +443,15 @@ SIMD_TARGET BNB_MS_INLINE int64_t requant_vec(const OptLut *lut, const void *, c
 // requantizes.  The loop is the same source (optim_simd.inc) compiled for the VBMI target, so the lookups inline.
 // Adam8bit step, 20M parameters: on the AVX-512 EPYC (Zen 4) the in-register decode took it from 2.04x to 1.78x
 // the 32-bit step; on the 2-core Xeon (2026-12-06), decoding in the update loop instead of into block buffers, the
-// divider-free bias correction, prefetch 4 blocks ahead and the leaner grid index took it from 1.52x to ~0.95x
-// (benchmarks/cpu.md).  The loop is bound by the vector ports (decode and requantization ~30% each).
+// divider-free bias correction, prefetch 4 blocks ahead and the leaner grid index took it from 1.52x to ~0.95x, and
+// then Adam's lean loop, the symmetric-map decode and the prefetch below from 1.10-1.15x to 0.89-0.95x (kernel
+// alone, 2 threads; benchmarks/cpu.md).  The loop is bound by the vector ports (one thread, data in L2:
+// requantization ~38%, decode ~17%, the divider ~12% of the time).
 namespace vbmi {
 #define SIMD_TARGET BNB_MS_TARGET_AVX512VBMI
-// Software prefetch 384 elements ahead, 64 at a time in the update loop (2-core Xeon, 20M parameters, 2 threads:
-// 13.4 -> 11.1-12.1 ms against 4 whole blocks at each block's start, which had taken it from 19 to 17 ms; 64-768
-// elements ahead measured, and 1-4 whole blocks spread over the update loop)
+// Software prefetch 384 elements ahead, 64 at a time in the update loop (2-core Xeon, 20M parameters, 2 threads, in
+// the same minutes: 13.2-13.4 ms with 2 or 4 whole blocks ahead at each block's start, 11.8-12.4 ms with the next
+// block spread over the update loop, 11.1-12.1 ms 384 elements ahead; 128-768 measured, none 13.9 ms)
 constexpr int64_t kAhead = 0, kAheadChunk = 384;
 struct StateCodes {
   Code256Vbmi t1, t2;
