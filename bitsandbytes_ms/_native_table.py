@@ -381,6 +381,13 @@ define(NativeOp(
     infer=lambda s, d, st: ((s["x"], ms.float32),),
     doc="RMSNorm over the last dimension, fp32 (w fp32/fp16/bf16): w * (x / sqrt(mean(x^2) + eps)); out may be x",
 ))
+# All of them in an fp16 model's rounding: fp32 buffers holding fp16 values, each op's result rounded to fp16 where
+# the unfused fp16 model's op rounds it (csrc/cpu/decoder.cpp's header; simd_math.h's fp16 rules).
+for _n in ("cdecoder_attention_fp32", "cdecoder_mlp_fp32", "cdecoder_linear_fp32", "crms_norm_fp32",
+           "cdecoder_attention_fp32_bf16dot", "cdecoder_mlp_fp32_bf16dot", "cdecoder_linear_fp32_bf16dot"):
+    define(replace(OPS[_n], name=f"{_n}_r16",
+                   doc=OPS[_n].doc + "; in an fp16 model's rounding (every op's result rounded to fp16 as the "
+                       "unfused fp16 model's)"))
 
 
 # ---- full-precision linear (the layers a quantized model keeps: lm_head) ----

@@ -774,6 +774,34 @@ def exp_ms(x) -> np.ndarray:
     return np.where(np.isnan(x), x, y)
 
 
+def r16(x) -> np.ndarray:
+    """x rounded to fp16 and widened back (an fp16 model's op result: simd_math.h's r16 / round16)."""
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+def exp16(x) -> np.ndarray:
+    """The exp of MindSpore's fp16 CPU kernels (Sigmoid, Softmax): glibc's expf of the fp32 value, rounded to fp16
+    (expf's result here as the correctly rounded exp; fp16's rounding absorbs what they could differ by)."""
+    return r16(np.exp(np.asarray(x, np.float32).astype(np.float64)).astype(np.float32))
+
+
+def sigmoid16(x) -> np.ndarray:
+    """MindSpore's fp16 Sigmoid on CPU: r16(1 / r16(1 + exp16(-x))) (simd_math.h's silu_mul_r16)."""
+    x = np.asarray(x, np.float32)
+    return r16(np.float32(1) / r16(np.float32(1) + exp16(-x)))
+
+
+def softmax16(s) -> np.ndarray:
+    """MindSpore's fp16 Softmax on CPU over the last axis (simd_math.h's softmax_row_r16): e = exp16(r16(s - max)),
+    the sum of e in fp32 in order, p = r16(e / r16(sum))."""
+    s = np.asarray(s, np.float32)
+    e = exp16(r16(s - s.max(-1, keepdims=True)))
+    tot = np.zeros(s.shape[:-1], np.float32)
+    for j in range(s.shape[-1]):
+        tot = (tot + e[..., j]).astype(np.float32)
+    return r16(e / r16(tot)[..., None])
+
+
 def softmax_sum(e: np.ndarray) -> np.ndarray:
     """MindSpore's Softmax sum over the last axis (simd_math.h's softmax_sum): 8 lanes over the whole 8-blocks,
     lanes added in order, the next 4 values (if 4 remain) as one ordered sum, then one by one."""

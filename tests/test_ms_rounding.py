@@ -83,6 +83,48 @@ def test_batch_matmul_chunks(K):
     _bits_equal(torch.matmul(torch.tensor(a), torch.tensor(b)).numpy(), R._chain(a, b, K))
 
 
+# ---- an fp16 model's ops (the fused decoder's *_r16 entries) ----
+def test_fp16_sigmoid_silu_every_value():
+    """fp16 Sigmoid / SiLU over every finite fp16 value: exp16 (expf rounded), 1 + that, its inverse, each rounded
+    to fp16; SiLU = r16(x * sigmoid16(x))."""
+    x = np.arange(0, 1 << 16, dtype=np.uint16).view(np.float16)
+    x = x[np.isfinite(x)]
+    sg = R.sigmoid16(x)
+    np.testing.assert_array_equal(torch.sigmoid(torch.tensor(x)).numpy().view(np.uint16), sg.astype(np.float16).view(np.uint16))
+    silu = R.r16(x.astype(np.float32) * sg)
+    np.testing.assert_array_equal(torch.nn.functional.silu(torch.tensor(x)).numpy().view(np.uint16),
+                                  silu.astype(np.float16).view(np.uint16))
+    # the nnacl exp of fp32 Sigmoid gives other fp16 bits for some values (the rule matters)
+    other = R.r16(np.float32(1) / R.r16(np.float32(1) + R.r16(R.exp_ms(-x.astype(np.float32)))))
+    assert not np.array_equal(other, sg)
+
+
+@pytest.mark.parametrize("L", [1, 5, 16, 57, 256, 700])
+def test_fp16_softmax(L):
+    """fp16 Softmax (as sdpa calls it on an fp16 model, with the causal mask's fp16 minimum added)."""
+    s = (RNG.standard_normal((3, 7, L)) * 3).astype(np.float16)
+    if L > 4:
+        s[..., L // 2:] = (s[..., L // 2:].astype(np.float32) + np.float32(-65504.0)).astype(np.float16)
+    p = torch.softmax(torch.tensor(s), dim=-1).numpy()
+    np.testing.assert_array_equal(p.view(np.uint16), R.softmax16(s).astype(np.float16).view(np.uint16))
+    fp32_rounded = R.r16(torch.softmax(torch.tensor(s.astype(np.float32)), dim=-1).numpy())
+    assert L == 1 or not np.array_equal(fp32_rounded, R.softmax16(s))  # not the fp32 softmax rounded
+
+
+@pytest.mark.parametrize("K", [64, 385, 800])
+def test_fp16_mul_add_batch_matmul(K):
+    """fp16 Mul / Add: the fp32 result rounded; fp16 BatchMatMul: the fp32 chunked chain (R._chain) rounded once."""
+    a = (RNG.standard_normal((2, 3, K)) * 4).astype(np.float16)
+    b = (RNG.standard_normal((2, K, 5)) * 4).astype(np.float16)
+    f = np.float32
+    mm = torch.matmul(torch.tensor(a), torch.tensor(b)).numpy()
+    np.testing.assert_array_equal(mm.astype(f), R.r16(R._chain(a.astype(f), b.astype(f), K)))
+    c = a[..., :5].copy()
+    d = (RNG.standard_normal(c.shape) * 4).astype(np.float16)
+    np.testing.assert_array_equal((torch.tensor(c) * torch.tensor(d)).numpy().astype(f), R.r16(c.astype(f) * d.astype(f)))
+    np.testing.assert_array_equal((torch.tensor(c) + torch.tensor(d)).numpy().astype(f), R.r16(c.astype(f) + d.astype(f)))
+
+
 def test_native_rms_norm_is_its_twin_near_ties():
     """crms_norm_fp32 (the decoder's RMSNorm) gives its twin's bits, with inputs whose squares are near a tie
     (glibc's powf decides those) and rows of very different scales."""

@@ -98,17 +98,18 @@ def int8_linear_name(dtype) -> str:
 _DECODER_PARTS = ("attention", "mlp", "linear", "rms_norm")
 
 
-def decoder_entry(part: str, bf16_dot: bool = False) -> _hostcall.Entry:
+def decoder_entry(part: str, bf16_dot: bool = False, r16: bool = False) -> _hostcall.Entry:
     """The host-call handle of a fused decoder entry (csrc/cpu/decoder.cpp): ``part`` one of attention, mlp, linear
     (a decoder layer's halves, one linear such as lm_head; ``bf16_dot``: their twin whose 4-bit layers compute in
-    bf16) or rms_norm."""
+    bf16) or rms_norm; ``r16``: the twin in an fp16 model's rounding (each op's result rounded to fp16)."""
     if part not in _DECODER_PARTS:
         raise ValueError(f"decoder_entry: `part` must be one of {_DECODER_PARTS}; got {part!r}")
+    sfx = "_r16" if r16 else ""
     if part == "rms_norm":
         if bf16_dot:
             raise ValueError("decoder_entry: `bf16_dot` applies to attention, mlp and linear, not rms_norm")
-        return _hostcall.entry("crms_norm_fp32")
-    return _hostcall.entry(f"cdecoder_{part}_fp32" + ("_bf16dot" if bf16_dot else ""))
+        return _hostcall.entry("crms_norm_fp32" + sfx)
+    return _hostcall.entry(f"cdecoder_{part}_fp32" + ("_bf16dot" if bf16_dot else "") + sfx)
 
 
 def linear_4bit_bound(dtype, bf16_dot: bool, *args) -> _hostcall.Bound:

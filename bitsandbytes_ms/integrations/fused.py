@@ -52,16 +52,15 @@ absmax per 128 elements; bound there), which reads the weights ~1.4x faster than
 within 1e-2 x max|logit|.
 
 fp16 / bf16 models (their embedding, norms and kept layers in that dtype; quantized layers computing in it):
-the fused path widens those weights exactly and computes in fp32 with fp32 hidden states between layers (fp32
-logits), i.e. it runs the fp32 computation of the model's 16-bit weights, not the unfused model's 16-bit
-arithmetic. Measured (benchmarks/fused_cpu.md, small random models of the four families, int8 / NF4 / full
-precision): fused vs the same weights computed unfused in fp32, max|dlogit| / max|logit| 4e-7 .. 9e-7 (fp16),
-1e-6 .. 2e-6 (bf16; one int8 case 1.5e-4); fused vs the unfused fp16 model 5e-4 .. 3.9e-3, which is the unfused
-fp16 model's own distance from fp32; same greedy tokens in every case. Rounding the hidden states to the model's
-dtype after each layer half (the alternative, measured at commit cba89d3) came no closer to the unfused fp16 model
-(6e-4 .. 3.8e-3: that model rounds after every op, not per layer) and moved bf16 models 4e-3 .. 0.6 away from the
-fp32 computation, with different greedy tokens in 3 of 12 cases. (An unfused bf16 model does not run on
-MindSpore's CPU at all: its gather has no bf16 kernel.)
+the fused path widens those weights exactly and keeps fp32 hidden-state buffers. An fp16 model (what
+transformers' bitsandbytes quantizer loads when no dtype is given: the tutorial's path) runs the ``*_r16``
+entries, which round each op's result to fp16 where the unfused fp16 model's op rounds it (MindSpore's fp16
+kernels compute in fp32 and round; its fp16 Softmax and Sigmoid round the exp: csrc/cpu/simd_math.h), so a
+prefill gives the unfused fp16 model's bits layer by layer (tests/test_fused_decoder.py; the lm_head's sum order
+and the decode rows' score sums still differ) and its int8 perplexity (benchmarks/user_path_cpu.md). Computing
+an fp16 model in fp32 instead (before the ``*_r16`` entries) put an int8 SmolLM2 +0.22% off the unfused model's
+perplexity. A bf16 model computes in fp32 (fp32 logits): the fp32 computation of its bf16 weights (an unfused
+bf16 model does not run on MindSpore's CPU at all: its gather has no bf16 kernel).
 
 Switches: ``unfuse(model)``; ``set_enabled(False)`` (or ``BNB_MS_FUSED=0``) for every model.
 """
@@ -262,10 +261,12 @@ class _Plan:
         self.layers: List[_Layer] = []
         past = np.zeros((), np.int64)
         dummy_x = np.zeros((1, 1, H), np.float32)
-        attn_e, mlp_e = _decoder("attention"), _decoder("mlp")
+        # an fp16 model: the entries in its rounding (every op's result rounded to fp16, as the unfused model's)
+        self.r16 = r16 = emb.dtype == ms.float16
+        attn_e, mlp_e = _decoder("attention", r16=r16), _decoder("mlp", r16=r16)
         # the same calls with a 4-bit weight's prefill in bf16 (functional.set_bf16_dot's switch; run_as)
-        self.attn_dot, self.mlp_dot = _decoder("attention", True), _decoder("mlp", True)
-        self.lm_dot = _decoder("linear", True)
+        self.attn_dot, self.mlp_dot = _decoder("attention", True, r16), _decoder("mlp", True, r16)
+        self.lm_dot = _decoder("linear", True, r16)
         for i, layer in enumerate(inner.layers[: cfg.num_hidden_layers]):
             a, m, pfx = layer.self_attn, layer.mlp, f"model.layers.{i}"
             qk = []
@@ -313,11 +314,11 @@ class _Plan:
         head = model.lm_head
         try:
             self.lm_spec = _linear_spec(head, "lm_head", cfg.vocab_size, H, self.keep, emb.dtype)
-            self.lm_call = _decoder("linear").bind(
+            self.lm_call = _decoder("linear", r16=r16).bind(
                 dummy_x, *self.lm_spec, cfg.vocab_size, np.zeros((1, 1, cfg.vocab_size), np.float32))
         except _Unsupported:
             self.lm_spec = self.lm_call = None  # the lm_head module runs (e.g. an int8 lm_head)
-        self.norm_call = _decoder("rms_norm").bind(dummy_x, self.norm_w, self.norm_eps, dummy_x)
+        self.norm_call = _decoder("rms_norm", r16=r16).bind(dummy_x, self.norm_w, self.norm_eps, dummy_x)
         self.vocab = cfg.vocab_size
         self.sig = _signature(model)  # after the views above (they give unallocated tensors a buffer)
         self.auto = False  # made by auto_fuse on a first forward, not by the user's fuse()

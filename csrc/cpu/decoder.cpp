@@ -49,6 +49,10 @@
 //             the chunks added in order.  GQA: head h reads kv head h / (Hq / KVH).
 //   SiLU      (g * (1 / (1 + exp(-g)))) * up
 //   exp       simd_math.h's exp (MindSpore's: same bits at every SIMD level, ~1e-7..1e-5 relative error)
+// The *_r16 entries (same params; an fp16 model, whose unfused ops each round their fp32 result to fp16) keep
+// the same fp32 buffers holding fp16 values and round where that model does (simd_math.h's fp16 rules): the norm's
+// x * r and w * that, every linear's output, RoPE's cos / sin and each of its products and sums, scores after the
+// product and after the scaling, the softmax output, P V, the residual adds, SiLU's steps (silu_mul_r16).
 // The KV cache is the caller's preallocated k_cache/v_cache [B, KVH, S_max, D] (fp32), written IN PLACE at
 // [past, past + T) before attending over [0, past + T).  `out` may be the same memory as `x`.
 // Threads: parallel_for / parallel_for_dynamic (parallel.h) for this file's loops; the 4-bit GEMV and the int8
@@ -330,10 +334,23 @@ void linear_spec(const Lin &l, const float *x, float *out, int64_t M) {
   else linear4_f32(l.q4, x, l.bias, out, M, l.N, l.K);
 }
 
+// linear_spec, the output rounded to fp16 for an fp16 model (r16): the unfused layer returns fp16.
+void linear_out(const Lin &l, const float *x, float *out, int64_t M, bool r16) {
+  linear_spec(l, x, out, M);
+  if (r16) parallel_for(M * l.N, 65536, [&](int64_t i0, int64_t i1) { simd_math::round16(out + i0, i1 - i0); });
+}
+
+// out[i] = x[i] + d[i] (r16: rounded to fp16), the residual add.
+void residual_add(const float *x, const float *d, float *out, int64_t n, bool r16) {
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] + d[i];
+  if (r16) simd_math::round16(out, n);
+}
+
 // ---- norms, RoPE, attention ---------------------------------------------------------------------------
 // ReduceMean of a rank >= 3 tensor sums in double, in order: one chain per row, four rows interleaved (their
 // chains are independent), rows split between threads.
-void rms_norm(const float *x, const float *w, float eps, float *y, int64_t R, int64_t H) {
+// r16 (an fp16 model): x * r is cast to fp16 (`.to(input_dtype)`), then w * that is an fp16 Mul.
+void rms_norm(const float *x, const float *w, float eps, float *y, int64_t R, int64_t H, bool r16) {
   parallel_for(R, std::max<int64_t>(4, 65536 / std::max<int64_t>(H, 1)), [&](int64_t r0, int64_t r1) {
     static thread_local std::vector<float> sq;
     sq.resize((size_t)(4 * H));
@@ -357,17 +374,34 @@ void rms_norm(const float *x, const float *w, float eps, float *y, int64_t R, in
         const float *xr = x + (r + k) * H;
         float *yr = y + (r + k) * H;
         const float inv = 1.0f / std::sqrt((float)ss[k] / (float)H + eps);
-        for (int64_t i = 0; i < H; ++i) yr[i] = w[i] * (xr[i] * inv);
+        if (!r16) {
+          for (int64_t i = 0; i < H; ++i) yr[i] = w[i] * (xr[i] * inv);
+          continue;
+        }
+        for (int64_t i = 0; i < H; ++i) yr[i] = xr[i] * inv;
+        simd_math::round16(yr, H);
+        for (int64_t i = 0; i < H; ++i) yr[i] = w[i] * yr[i];
+        simd_math::round16(yr, H);
       }
     }
   });
 }
 
-// In place on `nh` heads of D values each (row layout [nh, D]).
-void rope_row(float *v, int64_t nh, int64_t D, const float *cs, const float *sn) {
+// In place on `nh` heads of D values each (row layout [nh, D]); r16: q * cos + rotate_half(q) * sin in fp16 ops
+// (each product and the sum rounded; rotate_half's -x is exact).
+void rope_row(float *v, int64_t nh, int64_t D, const float *cs, const float *sn, bool fp16) {
+  using simd_math::r16;
   const int64_t h2 = D / 2;
   for (int64_t h = 0; h < nh; ++h) {
     float *p = v + h * D;
+    if (fp16) {
+      for (int64_t i = 0; i < h2; ++i) {
+        const float a = p[i], b = p[i + h2];
+        p[i] = r16(r16(a * cs[i]) - r16(b * sn[i]));
+        p[i + h2] = r16(r16(b * cs[i]) + r16(a * sn[i]));
+      }
+      continue;
+    }
     for (int64_t i = 0; i < h2; ++i) {
       const float a = p[i], b = p[i + h2];
       p[i] = a * cs[i] - b * sn[i];
@@ -396,17 +430,20 @@ int64_t pv_chunk_end(int64_t c0, int64_t L) {
 // cos / sin of RoPE for every row: [R][cos h2 | sin h2] with c = cos(float(pos) * inv_freq[i]) * rs.  Every
 // layer of one forward gets the same positions, so the table of the last call on this thread is reused when
 // positions, inv_freq and rs are the same (the values are those a fresh computation gives).
-const float *rope_table(const int64_t *pos, int64_t R, const float *invf, int64_t h2, float rs) {
+// r16: the table cast to fp16 (an fp16 model's cos / sin).
+const float *rope_table(const int64_t *pos, int64_t R, const float *invf, int64_t h2, float rs, bool r16) {
   static thread_local std::vector<int64_t> key_pos;
   static thread_local std::vector<float> key_invf, tab;
   static thread_local float key_rs = 0.0f;
-  if ((int64_t)key_pos.size() == R && (int64_t)key_invf.size() == h2 && key_rs == rs &&
+  static thread_local bool key_r16 = false;
+  if ((int64_t)key_pos.size() == R && (int64_t)key_invf.size() == h2 && key_rs == rs && key_r16 == r16 &&
       std::memcmp(key_pos.data(), pos, sizeof(int64_t) * (size_t)R) == 0 &&
       std::memcmp(key_invf.data(), invf, sizeof(float) * (size_t)h2) == 0)
     return tab.data();
   key_pos.assign(pos, pos + R);
   key_invf.assign(invf, invf + h2);
   key_rs = rs;
+  key_r16 = r16;
   tab.resize((size_t)(R * 2 * h2));
   for (int64_t r = 0; r < R; ++r) {
     const float fp = (float)pos[r];
@@ -417,12 +454,14 @@ const float *rope_table(const int64_t *pos, int64_t R, const float *invf, int64_
       s[i] = (float)std::sin((double)f) * rs;
     }
   }
+  if (r16) simd_math::round16(tab.data(), R * 2 * h2);
   return tab.data();
 }
 
 struct AttnShape {
   int64_t B, T, H, Hq, KVH, D, Smax, past, window;
   float scaling;
+  bool r16;  // an fp16 model: scores rounded after the product and the scaling, the fp16 softmax, P V rounded
 };
 
 // attn[r, h*D:(h+1)*D] for every row r = b*T + t and head h, from q [R, Hq*D] and the caches.
@@ -446,13 +485,15 @@ void attend(const AttnShape &s, const float *q, const float *kc, const float *vc
           p[j] = -INFINITY;
           continue;
         }
-        p[j] = dot(qv, kb + j * s.D, s.D) * s.scaling;
+        p[j] = s.r16 ? simd_math::r16(simd_math::r16(dot(qv, kb + j * s.D, s.D)) * s.scaling)
+                     : dot(qv, kb + j * s.D, s.D) * s.scaling;
         mx = std::max(mx, p[j]);
       }
       std::fill(o, o + s.D, 0.0f);
       if (mx == -INFINITY) continue;  // no visible key
       std::fill(p.begin(), p.begin() + j0, 0.0f);
-      softmax_row(p.data(), j0, qi + 1, L, mx);
+      if (s.r16) simd_math::softmax_row_r16(p.data(), j0, qi + 1, mx);
+      else softmax_row(p.data(), j0, qi + 1, L, mx);
       std::vector<float> &part = acc;
       for (int64_t c0 = 0; c0 <= qi; c0 = pv_chunk_end(c0, L)) {  // the unfused P V's chunks (one chain each)
         float *dst = c0 == 0 ? o : part.data();
@@ -463,6 +504,7 @@ void attend(const AttnShape &s, const float *q, const float *kc, const float *vc
         if (c0)
           for (int64_t d = 0; d < s.D; ++d) o[d] += part[d];
       }
+      if (s.r16) simd_math::round16(o, s.D);
     }
   });
 }
@@ -512,14 +554,15 @@ void attend_prefill(const AttnShape &s, const float *q, const float *kc, const f
         std::fill(p + qi + 1, p + Lt, 0.0f);
         float mx = -INFINITY;
         for (int64_t j = j0; j <= qi; ++j) {
-          p[j] = mrow && !mrow[j] ? -INFINITY : p[j] * s.scaling;
+          p[j] = mrow && !mrow[j] ? -INFINITY : s.r16 ? simd_math::r16(simd_math::r16(p[j]) * s.scaling) : p[j] * s.scaling;
           mx = std::max(mx, p[j]);
         }
         if (mx == -INFINITY) {  // no visible key: the row's output is 0
           std::fill(p + j0, p + qi + 1, 0.0f);
           continue;
         }
-        softmax_row(p, j0, qi + 1, L, mx);
+        if (s.r16) simd_math::softmax_row_r16(p, j0, qi + 1, mx);
+        else softmax_row(p, j0, qi + 1, L, mx);
       }
       // O = P V in the unfused model's chunks of keys (pv_chunk_end): the first into O, the others added
       float *O = attn + (b * s.T + r0) * ldq + h * D;
@@ -534,6 +577,8 @@ void attend_prefill(const AttnShape &s, const float *q, const float *kc, const f
         for (int64_t i = 0; i < rows; ++i)
           for (int64_t d = 0; d < D; ++d) O[i * ldq + d] += part[i * D + d];
       }
+      if (s.r16)
+        for (int64_t i = 0; i < rows; ++i) simd_math::round16(O + i * ldq, D);
     }
   });
 }
@@ -544,7 +589,7 @@ void attend_prefill(const AttnShape &s, const float *q, const float *kc, const f
 //   q_norm_w (f32|f16|bf16) [D] | none, k_norm_w (same) [D] | none (QK-norm: RMSNorm of every head's q / k with
 //   eps, before RoPE), q spec (9), k spec (9), v spec (9), o spec (9), past i64, n_heads i64, eps f32,
 //   scaling f32, rope_scale f32, window i64 -> out f32 [B, T, H] (may alias x)
-template <bool BF16>
+template <bool BF16, bool R16>
 int attention_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   enum { X, POS, MASK, KC, VC, NORM, INVF, QNORM, KNORM, QS, KS = QS + kSpec, VS = KS + kSpec, OS = VS + kSpec,
@@ -559,6 +604,7 @@ int attention_entry(BNB_MS_AOT_ARGS) {
       (!c.is_none(KNORM) && !checks::is_float_dtype(c.dtype(KNORM))))
     return E_DTYPE;
   AttnShape s;
+  s.r16 = R16;
   float eps, rscale;
   if (!c.scalar_i64(PAST, &s.past) || s.past < 0 || !c.scalar_i64(NH, &s.Hq) || s.Hq <= 0 ||
       !c.scalar_f32(EPS, &eps) || !c.scalar_f32(SCALING, &s.scaling) || !c.scalar_f32(RSCALE, &rscale) ||
@@ -604,17 +650,17 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   v.resize((size_t)(R * KD));
   at.resize((size_t)(R * QD));
   o.resize((size_t)(R * s.H));
-  rms_norm(x, norm_w, eps, xn.data(), R, s.H);
-  linear_spec(lq, xn.data(), q.data(), R);
-  linear_spec(lk, xn.data(), k.data(), R);
-  linear_spec(lv, xn.data(), v.data(), R);
-  if (qn_w) rms_norm(q.data(), qn_w, eps, q.data(), R * s.Hq, s.D);  // QK-norm (Qwen3)
-  if (kn_w) rms_norm(k.data(), kn_w, eps, k.data(), R * s.KVH, s.D);
-  const float *rope = rope_table(pos, R, invf, s.D / 2, rscale);
+  rms_norm(x, norm_w, eps, xn.data(), R, s.H, R16);
+  linear_out(lq, xn.data(), q.data(), R, R16);
+  linear_out(lk, xn.data(), k.data(), R, R16);
+  linear_out(lv, xn.data(), v.data(), R, R16);
+  if (qn_w) rms_norm(q.data(), qn_w, eps, q.data(), R * s.Hq, s.D, R16);  // QK-norm (Qwen3)
+  if (kn_w) rms_norm(k.data(), kn_w, eps, k.data(), R * s.KVH, s.D, R16);
+  const float *rope = rope_table(pos, R, invf, s.D / 2, rscale, R16);
   for (int64_t r = 0; r < R; ++r) {
     const float *cr = rope + r * s.D, *sr = cr + s.D / 2;
-    rope_row(q.data() + r * QD, s.Hq, s.D, cr, sr);
-    rope_row(k.data() + r * KD, s.KVH, s.D, cr, sr);
+    rope_row(q.data() + r * QD, s.Hq, s.D, cr, sr, R16);
+    rope_row(k.data() + r * KD, s.KVH, s.D, cr, sr, R16);
     const int64_t b = r / s.T, t = r % s.T;
     for (int64_t g = 0; g < s.KVH; ++g) {
       const size_t dst = (size_t)(((b * s.KVH + g) * s.Smax + s.past + t) * s.D);
@@ -625,14 +671,14 @@ int attention_entry(BNB_MS_AOT_ARGS) {
   const int64_t mstride = c.is_none(MASK) ? 0 : c.dim(MASK, 1);
   if (s.T >= kPrefillAttnRows) attend_prefill(s, q.data(), kc, vc, mask, mstride, at.data());
   else attend(s, q.data(), kc, vc, mask, mstride, at.data());
-  linear_spec(lo, at.data(), o.data(), R);
-  for (int64_t i = 0; i < R * s.H; ++i) out[i] = x[i] + o[i];
+  linear_out(lo, at.data(), o.data(), R, R16);
+  residual_add(x, o.data(), out, R * s.H, R16);
   return OK;
 }
 
 // params: x f32 [..., H], norm_w (f32|f16|bf16) [H], gate spec (9), up spec (9), down spec (9), intermediate i64,
 //   eps f32 -> out f32 [..., H] (may alias x)
-template <bool BF16>
+template <bool BF16, bool R16>
 int mlp_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   enum { X, NORM, GS, US = GS + kSpec, DS = US + kSpec, INTER = DS + kSpec, EPS, OUT, NPARAM };
@@ -657,21 +703,22 @@ int mlp_entry(BNB_MS_AOT_ARGS) {
   g.resize((size_t)(R * I));
   u.resize((size_t)(R * I));
   d.resize((size_t)(R * H));
-  rms_norm(x, f32_of(c, NORM, nw), eps, xn.data(), R, H);
-  linear_spec(lg, xn.data(), g.data(), R);
-  linear_spec(lu, xn.data(), u.data(), R);
+  rms_norm(x, f32_of(c, NORM, nw), eps, xn.data(), R, H, R16);
+  linear_out(lg, xn.data(), g.data(), R, R16);
+  linear_out(lu, xn.data(), u.data(), R, R16);
   float *gp = g.data();
   const float *up = u.data();
   parallel_for(R, std::max<int64_t>(1, 16384 / I), [&](int64_t r0, int64_t r1) {
-    simd_math::silu_mul(gp + r0 * I, up + r0 * I, (r1 - r0) * I);
+    if (R16) simd_math::silu_mul_r16(gp + r0 * I, up + r0 * I, (r1 - r0) * I);
+    else simd_math::silu_mul(gp + r0 * I, up + r0 * I, (r1 - r0) * I);
   });
-  linear_spec(ld, g.data(), d.data(), R);
-  for (int64_t i = 0; i < R * H; ++i) out[i] = x[i] + d[i];
+  linear_out(ld, g.data(), d.data(), R, R16);
+  residual_add(x, d.data(), out, R * H, R16);
   return OK;
 }
 
 // params: x f32 [..., K], spec (9), n_out i64 -> out f32 [..., N]
-template <bool BF16>
+template <bool BF16, bool R16>
 int linear_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   enum { X, S, NOUT = S + kSpec, OUT, NPARAM };
@@ -686,11 +733,12 @@ int linear_entry(BNB_MS_AOT_ARGS) {
   if (int st = parse_lin(c, S, N, K, &l, BF16)) return st;
   if (M * N == 0) return OK;
   if (!c.params[X] || !c.params[OUT]) return E_NULL;
-  linear_spec(l, c.ptr<float>(X), c.ptr<float>(OUT), M);
+  linear_out(l, c.ptr<float>(X), c.ptr<float>(OUT), M, R16);
   return OK;
 }
 
 // params: x f32 [..., H], w (f32|f16|bf16) [H], eps f32 -> out f32 [..., H] (may alias x)
+template <bool R16>
 int rms_norm_entry(BNB_MS_AOT_ARGS) {
   Call<> c(nparam, params, ndims, shapes, dtypes, stream);
   if (nparam != 4) return E_NPARAM;
@@ -703,18 +751,26 @@ int rms_norm_entry(BNB_MS_AOT_ARGS) {
   if (R * H == 0) return OK;
   if (!c.params[0] || !c.params[1] || !c.params[3]) return E_NULL;
   static thread_local std::vector<float> ww;
-  rms_norm(c.ptr<float>(0), f32_of(c, 1, ww), eps, c.ptr<float>(3), R, H);
+  rms_norm(c.ptr<float>(0), f32_of(c, 1, ww), eps, c.ptr<float>(3), R, H, R16);
   return OK;
 }
 
 }  // namespace
 }  // namespace bnb_ms
 
-BNB_MS_ENTRY(cdecoder_attention_fp32, bnb_ms::attention_entry<false>)
-BNB_MS_ENTRY(cdecoder_mlp_fp32, bnb_ms::mlp_entry<false>)
-BNB_MS_ENTRY(cdecoder_linear_fp32, bnb_ms::linear_entry<false>)
+BNB_MS_ENTRY(cdecoder_attention_fp32, bnb_ms::attention_entry<false, false>)
+BNB_MS_ENTRY(cdecoder_mlp_fp32, bnb_ms::mlp_entry<false, false>)
+BNB_MS_ENTRY(cdecoder_linear_fp32, bnb_ms::linear_entry<false, false>)
+BNB_MS_ENTRY(crms_norm_fp32, bnb_ms::rms_norm_entry<false>)
 // The same three with a 4-bit weight's prefill (more than 8 rows) computed in bf16 (gemm_rows_bf16).
-BNB_MS_ENTRY(cdecoder_attention_fp32_bf16dot, bnb_ms::attention_entry<true>)
-BNB_MS_ENTRY(cdecoder_mlp_fp32_bf16dot, bnb_ms::mlp_entry<true>)
-BNB_MS_ENTRY(cdecoder_linear_fp32_bf16dot, bnb_ms::linear_entry<true>)
-BNB_MS_ENTRY(crms_norm_fp32, bnb_ms::rms_norm_entry)
+BNB_MS_ENTRY(cdecoder_attention_fp32_bf16dot, bnb_ms::attention_entry<true, false>)
+BNB_MS_ENTRY(cdecoder_mlp_fp32_bf16dot, bnb_ms::mlp_entry<true, false>)
+BNB_MS_ENTRY(cdecoder_linear_fp32_bf16dot, bnb_ms::linear_entry<true, false>)
+// All of them in an fp16 model's rounding (the header's *_r16).
+BNB_MS_ENTRY(cdecoder_attention_fp32_r16, bnb_ms::attention_entry<false, true>)
+BNB_MS_ENTRY(cdecoder_mlp_fp32_r16, bnb_ms::mlp_entry<false, true>)
+BNB_MS_ENTRY(cdecoder_linear_fp32_r16, bnb_ms::linear_entry<false, true>)
+BNB_MS_ENTRY(crms_norm_fp32_r16, bnb_ms::rms_norm_entry<true>)
+BNB_MS_ENTRY(cdecoder_attention_fp32_bf16dot_r16, bnb_ms::attention_entry<true, true>)
+BNB_MS_ENTRY(cdecoder_mlp_fp32_bf16dot_r16, bnb_ms::mlp_entry<true, true>)
+BNB_MS_ENTRY(cdecoder_linear_fp32_bf16dot_r16, bnb_ms::linear_entry<true, true>)

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "aot.h"
 #include "cpu/cpu_features.h"
 
 namespace bnb_ms {
@@ -99,6 +100,65 @@ inline void silu_mul(float *g, const float *u, int64_t n) {
     i = K::run(g, u, n);
   }
   for (; i < n; ++i) g[i] = (g[i] * (1.0f / (1.0f + exp_ms_portable(0.0f - g[i])))) * u[i];
+}
+
+// ---- an fp16 model's rounding (the *_r16 entries of decoder.cpp) ----
+// MindSpore's CPU ops on fp16 tensors compute each op in fp32 and round the result to fp16 (Mul, Add, Div,
+// MatMul / BatchMatMul: the fp32 sum rounded once; Softmax and RMSNorm run in fp32 in the model's code and cast):
+// the fused path keeps fp32 buffers holding fp16 values and rounds where the unfused fp16 model does.
+BNB_MS_INLINE float r16(float x) { return fp16_to_f32(f32_to_fp16(x)); }
+
+// x[i] = r16(x[i]) for i < n (vcvtps2ph rounds to nearest even, as f32_to_fp16).
+inline void round16(float *x, int64_t n) {
+  int64_t i = 0;
+  if (has_avx2()) {
+    struct K {
+      BNB_MS_TARGET_AVX2 static int64_t run(float *x, int64_t n) {
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+          _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+        return i;
+      }
+    };
+    i = K::run(x, n);
+  }
+  for (; i < n; ++i) x[i] = r16(x[i]);
+}
+
+// MindSpore's fp16 CPU kernels that need exp (Sigmoid, Softmax) call glibc's expf on the fp32 value and round:
+// exp16(x) = r16(std::exp(x)) (every fp16 input checked: tests/test_ms_rounding.py).
+// silu_mul of an fp16 model: sigmoid16(g) = r16(1 / r16(1 + exp16(-g))), silu = r16(g * sigmoid16(g)), then
+// r16(silu * u).
+inline void silu_mul_r16(float *g, const float *u, int64_t n) {
+  constexpr int64_t kStep = 256;
+  float e[kStep];
+  for (int64_t i0 = 0; i0 < n; i0 += kStep) {
+    const int64_t m = n - i0 < kStep ? n - i0 : kStep;
+    float *gi = g + i0;
+    for (int64_t i = 0; i < m; ++i) e[i] = std::exp(0.0f - gi[i]);
+    round16(e, m);
+    for (int64_t i = 0; i < m; ++i) e[i] = 1.0f + e[i];
+    round16(e, m);
+    for (int64_t i = 0; i < m; ++i) e[i] = 1.0f / e[i];
+    round16(e, m);
+    for (int64_t i = 0; i < m; ++i) e[i] = gi[i] * e[i];
+    round16(e, m);
+    for (int64_t i = 0; i < m; ++i) gi[i] = e[i] * u[i0 + i];
+    round16(gi, m);
+  }
+}
+
+// Softmax of an fp16 row (MindSpore's fp16 kernel): d = r16(x - max), e = exp16(d), the sum of e in fp32 in
+// order, p = r16(e / r16(sum)).  In place on p[j0, n) (p[0, j0) zeros, the keys after n masked: 0 in the sum).
+inline void softmax_row_r16(float *p, int64_t j0, int64_t n, float mx) {
+  float sum = 0.0f;
+  for (int64_t j = j0; j < n; ++j) {
+    p[j] = r16(std::exp(r16(p[j] - mx)));
+    sum += p[j];
+  }
+  const float s16 = r16(sum);
+  for (int64_t j = j0; j < n; ++j) p[j] = p[j] / s16;
+  round16(p + j0, n - j0);
 }
 
 // The unfused model's Softmax sum of a row of length L whose values are v[0, n) (n <= L; the rest are zeros,
