@@ -4,9 +4,9 @@
 //   cdecoder_attention_fp32:  out = x + O(attn(RoPE(Q(rms(x))), RoPE(K(rms(x))) -> cache, V(rms(x)) -> cache))
 //   cdecoder_mlp_fp32:        out = x + Down(silu(Gate(rms(x))) * Up(rms(x)))
 // plus two helpers for the model's ends: cdecoder_linear_fp32 (one linear, e.g. lm_head) and
-// crms_norm_fp32 (the final norm).  Activations (the hidden states x / out, the residual stream) are fp32 for
-// every model, an fp16 / bf16 one included (integrations/fused.py says why: measured); norm weights and dense
-// weights may be fp16 / bf16 (widened exactly).  A linear layer's weight is one of
+// crms_norm_fp32 (the final norm).  Activation buffers (the hidden states x / out, the residual stream) are fp32
+// for every model; an fp16 model's hold fp16 values (the *_r16 entries below), a bf16 model computes in fp32
+// (integrations/fused.py says why); norm weights and dense weights may be fp16 / bf16 (widened exactly).  A linear layer's weight is one of
 //   * fp32 [N, K] (a layer left unquantized): the GEMV of this file (fp32 accumulation);
 //   * fp16 / bf16 [N, K] (a layer left unquantized in a 16-bit model): the same GEMV, the weight widened to fp32
 //     in registers (exact); many rows widen the weight rows into the GEMM's panels;

@@ -104,9 +104,38 @@ inline void silu_mul(float *g, const float *u, int64_t n) {
 
 // ---- an fp16 model's rounding (the *_r16 entries of decoder.cpp) ----
 // MindSpore's CPU ops on fp16 tensors compute each op in fp32 and round the result to fp16 (Mul, Add, Div,
-// MatMul / BatchMatMul: the fp32 sum rounded once; Softmax and RMSNorm run in fp32 in the model's code and cast):
-// the fused path keeps fp32 buffers holding fp16 values and rounds where the unfused fp16 model does.
+// MatMul / BatchMatMul: the fp32 sum, in the fp32 kernel's order, rounded once; RMSNorm runs in fp32 in the
+// model's code and casts): the fused path keeps fp32 buffers holding fp16 values and rounds where the unfused
+// fp16 model does.  Its fp16 Softmax (sdpa calls it without a dtype) and Sigmoid call glibc's expf on the fp32
+// value of an fp16 input and round: exp16(x) = r16(expf(x)); sigmoid16(g) = r16(1 / r16(1 + exp16(-g))).
+// Both are functions of an fp16 value, so they are tables over its 65536 bit patterns, built once with this
+// process's expf (the unfused model's own; every fp16 input checked: tests/test_ms_rounding.py).
 BNB_MS_INLINE float r16(float x) { return fp16_to_f32(f32_to_fp16(x)); }
+
+struct Fp16Tables {
+  uint16_t exp[65537], sigmoid[65537];  // fp16 bits by fp16 bits (+1 entry: 4-byte gathers read past the last)
+  Fp16Tables() {
+    for (uint32_t h = 0; h < 65536; ++h) exp[h] = f32_to_fp16(std::exp(fp16_to_f32((uint16_t)h)));
+    for (uint32_t h = 0; h < 65536; ++h)
+      sigmoid[h] = f32_to_fp16(1.0f / r16(1.0f + fp16_to_f32(exp[h ^ 0x8000u])));
+    exp[65536] = sigmoid[65536] = 0;
+  }
+};
+inline const Fp16Tables &fp16_tables() {
+  static const Fp16Tables t;
+  return t;
+}
+
+BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 r16_avx2(__m256 x) {
+  return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+}
+// tab[fp16 bits of x] widened, for 8 lanes holding fp16 values
+BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 lookup16_avx2(const uint16_t *tab, __m256 x) {
+  const __m256i idx = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+  const __m256i v = _mm256_and_si256(_mm256_i32gather_epi32((const int *)tab, idx, 2), _mm256_set1_epi32(0xffff));
+  return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+BNB_MS_INLINE float lookup16(const uint16_t *tab, float x) { return fp16_to_f32(tab[f32_to_fp16(x)]); }
 
 // x[i] = r16(x[i]) for i < n (vcvtps2ph rounds to nearest even, as f32_to_fp16).
 inline void round16(float *x, int64_t n) {
@@ -115,8 +144,7 @@ inline void round16(float *x, int64_t n) {
     struct K {
       BNB_MS_TARGET_AVX2 static int64_t run(float *x, int64_t n) {
         int64_t i = 0;
-        for (; i + 8 <= n; i += 8)
-          _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, r16_avx2(_mm256_loadu_ps(x + i)));
         return i;
       }
     };
@@ -125,39 +153,48 @@ inline void round16(float *x, int64_t n) {
   for (; i < n; ++i) x[i] = r16(x[i]);
 }
 
-// MindSpore's fp16 CPU kernels that need exp (Sigmoid, Softmax) call glibc's expf on the fp32 value and round:
-// exp16(x) = r16(std::exp(x)) (every fp16 input checked: tests/test_ms_rounding.py).
-// silu_mul of an fp16 model: sigmoid16(g) = r16(1 / r16(1 + exp16(-g))), silu = r16(g * sigmoid16(g)), then
-// r16(silu * u).
+// silu_mul of an fp16 model (g, u hold fp16 values): silu = r16(g * sigmoid16(g)), then r16(silu * u).
 inline void silu_mul_r16(float *g, const float *u, int64_t n) {
-  constexpr int64_t kStep = 256;
-  float e[kStep];
-  for (int64_t i0 = 0; i0 < n; i0 += kStep) {
-    const int64_t m = n - i0 < kStep ? n - i0 : kStep;
-    float *gi = g + i0;
-    for (int64_t i = 0; i < m; ++i) e[i] = std::exp(0.0f - gi[i]);
-    round16(e, m);
-    for (int64_t i = 0; i < m; ++i) e[i] = 1.0f + e[i];
-    round16(e, m);
-    for (int64_t i = 0; i < m; ++i) e[i] = 1.0f / e[i];
-    round16(e, m);
-    for (int64_t i = 0; i < m; ++i) e[i] = gi[i] * e[i];
-    round16(e, m);
-    for (int64_t i = 0; i < m; ++i) gi[i] = e[i] * u[i0 + i];
-    round16(gi, m);
+  const uint16_t *sig = fp16_tables().sigmoid;
+  int64_t i = 0;
+  if (has_avx2()) {
+    struct K {
+      BNB_MS_TARGET_AVX2 static int64_t run(const uint16_t *sig, float *g, const float *u, int64_t n) {
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+          const __m256 a = _mm256_loadu_ps(g + i);
+          const __m256 si = r16_avx2(_mm256_mul_ps(a, lookup16_avx2(sig, a)));
+          _mm256_storeu_ps(g + i, r16_avx2(_mm256_mul_ps(si, _mm256_loadu_ps(u + i))));
+        }
+        return i;
+      }
+    };
+    i = K::run(sig, g, u, n);
   }
+  for (; i < n; ++i) g[i] = r16(r16(g[i] * lookup16(sig, g[i])) * u[i]);
 }
 
 // Softmax of an fp16 row (MindSpore's fp16 kernel): d = r16(x - max), e = exp16(d), the sum of e in fp32 in
 // order, p = r16(e / r16(sum)).  In place on p[j0, n) (p[0, j0) zeros, the keys after n masked: 0 in the sum).
 inline void softmax_row_r16(float *p, int64_t j0, int64_t n, float mx) {
-  float sum = 0.0f;
-  for (int64_t j = j0; j < n; ++j) {
-    p[j] = r16(std::exp(r16(p[j] - mx)));
-    sum += p[j];
+  const uint16_t *ex = fp16_tables().exp;
+  int64_t j = j0;
+  if (has_avx2()) {
+    struct K {
+      BNB_MS_TARGET_AVX2 static int64_t run(const uint16_t *ex, float *p, int64_t j, int64_t n, float mx) {
+        const __m256 m = _mm256_set1_ps(mx);
+        for (; j + 8 <= n; j += 8)
+          _mm256_storeu_ps(p + j, lookup16_avx2(ex, r16_avx2(_mm256_sub_ps(_mm256_loadu_ps(p + j), m))));
+        return j;
+      }
+    };
+    j = K::run(ex, p, j, n, mx);
   }
+  for (; j < n; ++j) p[j] = lookup16(ex, r16(p[j] - mx));
+  float sum = 0.0f;
+  for (j = j0; j < n; ++j) sum += p[j];
   const float s16 = r16(sum);
-  for (int64_t j = j0; j < n; ++j) p[j] = p[j] / s16;
+  for (j = j0; j < n; ++j) p[j] = p[j] / s16;
   round16(p + j0, n - j0);
 }
 
