@@ -389,17 +389,12 @@ void rms_norm(const float *x, const float *w, float eps, float *y, int64_t R, in
 
 // In place on `nh` heads of D values each (row layout [nh, D]); r16: q * cos + rotate_half(q) * sin in fp16 ops
 // (each product and the sum rounded; rotate_half's -x is exact).
-void rope_row(float *v, int64_t nh, int64_t D, const float *cs, const float *sn, bool fp16) {
-  using simd_math::r16;
+void rope_row(float *v, int64_t nh, int64_t D, const float *cs, const float *sn, bool r16) {
   const int64_t h2 = D / 2;
   for (int64_t h = 0; h < nh; ++h) {
     float *p = v + h * D;
-    if (fp16) {
-      for (int64_t i = 0; i < h2; ++i) {
-        const float a = p[i], b = p[i + h2];
-        p[i] = r16(r16(a * cs[i]) - r16(b * sn[i]));
-        p[i + h2] = r16(r16(b * cs[i]) + r16(a * sn[i]));
-      }
+    if (r16) {
+      simd_math::rope_r16(p, cs, sn, h2);
       continue;
     }
     for (int64_t i = 0; i < h2; ++i) {
@@ -480,13 +475,16 @@ void attend(const AttnShape &s, const float *q, const float *kc, const float *vc
       float *o = attn + (b * s.T + t) * s.Hq * s.D + h * s.D;
       const int64_t j0 = s.window > 0 ? std::max<int64_t>(0, qi - s.window + 1) : 0;
       float mx = -INFINITY;
+      if (s.r16) {  // the fp16 product rounded, then an fp16 Mul by the scaling
+        for (int64_t j = j0; j <= qi; ++j) p[j] = dot(qv, kb + j * s.D, s.D);
+        simd_math::round16_scale(p.data() + j0, s.scaling, qi + 1 - j0);
+      }
       for (int64_t j = j0; j <= qi; ++j) {
         if (mrow && !mrow[j]) {
           p[j] = -INFINITY;
           continue;
         }
-        p[j] = s.r16 ? simd_math::r16(simd_math::r16(dot(qv, kb + j * s.D, s.D)) * s.scaling)
-                     : dot(qv, kb + j * s.D, s.D) * s.scaling;
+        if (!s.r16) p[j] = dot(qv, kb + j * s.D, s.D) * s.scaling;
         mx = std::max(mx, p[j]);
       }
       std::fill(o, o + s.D, 0.0f);
@@ -553,8 +551,9 @@ void attend_prefill(const AttnShape &s, const float *q, const float *kc, const f
         std::fill(p, p + j0, 0.0f);  // keys outside [j0, qi] get probability 0
         std::fill(p + qi + 1, p + Lt, 0.0f);
         float mx = -INFINITY;
+        if (s.r16) simd_math::round16_scale(p + j0, s.scaling, qi + 1 - j0);  // as in attend()
         for (int64_t j = j0; j <= qi; ++j) {
-          p[j] = mrow && !mrow[j] ? -INFINITY : s.r16 ? simd_math::r16(simd_math::r16(p[j]) * s.scaling) : p[j] * s.scaling;
+          p[j] = mrow && !mrow[j] ? -INFINITY : s.r16 ? p[j] : p[j] * s.scaling;
           mx = std::max(mx, p[j]);
         }
         if (mx == -INFINITY) {  // no visible key: the row's output is 0

@@ -153,6 +153,40 @@ inline void round16(float *x, int64_t n) {
   for (; i < n; ++i) x[i] = r16(x[i]);
 }
 
+// RoPE of one head in an fp16 model: p[i] = r16(r16(a c) - r16(b s)), p[i + h2] = r16(r16(b c) + r16(a s)) with
+// a = p[i], b = p[i + h2] (q * cos + rotate_half(q) * sin as fp16 ops; rotate_half's -b is exact).
+inline void rope_r16(float *p, const float *cs, const float *sn, int64_t h2) {
+  int64_t i = 0;
+  if (has_avx2()) {
+    struct K {
+      BNB_MS_TARGET_AVX2 static int64_t run(float *p, const float *cs, const float *sn, int64_t h2) {
+        int64_t i = 0;
+        for (; i + 8 <= h2; i += 8) {
+          const __m256 a = _mm256_loadu_ps(p + i), b = _mm256_loadu_ps(p + i + h2);
+          const __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(sn + i);
+          _mm256_storeu_ps(p + i, r16_avx2(_mm256_sub_ps(r16_avx2(_mm256_mul_ps(a, c)), r16_avx2(_mm256_mul_ps(b, s)))));
+          _mm256_storeu_ps(p + i + h2, r16_avx2(_mm256_add_ps(r16_avx2(_mm256_mul_ps(b, c)), r16_avx2(_mm256_mul_ps(a, s)))));
+        }
+        return i;
+      }
+    };
+    i = K::run(p, cs, sn, h2);
+  }
+  for (; i < h2; ++i) {
+    const float a = p[i], b = p[i + h2];
+    p[i] = r16(r16(a * cs[i]) - r16(b * sn[i]));
+    p[i + h2] = r16(r16(b * cs[i]) + r16(a * sn[i]));
+  }
+}
+
+// x[i] = r16(r16(x[i]) * k) for i < n (a product's fp16 result, then an fp16 Mul by a constant k: the scaled
+// scores of an fp16 model).
+inline void round16_scale(float *x, float k, int64_t n) {
+  round16(x, n);
+  for (int64_t i = 0; i < n; ++i) x[i] *= k;
+  round16(x, n);
+}
+
 // silu_mul of an fp16 model (g, u hold fp16 values): silu = r16(g * sigmoid16(g)), then r16(silu * u).
 inline void silu_mul_r16(float *g, const float *u, int64_t n) {
   const uint16_t *sig = fp16_tables().sigmoid;
