@@ -622,6 +622,7 @@ class TestQuantize4BitFunctional:
     @pytest.mark.parametrize("storage_type", ["nf4", "fp4"], ids=["nf4", "fp4"])
     @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=describe_dtype)
     @pytest.mark.slow  # PORT: identity matrices up to 8192x8192; runs with -m slow (CI time on 2 CPU cores)
+    @pytest.mark.usefixtures("bnb_ms_patches")  # PORT: bf16 assert_close (MindSpore's CPU IsClose has no bf16)
     def test_gemv_eye_4bit(self, device, storage_type, dtype):
         if device == "hpu" and not is_supported_on_hpu(storage_type, dtype):
             pytest.skip("This configuration is not supported on HPU.")
