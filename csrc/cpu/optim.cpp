@@ -315,20 +315,11 @@ namespace gather {
 // parameters, 1 thread: 6.3-7.2 against 6.0 ms)
 constexpr int64_t kAhead = 0, kAheadChunk = 384;
 using StateCodes = NoStateCodes;
-struct StateSrc {
-  float *buf;
-  const void *unused;
-  BlockCodes blk;
-  BNB_MS_INLINE void prepare(const float *c, float a, const uint8_t *qq, int64_t) { blk = BlockCodes{c, qq, a}; }
-  SIMD_TARGET BNB_MS_INLINE F at(int64_t i) const {
-    const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk.q + i)));
-    return vmul(_mm256_i32gather_ps(blk.code, q, 4), set1(blk.absmax));
-  }
-  SIMD_TARGET BNB_MS_INLINE void at4(int64_t i, F v[4]) const {
-    for (int j = 0; j < 4; ++j) v[j] = at(i + j * W);
-  }
-  BNB_MS_INLINE float at1(int64_t i) const { return blk.at1(i); }
-};
+SIMD_TARGET BNB_MS_INLINE F gather_codes(const BlockCodes &b, int64_t i) {
+  const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b.q + i)));
+  return vmul(_mm256_i32gather_ps(b.code, q, 4), set1(b.absmax));
+}
+#include "cpu/optim_gather_src.inc"
 // The grid index as quant_grid_index8 without its clamps of v + 1 to [0, 2]: v = x * pre * inv is NaN or within
 // 1 + 2^-22 of [-1, 1] (|x| <= the block's absmax; an inf absmax gives inv 0), so the index is in [0, 65535] but
 // for a NaN (cvtt's INT_MIN), which the signed max takes to 0, as the clamps do.  One operation instead of two.
@@ -414,21 +405,12 @@ SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F pr
 // no block buffer, no prefetch: measured faster on the Sapphire Rapids host).
 constexpr int64_t kAhead = 0, kAheadChunk = 0;
 using StateCodes = NoStateCodes;
-struct StateSrc {
-  float *buf;
-  const void *unused;
-  BlockCodes blk;
-  BNB_MS_INLINE void prepare(const float *c, float a, const uint8_t *qq, int64_t) { blk = BlockCodes{c, qq, a}; }
-  SIMD_TARGET BNB_MS_INLINE F at(int64_t i) const {
-    __m512 v;
-    Code256Gather{blk.code}.lookup(blk.q + i, &v);
-    return vmul(v, set1(blk.absmax));
-  }
-  SIMD_TARGET BNB_MS_INLINE void at4(int64_t i, F v[4]) const {
-    for (int j = 0; j < 4; ++j) v[j] = at(i + j * W);
-  }
-  BNB_MS_INLINE float at1(int64_t i) const { return blk.at1(i); }
-};
+SIMD_TARGET BNB_MS_INLINE F gather_codes(const BlockCodes &b, int64_t i) {
+  __m512 v;
+  Code256Gather{b.code}.lookup(b.q + i, &v);
+  return vmul(v, set1(b.absmax));
+}
+#include "cpu/optim_gather_src.inc"
 SIMD_TARGET BNB_MS_INLINE int64_t requant_vec(const OptLut *lut, const void *, const float *v, int64_t len, float pre,
                                               float inv, uint8_t *q) {
   int64_t i = 0;
