@@ -29,8 +29,10 @@ MASK = (IDS != 0).astype(np.int64)
 def model():
     cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
-    torch.manual_seed(0)
     m = AutoModelForCausalLM.from_config(cfg).eval()
+    rng = np.random.RandomState(0)
+    for _, p in m.named_parameters():  # mindtorch's random init ignores torch.manual_seed: the same model every run
+        p.data.copy_(torch.tensor((rng.randn(*p.shape) * 0.1).astype(np.float32)))
     quant_4bit(m, quant_type="nf4", compute_dtype="fp32", progress=False)
     assert fuse(m)
     yield m
