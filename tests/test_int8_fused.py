@@ -294,6 +294,40 @@ def test_mixed_scaled_mm_uses_the_native_outlier_columns():
     np.testing.assert_array_equal(_bits(fused.numpy()), _bits(ref))
 
 
+TILE_CASES = [(1, 70, 1), (5, 700, 250), (11, 130, 600), (4, 64, 40), (9, 1000, 193)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("rows,N,n_out", TILE_CASES, ids=[f"{m}x{n}-{j}cols" for m, n, j in TILE_CASES])
+def test_mixed_outlier_tiles_equal_the_reference(rows, N, n_out, dtype):
+    """The outlier sums run in tiles of 4 rows x 4 vectors over chunks of columns (prefill with many outlier
+    columns); every output is still the reference's chain: whole and partial row groups, chunks and their last
+    columns, one block, two blocks of a split (193..383 columns) and blocks of 192, a NaN and an inf among the
+    outlier activations (the block recomputed with the per-step NaN rule), bias or none, every output dtype."""
+    K = 640
+    rng = np.random.RandomState(rows * 1000 + N + n_out)
+    CB = rng.randint(-127, 128, (N, K)).astype(np.int8)
+    SCB = rng.uniform(0.01, 2.0, N).astype(np.float32)
+    a = rng.standard_normal((rows, K)).astype(np.float32)
+    cols = rng.choice(K, n_out, replace=False)
+    a[rng.randint(0, rows, n_out), cols] = rng.choice([-1, 1], n_out) * rng.uniform(7, 40, n_out)
+    if rows > 4:
+        a[0, cols[0]] = 9.0  # the column stays an outlier column (NaN never is one)
+        a[4, cols[0]] = np.nan
+        a[rows - 1, cols[-1]] = np.inf
+    A = torch.tensor(_values(a.astype(np.float32))).to(MS[dtype])
+    bias = torch.tensor(rng.standard_normal(N).astype(np.float32)).to(MS[dtype])
+    for b in (bias, None):
+        out, flags = F.int8_linear(A, torch.tensor(CB), torch.tensor(SCB), b, 6.0)
+        want, want_flags = R.int8_linear(A.float().numpy(), CB, SCB, None if b is None else b.float().numpy(), 6.0,
+                                         dtype)
+        assert int(np.asarray(want_flags).sum()) == n_out
+        np.testing.assert_array_equal(np.sort(np.asarray(flags.numpy())), np.nonzero(want_flags)[0])
+        np.testing.assert_array_equal(_bits(out.float().numpy()), _bits(np.asarray(want, np.float32)))
+        if rows > 4:
+            assert np.isnan(out.float().numpy()[4]).all()
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input
 # ---------------------------------------------------------------------------------------------

@@ -507,6 +507,151 @@ BNB_MS_TARGET_AVX512 void int8_mixed_mm_dequant_avx512(const float *d, const flo
   int8_mixed_mm_dequant_portable<T>(d, av, wt, ldw, nJ, o, j, n);
 }
 
+// The outlier sums in tiles (int8_mixed_mm_dequant): tasks of kMixedRows rows x one chunk of columns.  wt is kept
+// chunk by chunk ([chunk][nJ][cols], contiguous per chunk) and the tasks run chunk-major, so a chunk's slice
+// (nJ x cols floats, at most 256 KiB) stays in L2 while every row group reads it.
+constexpr int64_t kMixedRows = 4;    // rows per tile
+constexpr int kMixedVecs = 4;        // vectors of columns per tile step
+constexpr int64_t kMixedCols = 512;  // most columns per chunk
+inline int64_t mixed_chunk_cols(int64_t nJ) {
+  return std::max<int64_t>(64, std::min<int64_t>(kMixedCols, 65536 / std::max<int64_t>(nJ, 1)) / 64 * 64);
+}
+
+// Vector traits of the tiles below (one per SIMD level); tile(R, ...) runs the level's tile for R rows.
+template <int R>
+BNB_MS_TARGET_AVX2 void mixed_rows_tile_avx2(float *v, int64_t ldv, const float *av, int64_t nJ, const float *wt,
+                                             int64_t ldw, int64_t n);
+template <int R>
+BNB_MS_TARGET_AVX512 void mixed_rows_tile_avx512(float *v, int64_t ldv, const float *av, int64_t nJ, const float *wt,
+                                                 int64_t ldw, int64_t n);
+#define BNB_MS_MIXED_TILE_DISPATCH(NAME)                                                                              \
+  static void tile(int64_t R, float *v, int64_t ldv, const float *av, int64_t nJ, const float *wt, int64_t ldw,      \
+                   int64_t n) {                                                                                      \
+    if (R == 4) NAME<4>(v, ldv, av, nJ, wt, ldw, n);                                                                 \
+    else if (R == 3) NAME<3>(v, ldv, av, nJ, wt, ldw, n);                                                            \
+    else if (R == 2) NAME<2>(v, ldv, av, nJ, wt, ldw, n);                                                            \
+    else NAME<1>(v, ldv, av, nJ, wt, ldw, n);                                                                        \
+  }
+struct VecAvx2 {
+  using F = __m256;
+  static constexpr int64_t W = 8;
+  BNB_MS_TARGET_AVX2 static BNB_MS_INLINE F load(const float *p) { return _mm256_loadu_ps(p); }
+  BNB_MS_TARGET_AVX2 static BNB_MS_INLINE void store(float *p, F x) { _mm256_storeu_ps(p, x); }
+  BNB_MS_TARGET_AVX2 static BNB_MS_INLINE F zero() { return _mm256_setzero_ps(); }
+  BNB_MS_TARGET_AVX2 static BNB_MS_INLINE F set1(float x) { return _mm256_set1_ps(x); }
+  BNB_MS_TARGET_AVX2 static BNB_MS_INLINE F add(F a, F b) { return _mm256_add_ps(a, b); }
+  BNB_MS_TARGET_AVX2 static BNB_MS_INLINE F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  BNB_MS_TARGET_AVX2 static BNB_MS_INLINE F fma_x86(F a, F b, F c) { return fma_x86_avx2(a, b, c); }
+  BNB_MS_TARGET_AVX2 static BNB_MS_INLINE bool any_nan(F x) {
+    const F m = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    return !_mm256_testz_ps(m, m);
+  }
+  static void mixed_row(float *v, const float *av, const float *wt, int64_t ldw, int64_t nJ, int64_t n) {
+    int8_mixed_mm_dequant_avx2<float>(v, av, wt, ldw, nJ, v, n);
+  }
+  template <class BT>
+  static void dequant(const int32_t *c, float rv, const float *cs, const BT *bias, float *d, int64_t n) {
+    int8_mm_dequant_avx2<float, BT>(c, rv, cs, bias, d, n);
+  }
+  BNB_MS_MIXED_TILE_DISPATCH(mixed_rows_tile_avx2)
+};
+struct VecAvx512 {
+  using F = __m512;
+  static constexpr int64_t W = 16;
+  BNB_MS_TARGET_AVX512 static BNB_MS_INLINE F load(const float *p) { return _mm512_loadu_ps(p); }
+  BNB_MS_TARGET_AVX512 static BNB_MS_INLINE void store(float *p, F x) { _mm512_storeu_ps(p, x); }
+  BNB_MS_TARGET_AVX512 static BNB_MS_INLINE F zero() { return _mm512_setzero_ps(); }
+  BNB_MS_TARGET_AVX512 static BNB_MS_INLINE F set1(float x) { return _mm512_set1_ps(x); }
+  BNB_MS_TARGET_AVX512 static BNB_MS_INLINE F add(F a, F b) { return _mm512_add_ps(a, b); }
+  BNB_MS_TARGET_AVX512 static BNB_MS_INLINE F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  BNB_MS_TARGET_AVX512 static BNB_MS_INLINE F fma_x86(F a, F b, F c) { return fma_x86_avx512(a, b, c); }
+  BNB_MS_TARGET_AVX512 static BNB_MS_INLINE bool any_nan(F x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
+  static void mixed_row(float *v, const float *av, const float *wt, int64_t ldw, int64_t nJ, int64_t n) {
+    int8_mixed_mm_dequant_avx512<float>(v, av, wt, ldw, nJ, v, n);
+  }
+  template <class BT>
+  static void dequant(const int32_t *c, float rv, const float *cs, const BT *bias, float *d, int64_t n) {
+    int8_mm_dequant_avx512<float, BT>(c, rv, cs, bias, d, n);
+  }
+  BNB_MS_MIXED_TILE_DISPATCH(mixed_rows_tile_avx512)
+};
+#undef BNB_MS_MIXED_TILE_DISPATCH
+
+// The outlier sums of R rows at once over the columns [0, n) of a chunk, in place: row r's d (v + r * ldv) becomes
+// d + its sums, the bits of the per-row kernels above.  Why: the per-row loop read the chunk's whole wt slice again
+// for every row, from memory once nJ x N floats outgrew the caches (a 512-token prefill through an 11008 x 4096
+// int8 layer with 2048 outlier columns took 4.4 s); here each wt vector is loaded once for R rows.  Every (row,
+// column) is still its own chain in the same order (per block: from 0, fma over the block's columns ascending,
+// then v + acc).  The NaN rule of fma_x86_* is applied per block instead of per step: a chain ends its block NaN
+// exactly when some step made it NaN (a NaN stays NaN).  A NaN block is recomputed with the per-step rule.  Stamped per SIMD level (V: its vector traits); two vectors of
+// columns per step, the last (< 2 W) columns by the per-row kernel.
+#define BNB_MS_MIXED_ROWS_TILE(NAME, TARGET, V)                                                                        \
+template <int R>                                                                                                       \
+TARGET void NAME(float *v, int64_t ldv, const float *av, int64_t nJ, const float *wt, int64_t ldw, int64_t n) {        \
+  using F = typename V::F;                                                                                             \
+  constexpr int64_t W = V::W;                                                                                          \
+  constexpr int NV = kMixedVecs;                                                                                       \
+  const int64_t bs = mixed_block_size(nJ);                                                                             \
+  int64_t j = 0;                                                                                                       \
+  for (; j + NV * W <= n; j += NV * W) {                                                                               \
+    F s[R][NV];                                                                                                        \
+    for (int r = 0; r < R; ++r)                                                                                        \
+      for (int k = 0; k < NV; ++k) s[r][k] = V::load(v + r * ldv + j + k * W);                                         \
+    for (int64_t t0 = 0; t0 < nJ; t0 += bs) {                                                                          \
+      const int64_t t1 = std::min(nJ, t0 + bs);                                                                        \
+      F acc[R][NV];                                                                                                    \
+      for (int r = 0; r < R; ++r)                                                                                      \
+        for (int k = 0; k < NV; ++k) acc[r][k] = V::zero();                                                            \
+      for (int64_t t = t0; t < t1; ++t) {                                                                              \
+        F w[NV];                                                                                                       \
+        for (int k = 0; k < NV; ++k) w[k] = V::load(wt + t * ldw + j + k * W);                                         \
+        for (int r = 0; r < R; ++r) {                                                                                  \
+          const F x = V::set1(av[r * nJ + t]);                                                                         \
+          for (int k = 0; k < NV; ++k) acc[r][k] = V::fmadd(x, w[k], acc[r][k]);                                       \
+        }                                                                                                              \
+      }                                                                                                                \
+      for (int r = 0; r < R; ++r)                                                                                      \
+        for (int k = 0; k < NV; ++k) {                                                                                 \
+          if (V::any_nan(acc[r][k])) {                                                                                 \
+            acc[r][k] = V::zero();                                                                                     \
+            for (int64_t t = t0; t < t1; ++t)                                                                          \
+              acc[r][k] = V::fma_x86(V::set1(av[r * nJ + t]), V::load(wt + t * ldw + j + k * W), acc[r][k]);           \
+          }                                                                                                            \
+          s[r][k] = V::add(s[r][k], acc[r][k]);                                                                        \
+        }                                                                                                              \
+    }                                                                                                                  \
+    for (int r = 0; r < R; ++r)                                                                                        \
+      for (int k = 0; k < NV; ++k) V::store(v + r * ldv + j + k * W, s[r][k]);                                         \
+  }                                                                                                                    \
+  if (j < n)                                                                                                           \
+    for (int r = 0; r < R; ++r) V::mixed_row(v + r * ldv + j, av + r * nJ, wt + j, ldw, nJ, n - j);                    \
+}
+BNB_MS_MIXED_ROWS_TILE(mixed_rows_tile_avx2, BNB_MS_TARGET_AVX2, VecAvx2)
+BNB_MS_MIXED_ROWS_TILE(mixed_rows_tile_avx512, BNB_MS_TARGET_AVX512, VecAvx512)
+#undef BNB_MS_MIXED_ROWS_TILE
+
+
+// The rows [r0, r0 + R) of the chunk starting at column n0 (len columns; its wt slice at wc): d in fp32, the outlier
+// sums, out in T.
+template <class T, class BT>
+void mixed_task(SimdLevel lvl, const int32_t *C, const float *rs, const float *cs, const BT *bias, const float *av,
+                const float *wc, int64_t nJ, T *out, int64_t N, int64_t r0, int64_t R, int64_t n0, int64_t len,
+                int64_t kc, float *d) {
+  for (int64_t r = 0; r < R; ++r) {
+    const int32_t *c = C + (r0 + r) * N + n0;
+    const BT *b = bias ? bias + n0 : nullptr;
+    if (lvl >= SimdLevel::avx512) VecAvx512::dequant<BT>(c, rs[r0 + r], cs + n0, b, d + r * kc, len);
+    else if (lvl >= SimdLevel::avx2) VecAvx2::dequant<BT>(c, rs[r0 + r], cs + n0, b, d + r * kc, len);
+    else int8_mm_dequant_portable<float, BT>(c, rs[r0 + r], cs + n0, b, d + r * kc, 0, len);
+  }
+  const float *a = av + r0 * nJ;
+  if (lvl >= SimdLevel::avx512) VecAvx512::tile(R, d, kc, a, nJ, wc, kc, len);
+  else if (lvl >= SimdLevel::avx2) VecAvx2::tile(R, d, kc, a, nJ, wc, kc, len);
+  else
+    for (int64_t r = 0; r < R; ++r) int8_mixed_mm_dequant_portable<float>(d + r * kc, a + r * nJ, wc, kc, nJ, d + r * kc, 0, len);
+  for (int64_t r = 0; r < R; ++r) convert_span<float, T>(d + r * kc, out + (r0 + r) * N + n0, len);
+}
+
 template <class T, class BT>
 void int8_mixed_mm_dequant(const int32_t *C, const float *rs, const float *cs, const BT *bias, const T *A, int64_t K,
                            const int8_t *CB, const uint8_t *flags, T *out, int64_t M, int64_t N, Int8Scratch &s) {
@@ -518,38 +663,26 @@ void int8_mixed_mm_dequant(const int32_t *C, const float *rs, const float *cs, c
     int8_mm_dequant<T, BT>(C, rs, cs, bias, out, M, N);
     return;
   }
-  float *wt = grow(s.wt, nJ * N);
+  const int64_t kc = mixed_chunk_cols(nJ), nch = (N + kc - 1) / kc, G = (M + kMixedRows - 1) / kMixedRows;
+  float *wt = grow(s.wt, nch * nJ * kc);  // [chunk][t][column of the chunk]
   parallel_for(N, std::max<int64_t>(1, 16384 / nJ), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const int8_t *b = CB + n * K;
       const float sn = cs[n];
-      for (int64_t t = 0; t < nJ; ++t) wt[t * N + n] = ((float)b[J[t]] * sn) * kInt8Dequant;
+      float *w = wt + (n / kc) * nJ * kc + n % kc;
+      for (int64_t t = 0; t < nJ; ++t) w[t * kc] = ((float)b[J[t]] * sn) * kInt8Dequant;
     }
   });
   float *av = grow(s.av, M * nJ);
   for (int64_t r = 0; r < M; ++r)
     for (int64_t t = 0; t < nJ; ++t) av[r * nJ + t] = to_f32<T>(A[r * K + J[t]]);
-  constexpr int64_t kCols = 512;  // columns per task (the fp32 dequant of a task stays on the stack)
-  const int64_t nch = (N + kCols - 1) / kCols;
   const SimdLevel lvl = simd_level();
-  parallel_for(M * nch, std::max<int64_t>(1, 64 / (1 + nJ)), [&](int64_t t0, int64_t t1) {
-    alignas(64) float d[kCols];
+  parallel_for(nch * G, std::max<int64_t>(1, 64 / (1 + nJ)), [&](int64_t t0, int64_t t1) {
+    alignas(64) float d[kMixedRows * kMixedCols];
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t r = task / nch, n0 = (task % nch) * kCols, len = std::min(kCols, N - n0);
-      const int32_t *c = C + r * N + n0;
-      const BT *b = bias ? bias + n0 : nullptr;
-      const float *a = av + r * nJ;
-      T *o = out + r * N + n0;
-      if (lvl >= SimdLevel::avx512) {
-        int8_mm_dequant_avx512<float, BT>(c, rs[r], cs + n0, b, d, len);
-        int8_mixed_mm_dequant_avx512<T>(d, a, wt + n0, N, nJ, o, len);
-      } else if (lvl >= SimdLevel::avx2) {
-        int8_mm_dequant_avx2<float, BT>(c, rs[r], cs + n0, b, d, len);
-        int8_mixed_mm_dequant_avx2<T>(d, a, wt + n0, N, nJ, o, len);
-      } else {
-        int8_mm_dequant_portable<float, BT>(c, rs[r], cs + n0, b, d, 0, len);
-        int8_mixed_mm_dequant_portable<T>(d, a, wt + n0, N, nJ, o, 0, len);
-      }
+      const int64_t c = task / G, n0 = c * kc, r0 = (task % G) * kMixedRows;
+      mixed_task<T, BT>(lvl, C, rs, cs, bias, av, wt + c * nJ * kc, nJ, out, N, r0, std::min(kMixedRows, M - r0), n0,
+                        std::min(kc, N - n0), kc, d);
     }
   });
 }
