@@ -103,6 +103,9 @@ def _native_lines() -> None:
         big, small = cextension.int8_gemm_path(), cextension.int8_gemm_path(1)
         print(f"  int8 GEMM path    {big}" + (f" ({small} below 8 rows)" if small != big else "")
               + "  (BNB_MS_INT8_GEMM=scalar|avx2|avx512|avxvnni|avx512vnni|amx forces one)")
+        big, small = cextension.linear4_bf16_path(16), cextension.linear4_bf16_path(1)
+        print(f"  4-bit bf16 path   {big}" + (f" ({small} below 16 rows)" if small != big else "")
+              + ("  (BNB_MS_4BIT_AMX=0 keeps avx512bf16)" if big == "amx" else ""))
     print(f"  native ops        {len(cextension._native_table.OPS)} entry points in the C ABI table")
 
 

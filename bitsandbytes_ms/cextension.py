@@ -157,6 +157,18 @@ def int8_gemm_path(rows: Optional[int] = None) -> str:
     return _dll.bnb_ms_int8_gemm_path().decode()
 
 
+def linear4_bf16_path(rows: int = 16) -> str:
+    """The kernel of the 4-bit bf16-compute linear (``bf16_dot``) for ``rows`` rows of input: ``amx`` (AMX-BF16,
+    from 16 rows, where the CPU and OS allow it; ``BNB_MS_4BIT_AMX=0`` turns it off), ``avx512bf16`` or
+    ``portable``. The last two give the same bits; ``amx`` sums in the tile unit's order, within the same
+    documented bound of the exact path."""
+    if _dll is None or not hasattr(_dll, "bnb_ms_linear4_bf16dot_path_for_rows"):
+        return "n/a"
+    f = _dll.bnb_ms_linear4_bf16dot_path_for_rows
+    f.restype, f.argtypes = ct.c_char_p, [ct.c_int64]
+    return f(int(rows)).decode()
+
+
 def get_num_threads() -> int:
     """Threads the CPU kernels use (the calling thread included): the CPUs this process may run on
     (``sched_getaffinity``, capped by a cgroup CPU quota), or ``BNB_MS_NUM_THREADS``, or what

@@ -68,7 +68,8 @@ SHAPES = [(1, 40, 192, 64), (3, 33, 100, 64), (8, 16, 512, 128), (2, 7, 77, 32),
 @pytest.mark.parametrize("M,N,K,bs", SHAPES)
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("qt", ["nf4", "fp4"])
-def test_portable_kernel_bit_exact_with_numpy_model(nested, M, N, K, bs, with_bias, qt):
+def test_portable_kernel_bit_exact_with_numpy_model(nested, M, N, K, bs, with_bias, qt, monkeypatch):
+    monkeypatch.setenv("BNB_MS_4BIT_AMX", "0")  # the vdpbf16ps kernel from 16 rows too (AMX: its own test below)
     rng = np.random.default_rng(N * K + M + nested)
     W = Tensor(rng.standard_normal((N, K)).astype(np.float32))
     q, qs = F.quantize_4bit(W, blocksize=bs, quant_type=qt, compress_statistics=nested)
@@ -113,6 +114,42 @@ def test_within_documented_bound_of_exact_path(M, N, K, bs, nested, with_bias):
     err = np.abs(dot.astype(np.float64) - exact)
     assert np.all(err <= bound), float(np.max(err / bound))
     assert np.max(err) > 0  # two different kernels
+
+
+AMX_SHAPES = [(16, 64, 1024, 64, False), (17, 50, 1111, 64, True), (33, 40, 576, 64, False),
+              (100, 300, 2048, 64, True), (48, 33, 96, 32, False)]
+
+
+@pytest.mark.parametrize("M,N,K,bs,nested", AMX_SHAPES, ids=[f"{m}x{n}x{k}" for m, n, k, _, _ in AMX_SHAPES])
+def test_amx_prefill_within_documented_bound(M, N, K, bs, nested, monkeypatch):
+    """From 16 rows, on a CPU with AMX-BF16, the products run on the tile unit: the same bf16 inputs, summed in
+    the unit's own order, so within the documented bound of the exact path (whole and partial m-tiles and
+    32-row weight groups, K over the 512-column slices and not a multiple of 32, double quant, threaded rows);
+    BNB_MS_4BIT_AMX=0 gives the vdpbf16ps kernel's bits (the numpy model's)."""
+    if cextension.linear4_bf16_path(M) != "amx":
+        pytest.skip(f"no AMX-BF16 here (path {cextension.linear4_bf16_path(M)})")
+    rng = np.random.default_rng(M + N + K)
+    W = Tensor((rng.standard_normal((N, K)) * rng.uniform(0.1, 3, (N, 1))).astype(np.float32))
+    q, qs = F.quantize_4bit(W, blocksize=bs, quant_type="nf4", compress_statistics=nested)
+    x = _bf16(rng.standard_normal((M, K)) * 2)
+    bias = _bf16(rng.standard_normal(N) * 4)
+    amx = _f32(F.linear_4bit(x, q, qs, bias, bf16_dot=True))
+    exact = _f32(F.linear_4bit(x, q, qs, bias, bf16_dot=False))
+    W32 = F.dequantize_4bit(q, qs).astype(ms.float32).asnumpy().reshape(N, K)
+    err = np.abs(amx.astype(np.float64) - exact)
+    bound = _bound(_f32(x), W32, _f32(bias))
+    assert np.all(err <= bound), float(np.max(err / bound))
+    # against the vdpbf16ps kernel's model: the same exact products, another fp32 order (K 2^-23 S apart at
+    # most, S = sum |x w|), then the output's bf16 rounding and bias add (2^-8 of it each): a tile or k-step
+    # missed or misplaced is far outside
+    model = _model(x, q, qs, bias).astype(np.float64)
+    S = np.abs(_f32(x)).astype(np.float64) @ np.abs(W32).T.astype(np.float64)
+    tight = 2.0 ** -7 * (np.abs(model) + np.abs(_f32(bias))) + K * 2.0 ** -22 * S
+    assert np.all(np.abs(amx - model) <= tight), float(np.max(np.abs(amx - model) / tight))
+    assert np.mean(amx == model) > 0.9
+    monkeypatch.setenv("BNB_MS_4BIT_AMX", "0")
+    assert cextension.linear4_bf16_path(M) == "avx512bf16"
+    assert np.array_equal(_f32(F.linear_4bit(x, q, qs, bias, bf16_dot=True)), _model(x, q, qs, bias))
 
 
 def test_linear_4bit_compute_fp32_input():

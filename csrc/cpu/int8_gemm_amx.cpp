@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/amx_tiles.h"
 #include "cpu/int8_gemm.h"
 #include "cpu/parallel.h"
 
@@ -27,37 +28,12 @@ namespace {
 // Tails: A is packed zero-padded to whole 16-row, 64-k tiles; the last partial k-step of a full B tile
 // comes from a zero-padded 16 x 64 copy (never a read past a row that might be the buffer's end) and
 // a last B tile of fewer than 16 rows from a zero-padded 16 x Kpad copy; M/N tails are cut when storing.
-// Each thread configures 8 tiles of 16 rows x 64 bytes (ldtilecfg) and releases them when done.
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-static_assert(sizeof(TileConfig) == 64, "tile configuration is 64 bytes");
-
+// Each thread configures 8 tiles of 16 rows x 64 bytes (amx_tiles.h) and releases them when done.
 struct BTileSrc {
   const int8_t *p;     // k-step ks at p + 64 * ks, rows `stride` bytes apart
   int64_t stride;
   const int8_t *tail;  // if set: the last k-step comes from here instead (rows 64 bytes apart)
 };
-
-BNB_MS_TARGET_AMX void amx_configure() {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  // ldtilecfg's intrinsic names only the first bytes of cfg as its memory operand: make sure every
-  // byte written above is in memory before it runs.
-  __asm__ volatile("" : : "m"(cfg) : "memory");
-  _tile_loadconfig(&cfg);
-}
-
-BNB_MS_TARGET_AMX void amx_release() { _tile_release(); }
 
 // Tiles: C^T in tmm0 (n-tile 0, m-tile 0), tmm1 (0, 1), tmm2 (1, 0), tmm3 (1, 1); B in tmm4/tmm5;
 // packed A in tmm6/tmm7. cs receives the result tiles, 256 int32 each, in that order. (Software
