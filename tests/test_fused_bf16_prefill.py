@@ -50,7 +50,8 @@ def _bound(x, spec, N, K):
 
 @pytest.mark.parametrize("mode", ["nf4", "fp4", "dq"])
 @pytest.mark.parametrize("M, N, K", [(9, 40, 64), (13, 33, 77), (40, 100, 130), (17, 7, 31), (64, 49, 192)])
-def test_bf16_prefill_linear_is_its_twin(mode, M, N, K):
+def test_bf16_prefill_linear_is_its_twin(mode, M, N, K, monkeypatch):
+    monkeypatch.setenv("BNB_MS_4BIT_AMX", "0")  # the vdpbf16ps kernel from 16 rows too (AMX: its own test below)
     rng = np.random.RandomState(M * N + K)
     spec = _spec(rng, N, K, mode, bias=True)
     x = (rng.randn(M, K) * 2).astype(np.float32)
@@ -60,6 +61,34 @@ def test_bf16_prefill_linear_is_its_twin(mode, M, N, K):
     np.testing.assert_array_equal(got, R.gemm_panel_bf16(x, R.linear_spec_weight(spec, N, K), spec[6]))
     assert not np.array_equal(got, exact)  # it really is another computation
     assert np.all(np.abs(got - exact) <= _bound(x, spec, N, K))
+
+
+AMX_CASES = [("nf4", 16, 40, 64), ("dq", 40, 100, 130), ("fp4", 17, 7, 31), ("nf4", 64, 49, 192),
+             ("dq", 100, 300, 1000)]
+
+
+@pytest.mark.parametrize("mode, M, N, K", AMX_CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}x{c[3]}" for c in AMX_CASES])
+def test_bf16_prefill_amx_within_bound(mode, M, N, K, monkeypatch):
+    """From 16 rows, on a CPU with AMX-BF16, the prefill GEMM runs on the tile unit (gemm_panel_bf16_amx): the
+    twin's bf16 inputs, summed in the unit's own order, so within the documented bound of the exact path and
+    within K 2^-22 S of the twin (the same exact products, another fp32 order: a tile or k-step missed or
+    misplaced is far outside); partial m-tiles and panels, K2 not a multiple of 16, odd K, bias."""
+    if cextension.linear4_bf16_path(M) != "amx":
+        pytest.skip(f"no AMX-BF16 here (path {cextension.linear4_bf16_path(M)})")
+    rng = np.random.RandomState(M * N + K + 1)
+    spec = _spec(rng, N, K, mode, bias=True)
+    x = (rng.randn(M, K) * 2).astype(np.float32)
+    got, exact = np.empty((M, N), np.float32), np.empty((M, N), np.float32)
+    DOT(x, *spec, N, got)
+    EXACT(x, *spec, N, exact)
+    twin = R.gemm_panel_bf16(x, R.linear_spec_weight(spec, N, K), spec[6])
+    S = np.abs(x.astype(np.float64)) @ np.abs(R.linear_spec_weight(spec, N, K).astype(np.float64)).T
+    assert np.all(np.abs(got - exact) <= _bound(x, spec, N, K))
+    assert np.all(np.abs(got.astype(np.float64) - twin) <= K * 2.0 ** -22 * S + 1e-30)
+    monkeypatch.setenv("BNB_MS_4BIT_AMX", "0")
+    off = np.empty((M, N), np.float32)
+    DOT(x, *spec, N, off)
+    np.testing.assert_array_equal(off, twin)
 
 
 @pytest.mark.parametrize("mode", ["nf4", "fp4", "dq"])
@@ -147,7 +176,8 @@ def test_bf16_prefill_simd_levels_agree():
 
     here = __import__("os").path.dirname(__file__)
     code = (
-        f"import sys; sys.path.insert(0, {here!r}); import hashlib, numpy as np;"
+        f"import sys, os; sys.path.insert(0, {here!r}); import hashlib, numpy as np;"
+        "os.environ['BNB_MS_4BIT_AMX'] = '0';"  # AMX-BF16 sums in its own order (test_bf16_prefill_amx_within_bound)
         "import test_fused_decoder as t; from bitsandbytes_ms import cextension as c, _hostcall as HC;"
         "h = hashlib.sha256(); rng = np.random.RandomState(4); lin = HC.entry('cdecoder_linear_fp32_bf16dot')"
         "\nfor mode, M, N, K in (('nf4', 9, 40, 64), ('fp4', 23, 57, 77), ('dq', 40, 100, 130), ('nf4', 17, 7, 31),"

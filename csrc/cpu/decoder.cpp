@@ -265,8 +265,8 @@ void linear_spec_weight(const Lin &l, int64_t n0, int64_t n1, float *dst) {
 // tile); pack(n, w, P) fills the panel of weight rows [n, n + w) (Kp elements E per panel row), run(n0, nc, P)
 // multiplies the chunk's nc columns from n0.
 template <class E, class Pack, class Run>
-void panel_chunks(int64_t N, int64_t Kp, Pack &&pack, Run &&run) {
-  const int64_t cols = std::max<int64_t>(3, kPanelChunkBytes / (int64_t)sizeof(E) / (Kp * kPanel)) * kPanel;
+void panel_chunks(int64_t N, int64_t Kp, Pack &&pack, Run &&run, int64_t chunk_bytes = kPanelChunkBytes) {
+  const int64_t cols = std::max<int64_t>(3, chunk_bytes / (int64_t)sizeof(E) / (Kp * kPanel)) * kPanel;
   const int64_t ntasks = (N + cols - 1) / cols;
   parallel_for_dynamic(ntasks, 1, [&](int64_t t0, int64_t t1) {
     static thread_local std::vector<E> panels;
@@ -300,23 +300,34 @@ void gemm_rows(const Lin &l, const float *x, float *out, int64_t M) {
 // dequantize_4bit) and rounded into bf16 panels.
 void gemm_rows_bf16(const Lin &l, const float *x, float *out, int64_t M) {
   const int64_t N = l.N, K = l.K, K2 = (K + 1) / 2;
+  // AMX-BF16 (gemm_panel.h): operands padded to whole tiles, and 4x larger chunks of panels (the tile unit
+  // multiplies ~8x faster than vdpbf16ps, so re-reading x for every chunk would otherwise set the pace)
+  const bool amx = gemm_bf16_amx_applies(M);
+  const int64_t Kp = amx ? (K2 + 15) / 16 * 16 : K2, Mp = amx ? (M + 15) / 16 * 16 : M;
   static thread_local std::vector<uint32_t> xa;
-  xa.resize((size_t)(M * K2));
+  xa.resize((size_t)(Mp * Kp));
   uint32_t *xp = xa.data();  // (a thread_local named inside the lambdas would be each worker's own)
-  parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [&](int64_t m0, int64_t m1) {
-    pack_rows_bf16(x + m0 * K, K, m1 - m0, K, xp + m0 * K2);
+  parallel_for(Mp, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      if (m < M) pack_rows_bf16(x + m * K, K, 1, K, xp + m * Kp);
+      std::fill(xp + m * Kp + (m < M ? K2 : 0), xp + (m + 1) * Kp, 0u);
+    }
   });
   panel_chunks<uint32_t>(
-      N, K2,
+      N, Kp,
       [&](int64_t n, int w, uint32_t *P) {
         static thread_local std::vector<float> rows;
         rows.resize((size_t)(kPanel * K));
         linear_spec_weight(l, n, n + w, rows.data());
         pack_panel_rows_bf16(rows.data(), K, K, w, P);
+        std::fill(P + K2 * kPanel, P + Kp * kPanel, 0u);
       },
       [&](int64_t n0, int64_t nc, const uint32_t *P) {
-        gemm_panel_bf16(xp, K2, M, P, K2 * kPanel, K2, nc, l.bias ? l.bias + n0 : nullptr, out + n0, N);
-      });
+        const float *b = l.bias ? l.bias + n0 : nullptr;
+        if (amx) gemm_panel_bf16_amx(xp, M, P, Kp * kPanel, Kp, nc, b, out + n0, N);
+        else gemm_panel_bf16(xp, Kp, M, P, Kp * kPanel, K2, nc, b, out + n0, N);
+      },
+      amx ? 4 * kPanelChunkBytes : kPanelChunkBytes);
 }
 
 // up to this many rows a linear runs the GEMV kernels (4-bit: the unfused Linear4bit's kernel, same bits);

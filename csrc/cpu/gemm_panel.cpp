@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "cpu/amx_tiles.h"
 #include "cpu/bf16_round.h"
 #include "cpu/cpu_features.h"
 
@@ -283,6 +285,62 @@ void gemm_panel_bf16(const uint32_t *A2, int64_t lda2, int64_t M, const uint32_t
                          C + m * ldc + n, ldc);
     }
   }
+}
+
+bool gemm_bf16_amx_applies(int64_t M) {
+  if (M < 16 || !(cpu_features() & CPU_AMX_BF16) || !bf16dot_native()) return false;
+  const char *e = std::getenv("BNB_MS_4BIT_AMX");  // read per call: a test or user may switch it at run time
+  return !(e && e[0] == '0');
+}
+
+#define BNB_MS_TARGET_AMX_BF16 \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
+
+// Tiles: C in tmm0 (m-tile mt, panel q), tmm1 (mt, q + 1), tmm2 (mt + 1, q), tmm3 (mt + 1, q + 1); A in tmm4 / tmm5
+// (16 rows x 16 pairs), panels in tmm6 / tmm7 (16 pair rows x 16 columns: a panel is already that layout).
+BNB_MS_TARGET_AMX_BF16 void gemm_panel_bf16_amx(const uint32_t *A2, int64_t M, const uint32_t *P2, int64_t pstride2,
+                                                int64_t K2p, int64_t N, const float *bias, float *C, int64_t ldc) {
+  const int64_t Mt = (M + 15) / 16, npan = (N + kPanel - 1) / kPanel, KS = K2p / 16, lda = K2p * 4;
+  alignas(64) float ct[4][256];
+  amx_configure();
+  for (int64_t mt = 0; mt < Mt; mt += 2) {
+    const bool two_m = mt + 1 < Mt;
+    const uint32_t *a0 = A2 + mt * 16 * K2p, *a1 = a0 + 16 * K2p;
+    for (int64_t q = 0; q < npan; q += 2) {
+      const bool two_n = q + 1 < npan;
+      const uint32_t *b0 = P2 + q * pstride2, *b1 = b0 + pstride2;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t ks = 0; ks < KS; ++ks) {
+        _tile_loadd(4, a0 + ks * 16, lda);
+        _tile_loadd(6, b0 + ks * 256, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (two_n) {
+          _tile_loadd(7, b1 + ks * 256, 64);
+          _tile_dpbf16ps(1, 4, 7);
+        }
+        if (two_m) {
+          _tile_loadd(5, a1 + ks * 16, lda);
+          _tile_dpbf16ps(2, 5, 6);
+          if (two_n) _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      _tile_stored(0, ct[0], 64);
+      _tile_stored(1, ct[1], 64);
+      _tile_stored(2, ct[2], 64);
+      _tile_stored(3, ct[3], 64);
+      for (int t = 0; t < 4; ++t) {
+        const int64_t m0 = 16 * (mt + (t >> 1)), n0 = kPanel * (q + (t & 1));
+        if (m0 >= M || n0 >= N) continue;
+        const int nc = (int)std::min<int64_t>(kPanel, N - n0);
+        for (int64_t i = 0; i < std::min<int64_t>(16, M - m0); ++i)
+          store_row(ct[t] + i * 16, bias ? bias + n0 : nullptr, nc, C + (m0 + i) * ldc + n0);
+      }
+    }
+  }
+  amx_release();
 }
 
 void pack_panel_rows_bf16(const float *W, int64_t ldw, int64_t K, int nc, uint32_t *P2) {

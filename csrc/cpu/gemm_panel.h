@@ -45,6 +45,16 @@ void pack_panel_cols(const float *V, int64_t ldv, int64_t K, int nc, float *P);
 void gemm_panel_bf16(const uint32_t *A2, int64_t lda2, int64_t M, const uint32_t *P2, int64_t pstride2, int64_t K2,
                      int64_t N, const float *bias, float *C, int64_t ldc);
 
+// AMX-BF16 form of gemm_panel_bf16, for the callers that check gemm_bf16_amx_applies(M) (the CPU and OS allow
+// AMX-BF16, the vdpbf16ps kernel is the library's choice, M >= 16, BNB_MS_4BIT_AMX is not 0).  Operands padded:
+// A2 has 16 * ceil(M / 16) rows of K2p dwords (K2p = ceil(K2 / 16) * 16), zero beyond M rows and K2 pairs; panels
+// have K2p rows, zero beyond K2.  Same inputs, products exact in fp32, summed by TDPBF16PS in the tile unit's own
+// order (not a sequential chain: measured within 2e-7 S of the exact sum for K = 32..1024), so its bits are not
+// the vdpbf16ps kernel's and it keeps that kernel's bound vs the exact GEMM (tests/test_fused_bf16_prefill.py).
+bool gemm_bf16_amx_applies(int64_t M);
+void gemm_panel_bf16_amx(const uint32_t *A2, int64_t M, const uint32_t *P2, int64_t pstride2, int64_t K2p, int64_t N,
+                         const float *bias, float *C, int64_t ldc);
+
 // P2 rows [0, K2) of one panel from nc (<= kPanel) rows of a row-major fp32 matrix (row stride ldw, K values).
 void pack_panel_rows_bf16(const float *W, int64_t ldw, int64_t K, int nc, uint32_t *P2);
 
