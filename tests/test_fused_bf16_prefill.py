@@ -69,7 +69,7 @@ AMX_CASES = [("nf4", 16, 40, 64), ("dq", 40, 100, 130), ("fp4", 17, 7, 31), ("nf
 
 @pytest.mark.parametrize("mode, M, N, K", AMX_CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}x{c[3]}" for c in AMX_CASES])
 def test_bf16_prefill_amx_within_bound(mode, M, N, K, monkeypatch):
-    """From 16 rows, on a CPU with AMX-BF16, the prefill GEMM runs on the tile unit (gemm_panel_bf16_amx): the
+    """From 16 rows, on a CPU with AMX-BF16, the prefill GEMM runs on the tile unit (gemm_panel_bf16_amx_bf16): the
     twin's bf16 inputs, summed in the unit's own order, so within the documented bound of the exact path and
     within K 2^-22 S of the twin (the same exact products, another fp32 order: a tile or k-step missed or
     misplaced is far outside); partial m-tiles and panels, K2 not a multiple of 16, odd K, bias."""

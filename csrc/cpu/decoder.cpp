@@ -324,7 +324,7 @@ void gemm_rows_bf16(const Lin &l, const float *x, float *out, int64_t M) {
       },
       [&](int64_t n0, int64_t nc, const uint32_t *P) {
         const float *b = l.bias ? l.bias + n0 : nullptr;
-        if (amx) gemm_panel_bf16_amx(xp, M, P, Kp * kPanel, Kp, nc, b, out + n0, N);
+        if (amx) gemm_panel_bf16_amx_bf16(xp, M, P, Kp * kPanel, Kp, nc, b, out + n0, N);
         else gemm_panel_bf16(xp, Kp, M, P, Kp * kPanel, K2, nc, b, out + n0, N);
       },
       amx ? 4 * kPanelChunkBytes : kPanelChunkBytes);

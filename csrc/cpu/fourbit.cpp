@@ -1313,9 +1313,10 @@ void pack_x_amx(const uint16_t *x, int64_t M, int64_t K32, uint16_t *xp) {
 
 // Weight rows n..n+R-1 (R <= kAmxGroup) against every x row: r[m * kAmxGroup + j].  Tiles: C^T in tmm0 (rows 0-15
 // of the group, m-tile mt), tmm1 (rows 16-31, mt), tmm2 / tmm3 (the same for mt + 1); weights tmm4 / tmm5; x tmm6 / tmm7.
-BNB_MS_TARGET_AMX_BF16 void amx_rows_bf16(const float *code, const uint8_t *q, const float *am, int64_t blk_off,
-                                          int64_t n, int R, int64_t K, int64_t bs, const uint16_t *xp, int64_t M,
-                                          int64_t K32, uint16_t *wbuf, float *acc, float *r) {
+BNB_MS_TARGET_AMX_BF16 void dot_rows_bf16_amx_bf16(const float *code, const uint8_t *q, const float *am,
+                                                   int64_t blk_off, int64_t n, int R, int64_t K, int64_t bs,
+                                                   const uint16_t *xp, int64_t M, int64_t K32, uint16_t *wbuf,
+                                                   float *acc, float *r) {
   const int64_t Mt = (M + 15) / 16, KS = K32 / kChunk;
   constexpr int64_t ws = kAmxSlice * 2;  // bytes between decoded rows
   if (R < kAmxGroup) std::memset(wbuf + R * kAmxSlice, 0, sizeof(uint16_t) * (size_t)((kAmxGroup - R) * kAmxSlice));
@@ -1578,7 +1579,7 @@ void linear_4bit_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx
       amx_configure();
       for (int64_t n = n0; n < n1; n += kAmxGroup) {
         const int R = (int)std::min<int64_t>(kAmxGroup, n1 - n);
-        amx_rows_bf16(code, q, am, off, n, R, K, bs, xk, M, K32, w, a, rs);
+        dot_rows_bf16_amx_bf16(code, q, am, off, n, R, K, bs, xk, M, K32, w, a, rs);
         for (int64_t m = 0; m < M; ++m)
           for (int j = 0; j < R; ++j) out[m * N + n + j] = with_bias(from_f32<T>(rs[m * kAmxGroup + j]), bias, n + j);
       }

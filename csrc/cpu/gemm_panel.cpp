@@ -298,8 +298,9 @@ bool gemm_bf16_amx_applies(int64_t M) {
 
 // Tiles: C in tmm0 (m-tile mt, panel q), tmm1 (mt, q + 1), tmm2 (mt + 1, q), tmm3 (mt + 1, q + 1); A in tmm4 / tmm5
 // (16 rows x 16 pairs), panels in tmm6 / tmm7 (16 pair rows x 16 columns: a panel is already that layout).
-BNB_MS_TARGET_AMX_BF16 void gemm_panel_bf16_amx(const uint32_t *A2, int64_t M, const uint32_t *P2, int64_t pstride2,
-                                                int64_t K2p, int64_t N, const float *bias, float *C, int64_t ldc) {
+BNB_MS_TARGET_AMX_BF16 void gemm_panel_bf16_amx_bf16(const uint32_t *A2, int64_t M, const uint32_t *P2,
+                                                     int64_t pstride2, int64_t K2p, int64_t N, const float *bias,
+                                                     float *C, int64_t ldc) {
   const int64_t Mt = (M + 15) / 16, npan = (N + kPanel - 1) / kPanel, KS = K2p / 16, lda = K2p * 4;
   alignas(64) float ct[4][256];
   amx_configure();

@@ -52,8 +52,8 @@ void gemm_panel_bf16(const uint32_t *A2, int64_t lda2, int64_t M, const uint32_t
 // order (not a sequential chain: measured within 2e-7 S of the exact sum for K = 32..1024), so its bits are not
 // the vdpbf16ps kernel's and it keeps that kernel's bound vs the exact GEMM (tests/test_fused_bf16_prefill.py).
 bool gemm_bf16_amx_applies(int64_t M);
-void gemm_panel_bf16_amx(const uint32_t *A2, int64_t M, const uint32_t *P2, int64_t pstride2, int64_t K2p, int64_t N,
-                         const float *bias, float *C, int64_t ldc);
+void gemm_panel_bf16_amx_bf16(const uint32_t *A2, int64_t M, const uint32_t *P2, int64_t pstride2, int64_t K2p,
+                              int64_t N, const float *bias, float *C, int64_t ldc);
 
 // P2 rows [0, K2) of one panel from nc (<= kPanel) rows of a row-major fp32 matrix (row stride ldw, K values).
 void pack_panel_rows_bf16(const float *W, int64_t ldw, int64_t K, int nc, uint32_t *P2);
