@@ -15,9 +15,25 @@ warning. ``BNB_MS_LAUNCH_BLOCKING=0`` leaves MindSpore's setting alone.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 _state = {"done": False}
+
+# The packages a layer call passes through on its way here: the warning points at the first frame outside them
+# (the user's own line), not at mindtorch's module call.
+_LIBS = ("bitsandbytes_ms", "mindtorch", "mindnlp", "transformers", "peft", "accelerate", "mindspore", "torch")
+
+
+def _user_stacklevel() -> int:
+    """warnings.warn's stacklevel of the first caller outside _LIBS (seen from ensure's caller's frame)."""
+    f, level = sys._getframe(2), 2
+    while f is not None:
+        parts = os.path.normpath(f.f_code.co_filename).split(os.sep)
+        if not any(p in _LIBS for p in parts) and not f.f_code.co_filename.startswith("<frozen"):
+            return level
+        f, level = f.f_back, level + 1
+    return 2
 
 
 def is_on() -> bool | None:
@@ -46,5 +62,5 @@ def ensure() -> bool:
     warnings.warn("bitsandbytes_ms: turned on mindspore.runtime.launch_blocking(): in MindSpore's asynchronous CPU "
                   "mode every quantized layer call waits for the op queue (a quantized model's generation measured "
                   "~6x slower); set BNB_MS_LAUNCH_BLOCKING=0 to keep it off",
-                  RuntimeWarning, stacklevel=3)
+                  RuntimeWarning, stacklevel=_user_stacklevel())
     return True

@@ -160,6 +160,7 @@ _LB_SCRIPT = """
         y2 = layer(torch.tensor(x)).numpy()
     print("AFTER", _launch_blocking.is_on())
     print("WARNINGS", sum("launch_blocking" in str(r.message) for r in rec))
+    print("WHERE", *[__import__("os").path.basename(r.filename) for r in rec if "launch_blocking" in str(r.message)])
     if "{layer}" == "Linear4bit":
         ref = x @ F.dequantize_4bit(layer.weight.data, layer.weight.quant_state).numpy().T
     elif "{layer}" == "Linear8bitLt":
@@ -173,15 +174,17 @@ _LB_SCRIPT = """
 def _lb_result(res):
     assert res.returncode == 0, res.stderr[-3000:]
     return {ln.split()[0]: ln.split()[1:] for ln in res.stdout.splitlines()
-            if ln.split() and ln.split()[0] in ("BEFORE", "AFTER", "WARNINGS", "ERR")}
+            if ln.split() and ln.split()[0] in ("BEFORE", "AFTER", "WARNINGS", "WHERE", "ERR")}
 
 
 @pytest.mark.parametrize("layer", ["Linear4bit", "Linear8bitLt", "LinearFP"])
 def test_first_forward_turns_launch_blocking_on_once(layer, tmp_path):
     """Without mindspore.runtime.launch_blocking(), the first forward of each layer type turns it on with exactly
-    one warning; results are the layer's (against a numpy reference of its weight) and the same twice."""
+    one warning, which points at the user's line (not at mindtorch's module call); results are the layer's
+    (against a numpy reference of its weight) and the same twice."""
     out = _lb_result(_run(_LB_SCRIPT.format(layer=layer), tmp_path))
     assert out["BEFORE"] == ["False"] and out["AFTER"] == ["True"] and out["WARNINGS"] == ["1"], out
+    assert out["WHERE"] == ["<string>"], out  # python -c: the user's code
     rel, again = map(float, out["ERR"])
     # int8: the activation is quantized per row (<= 1/127 of its absmax per element); nf4/fp: exact up to rounding
     assert rel < (0.03 if layer == "Linear8bitLt" else 1e-5) and again == 0.0, out
