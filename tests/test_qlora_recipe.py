@@ -22,9 +22,16 @@ loaded = PeftModel.from_pretrained(base, "qlora-adapter")
 mine = {n: p.asnumpy() for n, p in model.named_parameters() if "lora_" in n}
 theirs = {n: p.asnumpy() for n, p in loaded.named_parameters() if "lora_" in n}
 model.eval(); loaded.eval()
-with torch.no_grad():
+import warnings
+from bitsandbytes_ms.integrations import fused as FU
+with warnings.catch_warnings(record=True) as rec, torch.no_grad():
+    warnings.simplefilter("always")
     la, lb = model(**batch).logits.asnumpy(), loaded(**batch).logits.asnumpy()
+    merged = loaded.merge_and_unload()  # the hint of the fuse warning: merged 4-bit layers fuse
+    merged(**batch)
 print("CHECK " + json.dumps({
+    "peft_hint": any("merge_and_unload()" in str(r.message) for r in rec if "bitsandbytes_ms.fuse" in str(r.message)),
+    "merged_fused": bool(FU.is_fused(merged)),
     "names_equal": sorted(mine) == sorted(theirs), "n": len(mine),
     "bytes_equal": all(mine[k].tobytes() == theirs[k].tobytes() for k in mine if k in theirs),
     "lora_B_trained": all(float(np.abs(v).max()) > 0 for k, v in mine.items() if "lora_B" in k),
@@ -54,7 +61,7 @@ def test_qlora_recipe_trains_and_adapter_round_trips(tmp_path):
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
     assert losses[-1] < losses[0] - 0.3, losses
     check = json.loads(proc.stdout.split("CHECK ", 1)[1].splitlines()[0])
-    assert check == {"names_equal": True, "n": check["n"], "bytes_equal": True, "lora_B_trained": True,
-                     "logits_equal": True}, check
+    assert check == {"peft_hint": True, "merged_fused": True, "names_equal": True, "n": check["n"],
+                     "bytes_equal": True, "lora_B_trained": True, "logits_equal": True}, check
     assert check["n"] == 4 * 2 * 2  # 4 layers x (q_proj, v_proj) x (lora_A, lora_B)
     assert (tmp_path / "qlora-adapter" / "adapter_model.safetensors").exists()

@@ -220,8 +220,10 @@ def _linear_spec(mod, name: str, N: int, K: int, keep: Dict[int, np.ndarray], dt
             raise _Unsupported(f"{name} has shape {tuple(mod.weight.shape)}, expected {(N, K)}")
         return (_host_param(mod.weight, keep), None, None, None, None, None, bias, 64, 256)
     # the qualified name: a wrapper such as peft's LoRA layer shares the class name of the layer it wraps
+    hint = ("; a PEFT adapter layer: the model runs correctly, unfused (slower); `model.merge_and_unload()` gives "
+            "fusable layers" if type(mod).__module__.startswith("peft.") else "")
     raise _Unsupported(f"{name} is a {type(mod).__module__}.{type(mod).__qualname__} (fused: Linear4bit, Linear8bitLt or a float32/float16/"
-                       f"bfloat16 nn.Linear)")
+                       f"bfloat16 nn.Linear){hint}")
 
 
 def _numel(t) -> int:
