@@ -223,7 +223,8 @@ def quantize_job(args) -> int:
         if args.save and Path(args.save).resolve() == model_dir.resolve():
             raise CliError(f"--save {args.save}: is the cached conversion of --model; pick another directory")
 
-    with tqdm(total=2, desc="loading", unit="step", leave=False) as bar:
+    # step 1 is the imports (most of a small model's start-up), step 2 the checkpoint
+    with tqdm(total=2, desc="importing mindnlp, transformers", unit="step", leave=False) as bar:
         import mindnlp  # noqa: F401  (torch -> mindtorch, transformers on MindSpore)
         import transformers
 
@@ -234,6 +235,7 @@ def quantize_job(args) -> int:
 
         transformers.logging.set_verbosity_error()
         bar.update(1)
+        bar.set_description("loading")
         from transformers import AutoConfig
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 

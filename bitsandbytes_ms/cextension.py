@@ -117,6 +117,33 @@ except NativeLibraryError as _e:
                    RuntimeWarning, stacklevel=2)
 
 
+# The kernel-path switches the native library reads from the environment, and the values it knows: any other value
+# is ignored there (the library's own choice stays), so it is named here once, at import, instead of passing silently.
+ENV_SWITCHES = {
+    "BNB_MS_SIMD": ("scalar", "avx2", "avx512", "avx512-novbmi"),
+    "BNB_MS_INT8_GEMM": ("scalar", "avx2", "avx512", "avxvnni", "avx512vnni", "amx"),
+    "BNB_MS_4BIT_AMX": ("0", "1"),
+}
+
+
+def check_env_switches(environ=None) -> list:
+    """The set switches of :data:`ENV_SWITCHES` whose value the library does not know, as warning texts (also
+    warned at import)."""
+    environ = os.environ if environ is None else environ
+    bad = []
+    for name, known in ENV_SWITCHES.items():
+        v = environ.get(name)
+        if v and v not in known:  # exact values, as the library compares them
+            bad.append(f"bitsandbytes_ms: {name}={v!r} is not one of {'|'.join(known)}; ignored (the library's own "
+                       f"choice stays)")
+    return bad
+
+
+for _msg in check_env_switches():
+    import warnings as _warnings
+
+    _warnings.warn(_msg, RuntimeWarning, stacklevel=2)
+
 # ---------------------------------------------------------------------------------------------
 # CPU feature diagnostics (plain C helpers, not MindSpore ops)
 # ---------------------------------------------------------------------------------------------

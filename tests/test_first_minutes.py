@@ -371,3 +371,22 @@ def test_gguf_pad_fallbacks(case, tmp_path):
     else:
         assert "pad_token_id" not in cfg and "pad_token" not in tok_cfg and gen["pad_token_id"] == eos
     assert tok_cfg["model_input_names"] == ["input_ids", "attention_mask"]
+
+
+# ---- 6. kernel-path switches with a value the library does not know ----
+
+def test_unknown_switch_values_are_named():
+    from bitsandbytes_ms import cextension as C
+
+    assert C.check_env_switches({"BNB_MS_SIMD": "avx2", "BNB_MS_INT8_GEMM": "amx", "BNB_MS_4BIT_AMX": "0"}) == []
+    bad = C.check_env_switches({"BNB_MS_SIMD": "AVX2", "BNB_MS_INT8_GEMM": "bogus", "BNB_MS_4BIT_AMX": "off",
+                                "BNB_MS_OTHER": "x"})
+    assert len(bad) == 3 and "BNB_MS_SIMD='AVX2' is not one of scalar|avx2|avx512|avx512-novbmi" in bad[0]
+    assert "BNB_MS_INT8_GEMM='bogus'" in bad[1] and "BNB_MS_4BIT_AMX='off' is not one of 0|1" in bad[2]
+
+
+def test_unknown_switch_value_warns_once_at_import(tmp_path):
+    res = _run("import warnings\nwarnings.simplefilter('always')\nimport bitsandbytes_ms\n", tmp_path,
+               {"BNB_MS_INT8_GEMM": "fastest"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stderr.count("BNB_MS_INT8_GEMM='fastest' is not one of") == 1, res.stderr[-2000:]

@@ -1288,7 +1288,7 @@ constexpr int64_t kAmxSlice = 512;  // columns decoded at a time (16 k-steps)
 inline bool amx4_applies(int64_t M) {
   if (M < kAmx4MinRows || !(cpu_features() & CPU_AMX_BF16) || !bf16dot_native()) return false;
   const char *e = std::getenv("BNB_MS_4BIT_AMX");  // read per call: a test or user may switch it at run time
-  return !(e && e[0] == '0');
+  return !(e && std::strcmp(e, "0") == 0);
 }
 
 // x (M rows of K32 bf16) as the second operand, m-tiles of 16 rows zero-padded: xp[((mt * KS + ks) * 16 + p) * 32 +

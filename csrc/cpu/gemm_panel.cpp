@@ -290,7 +290,7 @@ void gemm_panel_bf16(const uint32_t *A2, int64_t lda2, int64_t M, const uint32_t
 bool gemm_bf16_amx_applies(int64_t M) {
   if (M < 16 || !(cpu_features() & CPU_AMX_BF16) || !bf16dot_native()) return false;
   const char *e = std::getenv("BNB_MS_4BIT_AMX");  // read per call: a test or user may switch it at run time
-  return !(e && e[0] == '0');
+  return !(e && std::strcmp(e, "0") == 0);
 }
 
 #define BNB_MS_TARGET_AMX_BF16 \
