@@ -583,8 +583,9 @@ struct VecAvx512 {
 // int8 layer with 2048 outlier columns took 4.4 s); here each wt vector is loaded once for R rows.  Every (row,
 // column) is still its own chain in the same order (per block: from 0, fma over the block's columns ascending,
 // then v + acc).  The NaN rule of fma_x86_* is applied per block instead of per step: a chain ends its block NaN
-// exactly when some step made it NaN (a NaN stays NaN).  A NaN block is recomputed with the per-step rule.  Stamped per SIMD level (V: its vector traits); two vectors of
-// columns per step, the last (< 2 W) columns by the per-row kernel.
+// exactly when some step made it NaN (a NaN stays NaN).  A NaN block is recomputed with the per-step rule.
+// Stamped per SIMD level (V: its vector traits); kMixedVecs vectors of columns per step, the last (< kMixedVecs W)
+// columns by the per-row kernel.
 #define BNB_MS_MIXED_ROWS_TILE(NAME, TARGET, V)                                                                        \
 template <int R>                                                                                                       \
 TARGET void NAME(float *v, int64_t ldv, const float *av, int64_t nJ, const float *wt, int64_t ldw, int64_t n) {        \
@@ -630,15 +631,14 @@ BNB_MS_MIXED_ROWS_TILE(mixed_rows_tile_avx2, BNB_MS_TARGET_AVX2, VecAvx2)
 BNB_MS_MIXED_ROWS_TILE(mixed_rows_tile_avx512, BNB_MS_TARGET_AVX512, VecAvx512)
 #undef BNB_MS_MIXED_ROWS_TILE
 
-
-// The rows [r0, r0 + R) of the chunk starting at column n0 (len columns; its wt slice at wc): d in fp32, the outlier
-// sums, out in T.
+// The rows [r0, r0 + R) of the chunk starting at column n0 (len columns; Cc: its int32 products, rows ldc apart;
+// wc: its outlier weights): d in fp32, the outlier sums, out in T.
 template <class T, class BT>
-void mixed_task(SimdLevel lvl, const int32_t *C, const float *rs, const float *cs, const BT *bias, const float *av,
-                const float *wc, int64_t nJ, T *out, int64_t N, int64_t r0, int64_t R, int64_t n0, int64_t len,
-                int64_t kc, float *d) {
+void mixed_task(SimdLevel lvl, const int32_t *Cc, int64_t ldc, const float *rs, const float *cs, const BT *bias,
+                const float *av, const float *wc, int64_t nJ, T *out, int64_t N, int64_t r0, int64_t R, int64_t n0,
+                int64_t len, int64_t kc, float *d) {
   for (int64_t r = 0; r < R; ++r) {
-    const int32_t *c = C + (r0 + r) * N + n0;
+    const int32_t *c = Cc + (r0 + r) * ldc;
     const BT *b = bias ? bias + n0 : nullptr;
     if (lvl >= SimdLevel::avx512) VecAvx512::dequant<BT>(c, rs[r0 + r], cs + n0, b, d + r * kc, len);
     else if (lvl >= SimdLevel::avx2) VecAvx2::dequant<BT>(c, rs[r0 + r], cs + n0, b, d + r * kc, len);
@@ -652,37 +652,54 @@ void mixed_task(SimdLevel lvl, const int32_t *C, const float *rs, const float *c
   for (int64_t r = 0; r < R; ++r) convert_span<float, T>(d + r * kc, out + (r0 + r) * N + n0, len);
 }
 
-template <class T, class BT>
-void int8_mixed_mm_dequant(const int32_t *C, const float *rs, const float *cs, const BT *bias, const T *A, int64_t K,
-                           const int8_t *CB, const uint8_t *flags, T *out, int64_t M, int64_t N, Int8Scratch &s) {
+// The outlier columns (flags set), ascending, into s.cols; returns their count.
+inline int64_t outlier_cols(const uint8_t *flags, int64_t K, Int8Scratch &s) {
   int64_t nJ = 0;
   int64_t *J = grow(s.cols, std::max<int64_t>(K, 1));
   for (int64_t k = 0; k < K; ++k)
     if (flags[k]) J[nJ++] = k;
+  return nJ;
+}
+
+// The outlier activations in fp32 [M, nJ] (into s.av).
+template <class T>
+const float *outlier_acts(const T *A, int64_t M, int64_t K, const int64_t *J, int64_t nJ, Int8Scratch &s) {
+  float *av = grow(s.av, M * nJ);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t t = 0; t < nJ; ++t) av[r * nJ + t] = to_f32<T>(A[r * K + J[t]]);
+  return av;
+}
+
+// Weight row n's outlier columns dequantized (int8_vectorwise_dequant's value): w[t * ldw] for t < nJ.
+inline void outlier_weights(const int8_t *CB, int64_t K, const float *cs, const int64_t *J, int64_t nJ, int64_t n,
+                            float *w, int64_t ldw) {
+  const int8_t *b = CB + n * K;
+  const float sn = cs[n];
+  for (int64_t t = 0; t < nJ; ++t) w[t * ldw] = ((float)b[J[t]] * sn) * kInt8Dequant;
+}
+
+template <class T, class BT>
+void int8_mixed_mm_dequant(const int32_t *C, const float *rs, const float *cs, const BT *bias, const T *A, int64_t K,
+                           const int8_t *CB, const uint8_t *flags, T *out, int64_t M, int64_t N, Int8Scratch &s) {
+  const int64_t nJ = outlier_cols(flags, K, s);
   if (nJ == 0) {
     int8_mm_dequant<T, BT>(C, rs, cs, bias, out, M, N);
     return;
   }
+  const int64_t *J = s.cols.data();
   const int64_t kc = mixed_chunk_cols(nJ), nch = (N + kc - 1) / kc, G = (M + kMixedRows - 1) / kMixedRows;
   float *wt = grow(s.wt, nch * nJ * kc);  // [chunk][t][column of the chunk]
   parallel_for(N, std::max<int64_t>(1, 16384 / nJ), [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const int8_t *b = CB + n * K;
-      const float sn = cs[n];
-      float *w = wt + (n / kc) * nJ * kc + n % kc;
-      for (int64_t t = 0; t < nJ; ++t) w[t * kc] = ((float)b[J[t]] * sn) * kInt8Dequant;
-    }
+    for (int64_t n = n0; n < n1; ++n) outlier_weights(CB, K, cs, J, nJ, n, wt + (n / kc) * nJ * kc + n % kc, kc);
   });
-  float *av = grow(s.av, M * nJ);
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t t = 0; t < nJ; ++t) av[r * nJ + t] = to_f32<T>(A[r * K + J[t]]);
+  const float *av = outlier_acts(A, M, K, J, nJ, s);
   const SimdLevel lvl = simd_level();
   parallel_for(nch * G, std::max<int64_t>(1, 64 / (1 + nJ)), [&](int64_t t0, int64_t t1) {
     alignas(64) float d[kMixedRows * kMixedCols];
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t c = task / G, n0 = c * kc, r0 = (task % G) * kMixedRows;
-      mixed_task<T, BT>(lvl, C, rs, cs, bias, av, wt + c * nJ * kc, nJ, out, N, r0, std::min(kMixedRows, M - r0), n0,
-                        std::min(kc, N - n0), kc, d);
+      mixed_task<T, BT>(lvl, C + n0, N, rs, cs, bias, av, wt + c * nJ * kc, nJ, out, N, r0,
+                        std::min(kMixedRows, M - r0), n0, std::min(kc, N - n0), kc, d);
     }
   });
 }
@@ -729,10 +746,7 @@ template <class T, class BT>
 void int8_decode_mixed(const T *A, const int8_t *ca, const float *sca, const int8_t *CB, const float *cs,
                        const BT *bias, const int64_t *J, int64_t nJ, T *out, int64_t M, int64_t N, int64_t K,
                        Int8Scratch &s) {
-  float *av = grow(s.av, M * nJ);
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t t = 0; t < nJ; ++t) av[r * nJ + t] = to_f32<T>(A[r * K + J[t]]);
-  int32_t *c = grow(s.c, M * N);
+  const float *av = outlier_acts(A, M, K, J, nJ, s);
   const SimdLevel lvl = simd_level();
   parallel_for_dynamic(N, kDecodeChunk, [&](int64_t c0, int64_t c1) {
     static thread_local std::vector<int32_t> cc;
@@ -743,13 +757,8 @@ void int8_decode_mixed(const T *A, const int8_t *ca, const float *sca, const int
     for (int64_t n0 = c0; n0 < c1; n0 += kDecodeChunk) {
       const int64_t len = std::min(kDecodeChunk, c1 - n0);
       int8_gemm(ca, CB + n0 * K, cc.data(), M, len, K);  // serial here (inside the pool's task)
-      for (int64_t m = 0; m < M; ++m) std::memcpy(c + m * N + n0, cc.data() + m * len, sizeof(int32_t) * (size_t)len);
-      for (int64_t j = 0; j < len; ++j) {
-        const int8_t *b = CB + (n0 + j) * K;
-        const float sn = cs[n0 + j];
-        for (int64_t t = 0; t < nJ; ++t) wc[t * kDecodeChunk + j] = ((float)b[J[t]] * sn) * kInt8Dequant;
-      }
-      mixed_task<T, BT>(lvl, c, sca, cs, bias, av, wc.data(), nJ, out, N, 0, M, n0, len, kDecodeChunk, d);
+      for (int64_t j = 0; j < len; ++j) outlier_weights(CB, K, cs, J, nJ, n0 + j, wc.data() + j, kDecodeChunk);
+      mixed_task<T, BT>(lvl, cc.data(), len, sca, cs, bias, av, wc.data(), nJ, out, N, 0, M, n0, len, kDecodeChunk, d);
     }
   });
 }
@@ -768,12 +777,9 @@ void int8_linear(const T *A, const int8_t *CB, const float *SCB, const BT *bias,
     int8_vector_quant<T>(A, ca, sca, flags, M, K, threshold);
   }
   if (threshold > 0.0f && M <= kDecodeMaxRows) {
-    int64_t nJ = 0;
-    int64_t *J = grow(s.cols, std::max<int64_t>(K, 1));
-    for (int64_t k = 0; k < K; ++k)
-      if (flags[k]) J[nJ++] = k;
+    const int64_t nJ = outlier_cols(flags, K, s);
     if (nJ > 0) {
-      int8_decode_mixed<T, BT>(A, ca, sca, CB, SCB, bias, J, nJ, out, M, N, K, s);
+      int8_decode_mixed<T, BT>(A, ca, sca, CB, SCB, bias, s.cols.data(), nJ, out, M, N, K, s);
       s.trim();
       return;
     }
