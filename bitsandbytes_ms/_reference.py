@@ -585,16 +585,30 @@ def mixed_block_size(n_cols: int) -> int:
     return (n_cols + 1) // 2 if MIXED_BLOCK < n_cols < 2 * MIXED_BLOCK else MIXED_BLOCK
 
 
+def add_x86(a, b) -> np.ndarray:
+    """float32 ``a + b`` with x86's NaN rule spelled out: where ``a`` is NaN the result is ``a`` (quieted), where
+    only ``b`` is, ``b``; inf - inf the default NaN. numpy's own ``a + b`` gives ``b``'s NaN in its SIMD loop and
+    ``a``'s in its scalar one (and a compiler may swap the operands of an add), so the kernels' ``add_x86_*`` and
+    this twin choose explicitly."""
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    with np.errstate(all="ignore"):
+        r = np.asarray(a + b, np.float32)
+    an = np.isnan(a)
+    if np.any(an):
+        r = np.where(an, (a.view(np.uint32) | np.uint32(0x00400000)).view(np.float32), r)
+    return r
+
+
 def fma_x86(a, b, c) -> np.ndarray:
     """:func:`fma_f32` (one rounding) where the result is a number; where it is NaN, the NaN of ``c + a * b``
-    computed in two float32 steps (x86 SSE operand order), as the int8 kernels' ``fma_x86_portable`` /
-    ``fma_x86_avx2`` / ``fma_x86_avx512``."""
+    computed in two float32 steps, ``c``'s NaN first (:func:`add_x86`; x86's fma gives its addend's NaN first too),
+    as the int8 kernels' ``fma_x86_portable`` / ``fma_x86_avx2`` / ``fma_x86_avx512``."""
     a, b, c = (np.asarray(v, np.float32) for v in (a, b, c))
     r = fma_f32(a, b, c)
     bad = np.isnan(r)
     if np.any(bad):
         with np.errstate(all="ignore"):
-            r = np.where(bad, (c + (a * b).astype(np.float32)).astype(np.float32), r)
+            r = np.where(bad, add_x86(c, (a * b).astype(np.float32)), r)
     return r
 
 
@@ -605,7 +619,8 @@ def int8_mixed_mm_dequant(C: np.ndarray, row_stats: np.ndarray, col_stats: np.nd
     :func:`int8_mm_dequant` in ``dtype``. Otherwise, in float32: ``d`` = the float32 mm dequant (+ bias),
     ``w[n, j] = (float(CB[n, j]) * col_stats[n]) * float32(1/127)`` (int8_vectorwise_dequant), and the
     flagged columns, ascending, in blocks of :func:`mixed_block_size` columns: per block ``acc`` starts at 0 and
-    takes ``acc = fma(A[:, j], w[:, j], acc)`` column by column, then ``d = d + acc``; ``out = dtype(d)``.
+    takes ``acc = fma(A[:, j], w[:, j], acc)`` column by column (:func:`fma_x86`), then ``d = d + acc``
+    (:func:`add_x86`); ``out = dtype(d)``.
     For float32 this is upstream's ``output.addmm(subA, subB)`` bit for bit (torch 2.13's fp32 GEMM on an
     AVX2 host from 5 rows; fewer rows take another kernel there, which differs in the last bit).
     ``A`` holds the activation values (float32 widening of the input)."""
@@ -626,7 +641,7 @@ def int8_mixed_mm_dequant(C: np.ndarray, row_stats: np.ndarray, col_stats: np.nd
             acc = np.zeros_like(d)
             for t in range(b0, min(cols.size, b0 + bs)):
                 acc = fma_x86(a[:, cols[t]][:, None], w[:, t][None, :], acc)
-            d = (d + acc).astype(f32)
+            d = add_x86(d, acc)
     return convert_span(d, dtype).reshape(C.shape)
 
 

@@ -133,3 +133,20 @@ def test_fma_x86_nan_and_inf():
     got = R.fma_x86(np.array([np.inf, 1.0, 1e30, nan], np.float32), np.array([0.0, 2.0, 1e30, 1.0], np.float32),
                     np.array([1.0, np.inf, -np.inf, 2.0], np.float32))
     assert np.isnan(got[0]) and got[1] == np.inf and got[2] == -np.inf and np.isnan(got[3])
+
+
+@pytest.mark.parametrize("n", [1, 3, 20])
+def test_add_x86_and_fma_x86_give_the_first_nan(n):
+    """Where both operands are NaN the result is the first's (x86's rule; numpy's own ``a + b`` gives the second's
+    in its SIMD loop, the first's in its scalar one, hence the explicit twin): the outlier sums' NaN sign does not
+    depend on the array length or on how the compiler orders an add."""
+    pos = np.full(n, np.nan, np.float32)                                   # 0x7fc00000
+    neg = np.full(n, 0xFFC00000, np.uint32).view(np.float32)               # x86's default NaN
+    assert (_bits(R.add_x86(pos, neg)) == 0x7FC00000).all()
+    assert (_bits(R.add_x86(neg, pos)) == 0xFFC00000).all()
+    assert (_bits(R.add_x86(np.ones(n, np.float32), neg)) == 0xFFC00000).all()
+    inf = np.full(n, np.inf, np.float32)
+    assert (_bits(R.add_x86(inf, -inf)) == 0xFFC00000).all()
+    # acc already NaN (+), then inf * 0 (the default NaN): the acc's NaN stays
+    assert (_bits(R.fma_x86(inf, np.zeros(n, np.float32), pos)) == 0x7FC00000).all()
+    assert (_bits(R.fma_x86(inf, np.zeros(n, np.float32), np.ones(n, np.float32))) == 0xFFC00000).all()

@@ -48,6 +48,7 @@ FAMILIES = {
     "int8_mm_dequant": ("int8.cpp", "int8_mm_dequant", ("portable", "avx2", "avx512")),
     "int8_mixed_mm_dequant": ("int8.cpp", "int8_mixed_mm_dequant", ("portable", "avx2", "avx512")),
     "fma_x86": ("int8.cpp", None, ("portable", "avx2", "avx512")),
+    "add_x86": ("int8.cpp", None, ("portable", "avx2", "avx512")),
     "mixed_block_size": ("int8.cpp", "mixed_block_size", ()),
     "int8_linear": ("int8.cpp", "int8_linear", ()),
     "int8_gemm": ("int8_gemm.cpp", "int8_gemm",

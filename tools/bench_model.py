@@ -574,6 +574,7 @@ def qwen05_hf() -> Path:
     from safetensors.numpy import save_file
 
     d = CACHE / f"qwen2-0.5b-random-seed{QWEN05_SEED}"
+    CACHE.mkdir(parents=True, exist_ok=True)
     if (d / "model.safetensors").exists():
         return d
     tok_src = smollm2_hf()
@@ -632,6 +633,7 @@ def llama7b_hf() -> Path:
     from safetensors.numpy import save_file
 
     d = CACHE / "llama7b-shaped"
+    CACHE.mkdir(parents=True, exist_ok=True)
     if (d / "model.safetensors.index.json").exists():
         return d
     log(f"writing {d} (random bf16 weights, seed {LLAMA7B_SEED}, ~14 GB)")

@@ -429,12 +429,26 @@ inline int64_t mixed_block_size(int64_t nJ) {
   return (nJ > kMixedBlock && nJ < 2 * kMixedBlock) ? (nJ + 1) / 2 : kMixedBlock;
 }
 
+// a + b with SSE's NaN rule spelled out: where both are NaN the result is a's.  Why: the compiler may emit a
+// scalar `a + b` as addss with the operands swapped (addition commutes for numbers, not for NaN payloads), and
+// did for `v + acc` below, giving the second NaN's sign (BNB_MS_SIMD=scalar differed from the reference there).
+inline float add_x86_portable(float a, float b) {
+  const float r = a + b;
+  if (r == r || a == a) return r;  // a number, or a is a number so r is b's NaN or the default NaN
+  uint32_t u;
+  std::memcpy(&u, &a, 4);
+  u |= 0x00400000u;  // quieted, as SSE returns a signalling operand
+  float q;
+  std::memcpy(&q, &u, 4);
+  return q;
+}
+
 // fma(a, b, c) with a NaN result replaced by the NaN of c + a * b in two steps (SSE: the first NaN operand).
 inline float fma_x86_portable(float a, float b, float c) {
   const float r = std::fma(a, b, c);
   if (r == r) return r;
   const float p = a * b;
-  return c + p;
+  return add_x86_portable(c, p);
 }
 
 // d + outlier sum for columns [j0, n) of one row: d, o and the columns of wt (row stride ldw) start at
@@ -449,17 +463,25 @@ void int8_mixed_mm_dequant_portable(const float *d, const float *av, const float
       const int64_t t1 = std::min(nJ, t0 + bs);
       float acc = 0.0f;
       for (int64_t t = t0; t < t1; ++t) acc = fma_x86_portable(av[t], wt[t * ldw + j], acc);
-      v = v + acc;
+      v = add_x86_portable(v, acc);
     }
     o[j] = from_f32<T>(v);
   }
+}
+
+// add_x86_portable's rule per lane: where a is NaN, a (the compiler may swap _mm256_add_ps's operands).
+BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 add_x86_avx2(__m256 a, __m256 b) {
+  const __m256 r = _mm256_add_ps(a, b);
+  const __m256 an = _mm256_cmp_ps(a, a, _CMP_UNORD_Q);
+  if (_mm256_testz_ps(an, an)) return r;
+  return _mm256_blendv_ps(r, a, an);
 }
 
 BNB_MS_TARGET_AVX2 BNB_MS_INLINE __m256 fma_x86_avx2(__m256 a, __m256 b, __m256 c) {
   const __m256 r = _mm256_fmadd_ps(a, b, c);
   const __m256 nan = _mm256_cmp_ps(r, r, _CMP_UNORD_Q);
   if (_mm256_testz_ps(nan, nan)) return r;
-  return _mm256_blendv_ps(r, _mm256_add_ps(c, _mm256_mul_ps(a, b)), nan);
+  return _mm256_blendv_ps(r, add_x86_avx2(c, _mm256_mul_ps(a, b)), nan);
 }
 
 template <class T>
@@ -474,18 +496,24 @@ BNB_MS_TARGET_AVX2 void int8_mixed_mm_dequant_avx2(const float *d, const float *
       __m256 acc = _mm256_setzero_ps();
       for (int64_t t = t0; t < t1; ++t)
         acc = fma_x86_avx2(_mm256_set1_ps(av[t]), _mm256_loadu_ps(wt + t * ldw + j), acc);
-      v = _mm256_add_ps(v, acc);
+      v = add_x86_avx2(v, acc);
     }
     store8<T>(o + j, v);
   }
   int8_mixed_mm_dequant_portable<T>(d, av, wt, ldw, nJ, o, j, n);
 }
 
+BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 add_x86_avx512(__m512 a, __m512 b) {
+  const __m512 r = _mm512_add_ps(a, b);
+  const __mmask16 an = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+  return an ? _mm512_mask_blend_ps(an, r, a) : r;
+}
+
 BNB_MS_TARGET_AVX512 BNB_MS_INLINE __m512 fma_x86_avx512(__m512 a, __m512 b, __m512 c) {
   const __m512 r = _mm512_fmadd_ps(a, b, c);
   const __mmask16 nan = _mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q);
   if (!nan) return r;
-  return _mm512_mask_blend_ps(nan, r, _mm512_add_ps(c, _mm512_mul_ps(a, b)));
+  return _mm512_mask_blend_ps(nan, r, add_x86_avx512(c, _mm512_mul_ps(a, b)));
 }
 
 template <class T>
@@ -500,7 +528,7 @@ BNB_MS_TARGET_AVX512 void int8_mixed_mm_dequant_avx512(const float *d, const flo
       __m512 acc = _mm512_setzero_ps();
       for (int64_t t = t0; t < t1; ++t)
         acc = fma_x86_avx512(_mm512_set1_ps(av[t]), _mm512_loadu_ps(wt + t * ldw + j), acc);
-      v = _mm512_add_ps(v, acc);
+      v = add_x86_avx512(v, acc);
     }
     store16<T>(o + j, v);
   }
@@ -539,7 +567,7 @@ struct VecAvx2 {
   BNB_MS_TARGET_AVX2 static BNB_MS_INLINE void store(float *p, F x) { _mm256_storeu_ps(p, x); }
   BNB_MS_TARGET_AVX2 static BNB_MS_INLINE F zero() { return _mm256_setzero_ps(); }
   BNB_MS_TARGET_AVX2 static BNB_MS_INLINE F set1(float x) { return _mm256_set1_ps(x); }
-  BNB_MS_TARGET_AVX2 static BNB_MS_INLINE F add(F a, F b) { return _mm256_add_ps(a, b); }
+  BNB_MS_TARGET_AVX2 static BNB_MS_INLINE F add_x86(F a, F b) { return add_x86_avx2(a, b); }
   BNB_MS_TARGET_AVX2 static BNB_MS_INLINE F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   BNB_MS_TARGET_AVX2 static BNB_MS_INLINE F fma_x86(F a, F b, F c) { return fma_x86_avx2(a, b, c); }
   BNB_MS_TARGET_AVX2 static BNB_MS_INLINE bool any_nan(F x) {
@@ -562,7 +590,7 @@ struct VecAvx512 {
   BNB_MS_TARGET_AVX512 static BNB_MS_INLINE void store(float *p, F x) { _mm512_storeu_ps(p, x); }
   BNB_MS_TARGET_AVX512 static BNB_MS_INLINE F zero() { return _mm512_setzero_ps(); }
   BNB_MS_TARGET_AVX512 static BNB_MS_INLINE F set1(float x) { return _mm512_set1_ps(x); }
-  BNB_MS_TARGET_AVX512 static BNB_MS_INLINE F add(F a, F b) { return _mm512_add_ps(a, b); }
+  BNB_MS_TARGET_AVX512 static BNB_MS_INLINE F add_x86(F a, F b) { return add_x86_avx512(a, b); }
   BNB_MS_TARGET_AVX512 static BNB_MS_INLINE F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   BNB_MS_TARGET_AVX512 static BNB_MS_INLINE F fma_x86(F a, F b, F c) { return fma_x86_avx512(a, b, c); }
   BNB_MS_TARGET_AVX512 static BNB_MS_INLINE bool any_nan(F x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
@@ -618,7 +646,7 @@ TARGET void NAME(float *v, int64_t ldv, const float *av, int64_t nJ, const float
             for (int64_t t = t0; t < t1; ++t)                                                                          \
               acc[r][k] = V::fma_x86(V::set1(av[r * nJ + t]), V::load(wt + t * ldw + j + k * W), acc[r][k]);           \
           }                                                                                                            \
-          s[r][k] = V::add(s[r][k], acc[r][k]);                                                                        \
+          s[r][k] = V::add_x86(s[r][k], acc[r][k]);                                                                    \
         }                                                                                                              \
     }                                                                                                                  \
     for (int r = 0; r < R; ++r)                                                                                        \
