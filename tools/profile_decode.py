@@ -3,7 +3,8 @@ every Python / framework function between them, per generated token (issue 32 it
 
     .venv/bin/python tools/profile_decode.py --model DIR [--mode nf4|int8|fp4] [--tokens 32] [--path cli|hf]
 
-``--path cli``: fp32 load + quant_4bit / quant_8bit (as ``bnb-ms quantize``); ``--path hf``: transformers'
+``--path cli``: quantized while loading, as ``bnb-ms quantize`` loads (``integrations.loading``; fp32 compute, no
+double quant); ``--path hf``: transformers'
 ``from_pretrained(quantization_config=BitsAndBytesConfig(...))`` with the tutorials' config (bf16 compute, double
 quant, no dtype). Both fuse by themselves on the first forward. After a warm-up generation, a greedy generation of
 ``--tokens`` tokens runs twice: once plain (the step time), once under cProfile (the breakdown; cProfile's own
@@ -34,7 +35,6 @@ def _load(args):
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     import bitsandbytes_ms as bnb
-    from bitsandbytes_ms.integrations import quant_4bit, quant_8bit
 
     transformers.logging.set_verbosity_error()
     if args.path == "hf":
@@ -45,12 +45,11 @@ def _load(args):
             cfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=args.mode, bnb_4bit_use_double_quant=True,
                                      bnb_4bit_compute_dtype=torch.bfloat16)
         m = AutoModelForCausalLM.from_pretrained(args.model, quantization_config=cfg)
-    else:
-        m = AutoModelForCausalLM.from_pretrained(args.model)
-        if args.mode == "int8":
-            quant_8bit(m, progress=False)
-        else:
-            quant_4bit(m, quant_type=args.mode, compute_dtype="fp32", compress_statistics=False, progress=False)
+    else:  # as `bnb-ms quantize` loads: quantized while loading, the rest in the checkpoint's dtype (a 7B fits)
+        from bitsandbytes_ms.integrations import loading
+
+        cfg = loading.bnb_config(args.mode, threshold=6.0, compute_dtype="fp32")
+        m, _ = loading.load_quantized(args.model, cfg, loading.checkpoint_dtype(args.model))
     return m.eval()
 
 
