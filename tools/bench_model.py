@@ -53,6 +53,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -971,20 +972,24 @@ def main(argv=None) -> int:
 
     results, model_info = [], {}
     output.parent.mkdir(parents=True, exist_ok=True)
-    bandwidth = read_bandwidth(threads=args.threads)
-    log(f"streaming read bandwidth ({args.threads} threads, 2 GiB): {bandwidth:.1f} GB/s")
+    # The read bandwidth is sampled before the run and after every configuration (a shared machine's bandwidth
+    # moves: 31-59 GB/s within an hour on the AVX-512 EPYC, 2026-12-06); the report's fractions use the median.
+    bw_samples = [read_bandwidth(threads=args.threads)]
+    log(f"streaming read bandwidth ({args.threads} threads, 2 GiB): {bw_samples[0]:.1f} GB/s")
 
     def meta_now(final: bool) -> dict:
         return {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_info(), "load_start": load_start,
                 "load_end": loadavg(), "duration_s": time.perf_counter() - t_run, "threads": args.threads,
                 "new_tokens": new_tokens, "prompt_tokens": prompt_tokens, "quick": args.quick, "final": final,
-                "read_bandwidth_gbs": bandwidth,
+                "read_bandwidth_gbs": statistics.median(bw_samples), "read_bandwidth_samples": list(bw_samples),
                 "prefill_reps": max(1, args.prefill_reps),
                 "command": "tools/bench_model.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                 "models": model_info, "python": platform.python_version()}
 
     def record(r: dict) -> None:
         r["loadavg"] = loadavg()
+        bw_samples.append(read_bandwidth(threads=args.threads, reps=3))
+        r["read_bandwidth_after_gbs"] = bw_samples[-1]
         results.append(r)
         log("  " + _summary(r))
         output.write_text(render(meta_now(False), results))  # partial report after every configuration
@@ -1177,9 +1182,12 @@ def render(meta: dict, results: list) -> str:
                 ("llamacpp", "Q4_1" if mode == "nf4" else "F32"))
         bw = meta.get("read_bandwidth_gbs")
         if bw:
+            smp = meta.get("read_bandwidth_samples") or [bw]
             L += ["", f"Decode bandwidth (this machine's streaming read: {bw:.1f} GB/s, {meta['threads']} threads, 2 GiB "
-                  "numpy sum): bytes of weights read per token (weight memory minus an untied embedding, of which "
-                  "one row is read) x decode tok/s, and its fraction of that read bandwidth:", ""]
+                  f"numpy sum; the median of {len(smp)} samples, {min(smp):.1f}-{max(smp):.1f} GB/s, one before the "
+                  "run and one after each configuration): bytes of weights read per token (weight memory minus an "
+                  "untied embedding, of which one row is read) x decode tok/s, and its fraction of that read "
+                  "bandwidth:", ""]
             for r in rows:
                 if "error" in r or not r.get("decode_tok_s"):
                     continue
