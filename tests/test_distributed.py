@@ -113,7 +113,7 @@ def test_two_ranks_smollm2_qlora_20_steps(tmp_path):
 
 @pytest.fixture
 def bridge(monkeypatch):
-    pytest.importorskip("mindnlp")
+    import mindnlp  # noqa: F401  (requirements-lock.txt installs it; before torch: torch is mindtorch)
     import torch.distributed as dist  # mindtorch's
 
     from bitsandbytes_ms.integrations import distributed, mindtorch_patches  # noqa: F401  (registers them)

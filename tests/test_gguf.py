@@ -7,7 +7,7 @@ import mindnlp  # noqa: F401  (before transformers: torch -> mindtorch)
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
+import gguf  # noqa: E402  (requirements-lock.txt installs it: a missing one is a broken set-up, not a skip)
 from gguf import quants  # noqa: E402
 
 from bitsandbytes_ms.integrations import gguf as conv  # noqa: E402

@@ -93,7 +93,7 @@ def test_int8_weight_data_of_another_width_computes_with_it():
     assert got.shape == (3, N) and (np.abs(got - ref) <= tol).all()
 
 
-# ---- integrations/fused.py (another person edits it now: the gap is reported, its test marked xfail) ----------
+# ---- integrations/fused.py ------------------------------------------------------------------------------------
 def _fused_llama():
     import test_fused_decoder as T  # (its small models)
     from bitsandbytes_ms.integrations import fuse, is_fused

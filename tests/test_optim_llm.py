@@ -23,7 +23,7 @@ import time
 import numpy as np
 import pytest
 
-mindnlp = pytest.importorskip("mindnlp")
+import mindnlp  # noqa: F401,E402  (requirements-lock.txt installs it: a missing one is a broken set-up, not a skip)
 import torch  # noqa: E402  (mindtorch, after `import mindnlp`)
 import mindspore  # noqa: E402
 
