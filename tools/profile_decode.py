@@ -61,6 +61,9 @@ def main(argv=None) -> int:
     ap.add_argument("--path", default="cli", choices=["cli", "hf"])
     ap.add_argument("--tokens", type=int, default=32)
     args = ap.parse_args(argv)
+    if args.tokens < 2:
+        ap.error(f"--tokens must be at least 2 (decode steps are an N-token generation minus a 1-token one), got "
+                 f"{args.tokens}")
     m = _load(args)
     import torch
 
