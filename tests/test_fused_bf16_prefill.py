@@ -1,8 +1,11 @@
 """The fused decoder's 4-bit prefill in bf16 (``cdecoder_*_fp32_bf16dot``; csrc/cpu/gemm_panel.h's bf16 variant):
 
-* a 4-bit linear of more than 8 rows gives the bytes of its numpy twin (_reference.gemm_panel_bf16: x and the
+* a 4-bit linear of K a multiple of 64 runs up to 32 rows through the one-row bf16 GEMV, each row the bytes of
+  that kernel's numpy twin on the row alone (_reference.linear4_bf16_gemv_f32: what one decode row gives); more
+  rows, or other K above 8 rows, give the bytes of the GEMM's twin (_reference.gemm_panel_bf16: x and the
   dequantized weight rounded to bf16, pairs accumulated as vdpbf16ps does), within the documented bound of the
-  exact path; up to 8 rows, and every weight that is not 4-bit (fp32/fp16/bf16, int8), the exact entry's bytes;
+  exact path; other K up to 8 rows, and every weight that is not 4-bit (fp32/fp16/bf16, int8), the exact entry's
+  bytes;
 * the same bytes at every SIMD level (vdpbf16ps and the portable kernel);
 * the switch: ``set_bf16_dot`` / ``BNB_MS_4BIT_BF16_DOT`` -- ``auto`` computes the prefill in bf16 exactly where
   the CPU has AVX512-BF16 (as upstream's CPU 4-bit layers do there), ``exact`` never, ``on`` always;
@@ -49,7 +52,8 @@ def _bound(x, spec, N, K):
 
 
 @pytest.mark.parametrize("mode", ["nf4", "fp4", "dq"])
-@pytest.mark.parametrize("M, N, K", [(9, 40, 64), (13, 33, 77), (40, 100, 130), (17, 7, 31), (64, 49, 192)])
+@pytest.mark.parametrize("M, N, K", [(9, 40, 100), (13, 33, 77), (40, 100, 130), (17, 7, 31), (64, 49, 192),
+                                     (33, 20, 128)])
 def test_bf16_prefill_linear_is_its_twin(mode, M, N, K, monkeypatch):
     monkeypatch.setenv("BNB_MS_4BIT_AMX", "0")  # the vdpbf16ps kernel from 16 rows too (AMX: its own test below)
     rng = np.random.RandomState(M * N + K)
@@ -107,9 +111,27 @@ def test_bf16_decode_row_is_its_twin(mode, N, K):
     assert np.all(np.abs(got - exact) <= _bound(x, spec, N, K))
 
 
-@pytest.mark.parametrize("mode, M, K", [("nf4", 2, 128), ("dq", 8, 256), ("nf4", 1, 96), ("dq", 1, 160)])
+@pytest.mark.parametrize("mode", ["nf4", "fp4", "dq"])
+@pytest.mark.parametrize("M, N, K", [(2, 40, 128), (3, 33, 576), (5, 7, 192), (8, 24, 256), (9, 9, 64), (32, 17, 384)])
+def test_bf16_few_rows_are_one_row_twins(mode, M, N, K):
+    """2-32 rows of a 4-bit weight whose K the one-row kernel takes (a short prompt, batched decode steps) run that
+    kernel, the weights read once for all rows (4 rows at a time: 3, 5, 9 and 32 rows end in partial groups): each
+    row the bytes of the kernel's twin on that row alone, within the exact path's documented bound."""
+    rng = np.random.RandomState(M * N + K)
+    spec = _spec(rng, N, K, mode, bias=True)
+    x = (rng.randn(M, K) * 2).astype(np.float32)
+    got, exact = np.empty((M, N), np.float32), np.empty((M, N), np.float32)
+    DOT(x, *spec, N, got)
+    EXACT(x, *spec, N, exact)
+    for m in range(M):
+        np.testing.assert_array_equal(got[m], R.linear4_bf16_gemv_f32(x[m], spec, N), err_msg=f"row {m}")
+    assert not np.array_equal(got, exact)
+    assert np.all(np.abs(got - exact) <= _bound(x, spec, N, K))
+
+
+@pytest.mark.parametrize("mode, M, K", [("nf4", 2, 96), ("dq", 8, 160), ("nf4", 1, 96), ("dq", 1, 160)])
 def test_bf16_decode_other_rows_and_shapes_exact(mode, M, K):
-    """2-8 rows, and one row of a K the one-row kernel does not take (not a multiple of 64), run the exact GEMV."""
+    """1-8 rows of a K the one-row kernel does not take (not a multiple of 64) run the exact GEMV."""
     rng = np.random.RandomState(M + K)
     spec = _spec(rng, 24, K, mode, bias=True)
     x = rng.randn(M, K).astype(np.float32)
@@ -135,8 +157,9 @@ def test_bf16_prefill_leaves_decode_rows_and_other_weights_exact(mode, M):
 
 
 def test_bf16_prefill_layer_halves_decode_exact_prefill_bounded():
-    """The decoder halves through the bf16dot entries: one token (decode) gives the exact entries' bytes; a
-    13-token prompt stays within a bf16-sized distance of them."""
+    """The decoder halves through the bf16dot entries: a decode step of two sequences and a 13-token prompt stay
+    within a bf16-sized distance of the exact entries (the down projection, K 96, runs the exact GEMV for the
+    decode step's 2 rows; the other projections the one-row bf16 kernel)."""
     rng = np.random.RandomState(2)
     B, H, Hq, KVH, D, I, past, Smax = 2, 64, 4, 2, 16, 96, 3, 24
     q, k, v = (_spec(rng, n, H, "nf4", True) for n in (Hq * D, KVH * D, KVH * D))
@@ -161,12 +184,8 @@ def test_bf16_prefill_layer_halves_decode_exact_prefill_bounded():
             res[name] = (out, kk, vv, mo)
         ex, dot = res["cdecoder_attention_fp32"], res["cdecoder_attention_fp32_bf16dot"]
         for a, b in zip(ex, dot):
-            if T == 1:
-                np.testing.assert_array_equal(b, a)
-            else:
-                assert np.abs(b - a).max() <= 2e-2 * np.abs(a).max()
-        if T == 13:
-            assert not np.array_equal(ex[3], dot[3])
+            assert np.abs(b - a).max() <= 2e-2 * np.abs(a).max()
+        assert not np.array_equal(ex[3], dot[3])
 
 
 def test_bf16_prefill_simd_levels_agree():
@@ -218,7 +237,7 @@ def test_bf16_prefill_switch(dot_mode):
         dot_mode("auto")
         auto = prompt_logits()
         has_bf16 = "avx512_bf16" in cextension.cpu_features()
-        decode_rule = [FU._dot(1), FU._dot(5)]  # one decode row: the one-row kernel; 2-8 rows: exact natively
+        decode_rule = [FU._dot(1), FU._dot(5)]  # the bf16dot entries (natively 2-32 rows: the one-row kernel)
         dot_mode("exact")
         decode_rule += [FU._dot(1), FU._dot(24)]
         dot_mode("on")

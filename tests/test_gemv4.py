@@ -68,14 +68,17 @@ def _bf16_round(a):
 
 @pytest.mark.parametrize("N,K,bs", SHAPES)
 @pytest.mark.parametrize("qt", ["nf4", "fp4"])
-def test_gemv_matches_documented_order_fp32(N, K, bs, qt):
+@pytest.mark.parametrize("M", [1, 3, 9])
+def test_gemv_matches_documented_order_fp32(N, K, bs, qt, M):
+    """Several A rows: on whole-block rows each weight row is decoded once for up to 4 (AVX2: 2) A rows at a
+    time (9 rows: passes of 4, 4, 1 / 2, 2, 2, 2, 1), every (row, output) by the one-row order."""
     rng = np.random.RandomState(N * K + bs)
     W = rng.randn(N, K).astype(np.float32)
     q, st = F.quantize_4bit(ms.Tensor(W), blocksize=bs, quant_type=qt)
-    A = rng.randn(3, K).astype(np.float32)  # three A rows: the kernel's M loop
+    A = rng.randn(M, K).astype(np.float32)
     out = F.gemv_4bit(ms.Tensor(A), q, state=st).asnumpy()
     nib, amax, code = _nibbles(q.asnumpy(), N * K), st.absmax.asnumpy(), st.code.asnumpy()
-    for m in range(3):
+    for m in range(M):
         ref = _model_gemv(code, nib, amax, A[m], N, K, bs)
         np.testing.assert_array_equal(bits(out[m]), bits(ref), err_msg=f"row {m}")
 
@@ -118,7 +121,7 @@ def test_gemv_simd_levels_agree_every_path():
         f"shapes={SHAPES!r}; h=hashlib.sha256(); r=np.random.RandomState(5);"
         "\nfor N,K,bs in shapes:"
         "\n  q,s=F.quantize_4bit(ms.Tensor(r.randn(N,K).astype(np.float32)), blocksize=bs, quant_type='nf4')"
-        "\n  A=ms.Tensor(r.randn(2,K).astype(np.float32))"
+        "\n  A=ms.Tensor(r.randn(7,K).astype(np.float32))"
         "\n  for dt in (ms.float32, ms.float16, ms.bfloat16):"
         "\n    h.update(F.gemv_4bit(A.astype(dt), q, state=s).astype(ms.float32).asnumpy().tobytes())"
         "\ncode=F.get_4bit_type('nf4')"

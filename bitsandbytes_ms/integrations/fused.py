@@ -44,11 +44,12 @@ unfused fp32 layers (bit-identical projections); a 4-bit prefill (more than 8 ro
 weight in the packed-panel GEMM in exact fp32 (the unfused layer's matmul sums in another order). By default on
 a CPU with AVX512-BF16 -- as upstream's CPU 4-bit layers compute there, and as the unfused Linear4bit's bf16
 one-row kernel does; ``functional.set_bf16_dot`` / ``BNB_MS_4BIT_BF16_DOT`` decide, read at every forward -- the
-4-bit layers compute in bf16 through the ``cdecoder_*_fp32_bf16dot`` entries: prefill in gemm_panel.h's bf16 GEMM
-(x and the weight rounded to bf16, pairs accumulated in fp32; gemm_panel.h documents the order and the bound),
-the one-token decode step in fourbit.cpp's one-row bf16 kernel (x and bf16(code) multiplied in pairs, scaled by
-absmax per 128 elements; bound there), which reads the weights ~1.4x faster than the exact GEMV
-(benchmarks/user_path_cpu.md). tests/test_fused_bf16_prefill.py: same greedy tokens as the unfused model, logits
+4-bit layers compute in bf16 through the ``cdecoder_*_fp32_bf16dot`` entries: up to 32 rows (decode steps, a
+batch's decode rows, short prompts) each row in fourbit.cpp's one-row bf16 kernel (x and bf16(code) multiplied in
+pairs, scaled by absmax per 128 elements; bound there; the weights read once for all rows), which reads the
+weights ~1.4x faster than the exact GEMV (benchmarks/user_path_cpu.md); longer prompts in gemm_panel.h's bf16
+GEMM (x and the weight rounded to bf16, pairs accumulated in fp32; gemm_panel.h documents the order and the
+bound). tests/test_fused_bf16_prefill.py: same greedy tokens as the unfused model, logits
 within 1e-2 x max|logit|.
 
 fp16 / bf16 models (their embedding, norms and kept layers in that dtype; quantized layers computing in it):
@@ -516,8 +517,9 @@ def _host_int(t) -> np.ndarray:
 
 
 def _dot(rows: int) -> bool:
-    """Whether this call's 4-bit layers compute in bf16 (functional.set_bf16_dot's switch): a prefill's GEMM, or one
-    row's GEMV; 2-8 rows stay on the exact GEMV on the native side."""
+    """Whether this call's 4-bit layers compute in bf16 (functional.set_bf16_dot's switch): up to 32 rows the one-row
+    bf16 GEMV for each row where the weight's shape takes it (else up to 8 rows the exact GEMV), more a prefill's
+    GEMM (csrc/cpu/decoder.cpp, linear_spec)."""
     return F.bf16_dot_one_row() if rows == 1 else F.bf16_dot_enabled(rows)
 
 

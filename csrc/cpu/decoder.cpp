@@ -19,9 +19,9 @@
 // Up to 8 rows (decode) the fp32/16-bit/4-bit linears run those GEMV kernels; more rows (prefill) run the
 // packed-panel fp32 GEMM of gemm_panel.h (4-bit weights dequantized into the panels first: the values of
 // dequantize_4bit; 16-bit ones widened), and from 6 query rows per sequence on the attention runs blocked on
-// packed K/V panels (attend_prefill).  The *_bf16dot entries (same params) run a 4-bit weight's prefill
-// through gemm_panel.h's bf16 variant instead (gemm_rows_bf16) and one row through fourbit.cpp's one-row bf16
-// GEMV (linear4_bf16_gemv_f32, where its shape applies); everything else as in the exact entries.
+// packed K/V panels (attend_prefill).  The *_bf16dot entries (same params) run a 4-bit weight's rows
+// through fourbit.cpp's one-row bf16 GEMV up to 32 rows (linear4_bf16_gemv_f32, where its shape applies; each row
+// as if alone) and more through gemm_panel.h's bf16 variant (gemm_rows_bf16); everything else as in the exact entries.
 // Every linear is given as 9 consecutive params ("linear spec"), by weight kind:
 //   slot        fp32 / fp16 / bf16       4-bit                         int8
 //   W           f|h|bf [N, K]            u8 packed >= (N*K+1)/2        i8 CB [N, K] (K <= 131071)
@@ -334,14 +334,22 @@ void gemm_rows_bf16(const Lin &l, const float *x, float *out, int64_t M) {
 // more rows (prefill) run gemm_rows (as the unfused Linear4bit dequantizes and multiplies above 8 rows).
 // int8 layers run the unfused layer's fused kernel at every row count (its own GEMV/GEMM choice inside).
 constexpr int64_t kGemvMaxRows = 8;
+// A 4-bit layer in bf16 (bf16dot) runs up to this many rows through the one-row bf16 kernel, the weights read once
+// for all rows (fourbit.cpp, linear4_bf16_gemv_f32: each row's result is that kernel's on the row alone, so a
+// short prompt's rows and the decode steps share one arithmetic and one bound); the bf16 panel GEMM above it.  Why
+// 32: the panel GEMM first dequantizes every weight (a forward of the 7B-shaped model took ~2.9 s at 9-16 rows,
+// 3.4 s at 32 on the 2-core AVX-512 EPYC, Zen 4), while the row kernel's time grows with the rows (2 rows 0.18 s,
+// 8 rows 0.61, 16 rows 1.29, 32 rows 2.56, 48 rows 3.84 against the GEMM's 3.99: the crossover near 48).
+constexpr int64_t kBf16GemvMaxRows = 32;
 
 void linear_spec(const Lin &l, const float *x, float *out, int64_t M) {
   if (l.int8) int8_linear_f32(l.q8, x, l.bias, out, M, l.N, l.K);
+  else if (l.bf16dot && M <= kBf16GemvMaxRows && linear4_bf16_gemv_f32(l.q4, x, l.bias, out, M, l.N, l.K)) return;
   else if (M > kGemvMaxRows && l.bf16dot) gemm_rows_bf16(l, x, out, M);
   else if (M > kGemvMaxRows) gemm_rows(l, x, out, M);
   else if (l.dense) dense_linear_f32(x, l.W, DType::f32, l.bias, out, M, l.N, l.K);
   else if (l.W16) dense_linear_f32(x, l.W16, l.wdt, l.bias, out, M, l.N, l.K);
-  else if (M == 1 && l.bf16dot && linear4_bf16_gemv_f32(l.q4, x, l.bias, out, l.N, l.K)) return;
+  else if (l.bf16dot && linear4_bf16_gemv_f32(l.q4, x, l.bias, out, M, l.N, l.K)) return;
   else linear4_f32(l.q4, x, l.bias, out, M, l.N, l.K);
 }
 

@@ -378,12 +378,22 @@ struct Gemv4bitPortable {
   void init(const float *c) { std::memcpy(code, c, sizeof(code)); }
   void row_begin() { std::fill(acc, acc + 8, 0.0f); }
   void seg_begin() { std::fill(bacc, bacc + kGroup, 0.0f); }
-  void group(const uint8_t *p, const float *xp) {
+  static constexpr int kRows = 4;  // activation rows per pass over a weight row (gemv_4bit's M > 1)
+  struct Dec {
+    float w[kGroup];
+  };
+  Dec decode(const uint8_t *p) const {
+    Dec d;
     for (int s = 0; s < kGroup; ++s) {
       const int j = xelem(s);
-      bacc[s] = std::fma(code[(p[j >> 1] >> ((j & 1) ? 0 : 4)) & 15], xp[s], bacc[s]);
+      d.w[s] = code[(p[j >> 1] >> ((j & 1) ? 0 : 4)) & 15];
     }
+    return d;
   }
+  void accum(const Dec &d, const float *xp) {
+    for (int s = 0; s < kGroup; ++s) bacc[s] = std::fma(d.w[s], xp[s], bacc[s]);
+  }
+  void group(const uint8_t *p, const float *xp) { accum(decode(p), xp); }
   void seg_end(float sc) {
     float z[16];
     for (int i = 0; i < 16; ++i) z[i] = bacc[i] + bacc[16 + i];
@@ -419,7 +429,11 @@ struct Gemv4bitAvx2 {
   }
   BNB_MS_TARGET_AVX2 BNB_MS_INLINE void row_begin() { acc = _mm256_setzero_ps(); }
   BNB_MS_TARGET_AVX2 BNB_MS_INLINE void seg_begin() { b0 = b1 = b2 = b3 = _mm256_setzero_ps(); }
-  BNB_MS_TARGET_AVX2 BNB_MS_INLINE void group(const uint8_t *p, const float *xp) {
+  static constexpr int kRows = 2;  // 16 ymm registers: 2 rows' 5 accumulators beside the tables and one group
+  struct Dec {
+    __m256 f[4];
+  };
+  BNB_MS_TARGET_AVX2 BNB_MS_INLINE Dec decode(const uint8_t *p) const {
     // lane 0: bytes 0-7 twice, lane 1: bytes 8-15 twice; then high nibbles in the first 8 bytes of a
     // lane (even elements), low nibbles in the last 8 (odd elements)
     const __m256i v = _mm256_blend_epi32(_mm256_castpd_si256(_mm256_broadcast_sd((const double *)p)),
@@ -429,11 +443,16 @@ struct Gemv4bitAvx2 {
     const __m256i y2 = _mm256_shuffle_epi8(plane[2], idx), y3 = _mm256_shuffle_epi8(plane[3], idx);
     const __m256i u0 = _mm256_unpacklo_epi8(y0, y1), u1 = _mm256_unpackhi_epi8(y0, y1);
     const __m256i u2 = _mm256_unpacklo_epi8(y2, y3), u3 = _mm256_unpackhi_epi8(y2, y3);
-    b0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(u0, u2)), _mm256_loadu_ps(xp), b0);
-    b1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(u0, u2)), _mm256_loadu_ps(xp + 8), b1);
-    b2 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(u1, u3)), _mm256_loadu_ps(xp + 16), b2);
-    b3 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(u1, u3)), _mm256_loadu_ps(xp + 24), b3);
+    return Dec{{_mm256_castsi256_ps(_mm256_unpacklo_epi16(u0, u2)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(u0, u2)),
+                _mm256_castsi256_ps(_mm256_unpacklo_epi16(u1, u3)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(u1, u3))}};
   }
+  BNB_MS_TARGET_AVX2 BNB_MS_INLINE void accum(const Dec &d, const float *xp) {
+    b0 = _mm256_fmadd_ps(d.f[0], _mm256_loadu_ps(xp), b0);
+    b1 = _mm256_fmadd_ps(d.f[1], _mm256_loadu_ps(xp + 8), b1);
+    b2 = _mm256_fmadd_ps(d.f[2], _mm256_loadu_ps(xp + 16), b2);
+    b3 = _mm256_fmadd_ps(d.f[3], _mm256_loadu_ps(xp + 24), b3);
+  }
+  BNB_MS_TARGET_AVX2 BNB_MS_INLINE void group(const uint8_t *p, const float *xp) { accum(decode(p), xp); }
   BNB_MS_TARGET_AVX2 BNB_MS_INLINE void seg_end(float sc) {
     // b0 + b2 = z[0-3 8-11], b1 + b3 = z[4-7 12-15]
     const __m256 v = _mm256_add_ps(_mm256_add_ps(b0, b2), _mm256_add_ps(b1, b3));
@@ -454,12 +473,20 @@ struct Gemv4bitAvx512 {
   BNB_MS_TARGET_AVX512 BNB_MS_INLINE void init(const float *code) { tab = _mm512_loadu_ps(code); }
   BNB_MS_TARGET_AVX512 BNB_MS_INLINE void row_begin() { acc = _mm512_setzero_ps(); }
   BNB_MS_TARGET_AVX512 BNB_MS_INLINE void seg_begin() { bh = bl = _mm512_setzero_ps(); }
-  BNB_MS_TARGET_AVX512 BNB_MS_INLINE void group(const uint8_t *p, const float *xp) {
+  static constexpr int kRows = 4;
+  struct Dec {
+    __m512 h, l;
+  };
+  BNB_MS_TARGET_AVX512 BNB_MS_INLINE Dec decode(const uint8_t *p) const {
     const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
     // vpermps reads only the low 4 bits of an index: the byte itself indexes its low nibble
-    bh = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab), _mm512_loadu_ps(xp), bh);
-    bl = _mm512_fmadd_ps(_mm512_permutexvar_ps(d, tab), _mm512_loadu_ps(xp + 16), bl);
+    return Dec{_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab), _mm512_permutexvar_ps(d, tab)};
   }
+  BNB_MS_TARGET_AVX512 BNB_MS_INLINE void accum(const Dec &w, const float *xp) {
+    bh = _mm512_fmadd_ps(w.h, _mm512_loadu_ps(xp), bh);
+    bl = _mm512_fmadd_ps(w.l, _mm512_loadu_ps(xp + 16), bl);
+  }
+  BNB_MS_TARGET_AVX512 BNB_MS_INLINE void group(const uint8_t *p, const float *xp) { accum(decode(p), xp); }
   BNB_MS_TARGET_AVX512 BNB_MS_INLINE void seg_end(float sc) {
     const __m512 z = _mm512_add_ps(bh, bl);
     const __m512 v = _mm512_add_ps(z, _mm512_shuffle_f32x4(z, z, _MM_SHUFFLE(2, 3, 0, 1)));  // z[l] + z[l^4]
@@ -489,6 +516,27 @@ BNB_MS_INLINE T with_bias(T r, const T *bias, int64_t n) {
 // the caller decoded, 0 when absmax is the whole array); bias (may be null) is added per output.  xn: A in fp32 (M x K); xp: each A row's whole 32-element groups
 // in the kernel's order (M x K32).  Stamped out per SIMD level so that everything inlines.
 #define BNB_MS_GEMV_4BIT(NAME, TARGET, KERN)                                                                  \
+  /* Activation rows [m, m + R) against weight row n (whole blocks, G groups each): the row's groups decoded   \
+     once (dec: the call's tables) and accumulated into R rows' own accumulators, each (row, n) by the same    \
+     operations in the same order as the one-row loop below, so the same bits. */                             \
+  template <int R, class T>                                                                                   \
+  TARGET BNB_MS_INLINE void NAME##_rows(const KERN &dec, const uint8_t *q, const float *xp, const float *am,   \
+                                        const T *bias, T *out, int64_t N, int64_t K, int64_t nb, int64_t G,   \
+                                        int64_t n, int64_t m) {                                               \
+    KERN a[R];                                                                                                \
+    for (int r = 0; r < R; ++r) a[r].row_begin();                                                             \
+    const uint8_t *qg = q + n * K / 2;                                                                        \
+    const float *xg = xp + m * K;                                                                             \
+    for (int64_t b = 0; b < nb; ++b) {                                                                        \
+      for (int r = 0; r < R; ++r) a[r].seg_begin();                                                           \
+      for (int64_t j = 0; j < G; ++j, qg += kGroup / 2, xg += kGroup) {                                       \
+        const typename KERN::Dec d = dec.decode(qg);                                                          \
+        for (int r = 0; r < R; ++r) a[r].accum(d, xg + r * K);                                                \
+      }                                                                                                       \
+      for (int r = 0; r < R; ++r) a[r].seg_end(am[b]);                                                        \
+    }                                                                                                         \
+    for (int r = 0; r < R; ++r) out[(m + r) * N + n] = with_bias(from_f32<T>(a[r].row_end()), bias, n);       \
+  }                                                                                                           \
   template <class T>                                                                                          \
   TARGET void NAME(const float *code, const uint8_t *q, const float *absmax, int64_t blk_off, const float *xn,  \
                    const float *xp, const T *bias, T *out, int64_t M, int64_t N, int64_t K, int64_t bs,        \
@@ -498,6 +546,21 @@ BNB_MS_INLINE T with_bias(T r, const T *bias, int64_t n) {
     k.init(code); /* the code's tables once per call; row_begin() per output */                              \
     if (K % bs == 0 && bs % kGroup == 0) { /* common case: whole blocks per row, every group full */          \
       const int64_t G = bs / kGroup, nb = K / bs;                                                             \
+      if (M > 1) { /* every weight row read once from memory for all M rows (KERN::kRows at a time) */        \
+        for (int64_t n = n0; n < n1; ++n)                                                                     \
+          for (int64_t m = 0; m < M;) {                                                                       \
+            const int64_t r = std::min<int64_t>(M - m, KERN::kRows);                                          \
+            const float *amn = absmax + (n * nb - blk_off);                                                   \
+            if constexpr (KERN::kRows >= 4)                                                                   \
+              if (r == 4) NAME##_rows<4>(k, q, xp, amn, bias, out, N, K, nb, G, n, m);                        \
+            if constexpr (KERN::kRows >= 3)                                                                   \
+              if (r == 3) NAME##_rows<3>(k, q, xp, amn, bias, out, N, K, nb, G, n, m);                        \
+            if (r == 2) NAME##_rows<2>(k, q, xp, amn, bias, out, N, K, nb, G, n, m);                          \
+            if (r == 1) NAME##_rows<1>(k, q, xp, amn, bias, out, N, K, nb, G, n, m);                          \
+            m += r;                                                                                           \
+          }                                                                                                   \
+        return;                                                                                               \
+      }                                                                                                       \
       for (int64_t m = 0; m < M; ++m)                                                                         \
         for (int64_t n = n0; n < n1; ++n) {                                                                   \
           k.row_begin();                                                                                      \
@@ -1463,43 +1526,74 @@ struct ScaleNested {
 constexpr int64_t kPF = 2048;
 // xs: x in the kernel's order, per unit the words of E, O of half 0, then of half 1 (32 each).
 // SH: log2(bs) known at compile time (6: blocksize 64, the 4-bit default) or 0 (read at run time; see ScaleNested).
+// One weight row (packed bytes from qr, first block b0) against MR activation rows (xs: MR rows of K words in the
+// kernel's order, one after another): each unit decoded once, then every row's chains exactly as one row's (the
+// same operations in the same order, so row m's result is the one-row kernel's bits on that row alone).
+template <int SH, int MR, class Scale>
+BNB_MS_TARGET_AVX512BF16 BNB_MS_INLINE void bf16_row_dots(__m512i t, const uint8_t *qr, int64_t b0, const uint16_t *xs,
+                                                          int64_t K, int sh, const Scale &scale, float *res,
+                                                          int64_t ldr) {
+  __m512 acc0[MR], acc1[MR];
+  for (int m = 0; m < MR; ++m) acc0[m] = acc1[m] = _mm512_setzero_ps();
+  const int64_t K2 = K - K % kUnit1;  // whole units; then a half unit where K is an odd number of 64s
+  for (int64_t u = 0; u < K2; u += kUnit1, qr += kUnit1 / 2) {
+    _mm_prefetch((const char *)(qr + kPF), _MM_HINT_T0);  // see kPF
+    const __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)qr));
+    const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qr + 32)));
+    const __m512bh ea = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(a, 4), t);
+    const __m512bh eb = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), t);
+    const __m512bh oa = (__m512bh)_mm512_permutexvar_epi16(a, t), ob = (__m512bh)_mm512_permutexvar_epi16(b, t);
+    const __m512 sc0 = _mm512_set1_ps(scale.at(b0 + (u >> sh))), sc1 = _mm512_set1_ps(scale.at(b0 + ((u + 64) >> sh)));
+    for (int m = 0; m < MR; ++m) {
+      const uint16_t *xu = xs + m * K + u;
+      __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), ea, bh(xu));
+      __m512 s2 = _mm512_dpbf16_ps(_mm512_setzero_ps(), eb, bh(xu + 64));
+      s = _mm512_dpbf16_ps(s, oa, bh(xu + 32));
+      s2 = _mm512_dpbf16_ps(s2, ob, bh(xu + 96));
+      acc0[m] = _mm512_fmadd_ps(s, sc0, acc0[m]);
+      acc1[m] = _mm512_fmadd_ps(s2, sc1, acc1[m]);
+    }
+  }
+  if (K2 < K) {  // half 0 of the last unit: its E then O words, into acc0 as every half 0
+    const __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)qr));
+    const __m512bh ea = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(a, 4), t);
+    const __m512bh oa = (__m512bh)_mm512_permutexvar_epi16(a, t);
+    const __m512 sc0 = _mm512_set1_ps(scale.at(b0 + (K2 >> sh)));
+    for (int m = 0; m < MR; ++m) {
+      const uint16_t *xu = xs + m * K + K2;
+      __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), ea, bh(xu));
+      s = _mm512_dpbf16_ps(s, oa, bh(xu + 32));
+      acc0[m] = _mm512_fmadd_ps(s, sc0, acc0[m]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) res[m * ldr] = reduce16_avx512(_mm512_add_ps(acc0[m], acc1[m]));
+}
+
+// Weight rows [n0, n1) against M activation rows (xs: M x K words, the kernel's order): r[m * (n1 - n0) + n - n0].
+// Rows go 4 at a time through each weight row (the row is read from memory once; a second group of 4 finds it in L1).
+// SH: log2(bs) known at compile time (6: blocksize 64, the 4-bit default) or 0 (read at run time; see ScaleNested).
 template <int SH, class Scale>
 BNB_MS_TARGET_AVX512BF16 void gemv_bf16_rows_avx512bf16(const float *code, const uint8_t *q, const Scale &scale,
-                                                        const uint16_t *xs, int64_t K, int64_t bs, int64_t n0,
-                                                        int64_t n1, float *r) {
+                                                        const uint16_t *xs, int64_t M, int64_t K, int64_t bs,
+                                                        int64_t n0, int64_t n1, float *r) {
   alignas(64) uint16_t tab[32];  // bf16(code[i & 15]): vpermw's 5-bit index
   for (int i = 0; i < 32; ++i) tab[i] = to_bf16_flushed(code[i % kCode4]);
   const __m512i t = _mm512_load_si512(tab);
   const int sh = SH ? SH : __builtin_ctzll((unsigned long long)bs);  // bs a power of two (bf16_gemv_applies)
+  const int64_t ldr = n1 - n0;
   for (int64_t n = n0; n < n1; ++n) {
-    const int64_t r0 = n * K;
+    const int64_t r0 = n * K, b0 = r0 >> sh;  // the row's first block (K is a multiple of bs)
     const uint8_t *qr = q + r0 / 2;
-    const int64_t b0 = r0 >> sh;  // the row's first block (K is a multiple of bs)
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    const int64_t K2 = K - K % kUnit1;  // whole units; then a half unit where K is an odd number of 64s
-    for (int64_t u = 0; u < K2; u += kUnit1, qr += kUnit1 / 2) {
-      _mm_prefetch((const char *)(qr + kPF), _MM_HINT_T0);  // see kPF
-      const __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)qr));
-      const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qr + 32)));
-      const uint16_t *xu = xs + u;
-      __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(a, 4), t),
-                                  bh(xu));
-      __m512 s2 = _mm512_dpbf16_ps(_mm512_setzero_ps(),
-                                   (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), t), bh(xu + 64));
-      s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_permutexvar_epi16(a, t), bh(xu + 32));
-      s2 = _mm512_dpbf16_ps(s2, (__m512bh)_mm512_permutexvar_epi16(b, t), bh(xu + 96));
-      acc0 = _mm512_fmadd_ps(s, _mm512_set1_ps(scale.at(b0 + (u >> sh))), acc0);
-      acc1 = _mm512_fmadd_ps(s2, _mm512_set1_ps(scale.at(b0 + ((u + 64) >> sh))), acc1);
+    for (int64_t m = 0; m < M; m += 4) {
+      const uint16_t *xm = xs + m * K;
+      float *rm = r + m * ldr + (n - n0);
+      switch (std::min<int64_t>(4, M - m)) {
+        case 1: bf16_row_dots<SH, 1>(t, qr, b0, xm, K, sh, scale, rm, ldr); break;
+        case 2: bf16_row_dots<SH, 2>(t, qr, b0, xm, K, sh, scale, rm, ldr); break;
+        case 3: bf16_row_dots<SH, 3>(t, qr, b0, xm, K, sh, scale, rm, ldr); break;
+        default: bf16_row_dots<SH, 4>(t, qr, b0, xm, K, sh, scale, rm, ldr); break;
+      }
     }
-    if (K2 < K) {  // half 0 of the last unit: its E then O words, into acc0 as every half 0
-      const __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)qr));
-      const uint16_t *xu = xs + K2;
-      __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(a, 4), t),
-                                  bh(xu));
-      s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_permutexvar_epi16(a, t), bh(xu + 32));
-      acc0 = _mm512_fmadd_ps(s, _mm512_set1_ps(scale.at(b0 + (K2 >> sh))), acc0);
-    }
-    r[n - n0] = reduce16_avx512(_mm512_add_ps(acc0, acc1));
   }
 }
 
@@ -1514,38 +1608,45 @@ inline bool nested_scales_in_kernel() {
   return k;
 }
 
+// M activation rows (xb: M x K flushed bf16; M > 1 is the fused decoder's few-row steps): each row's results are
+// the one-row kernel's on that row alone, the weights read once for all of them.
 template <class T>
 void gemv4_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx, const uint16_t *xb, const T *bias, T *out,
-                   int64_t N, int64_t K, int64_t bs) {
+                   int64_t M, int64_t N, int64_t K, int64_t bs) {
   const bool native = bf16dot_native();
-  static thread_local std::vector<uint16_t> xs;  // the native kernel's order
+  static thread_local std::vector<uint16_t> xs;  // the native kernel's order, M rows of K
   if (native) {
-    xs.resize((size_t)K);
-    for (int64_t u = 0; u < K; u += kUnit1)
-      for (int R = 0; R < 2 * unit_halves(u, K); ++R)
-        for (int w = 0; w < 32; ++w) xs[u + 32 * R + w] = xb[u + unit_elem(R, w)];
+    xs.resize((size_t)(M * K));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t u = 0; u < K; u += kUnit1)
+        for (int R = 0; R < 2 * unit_halves(u, K); ++R)
+          for (int w = 0; w < 32; ++w) xs[m * K + u + 32 * R + w] = xb[m * K + u + unit_elem(R, w)];
   }
   const uint16_t *xsp = xs.data();
+  // res: M rows of (n1 - n0) results
   auto finish = [&](int64_t n0, int64_t n1, const float *res) {
-    for (int64_t n = n0; n < n1; ++n) out[n] = with_bias(from_f32<T>(res[n - n0]), bias, n);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = n0; n < n1; ++n) out[m * N + n] = with_bias(from_f32<T>(res[m * (n1 - n0) + n - n0]), bias, n);
   };
   if (native && amx.nested() && nested_scales_in_kernel()) {  // double quant: its codes decoded inside the kernel
     const bool common = bs == 64 && amx.bs2 == 256;  // the defaults: shifts by constants
-    gemv4_parallel_rows(N, K, [&](int64_t n0, int64_t n1) {
+    gemv4_parallel_rows(N, K * M, [&](int64_t n0, int64_t n1) {
       static thread_local std::vector<float> res;
-      res.resize((size_t)(n1 - n0));
-      if (common) gemv_bf16_rows_avx512bf16<6>(code, q, ScaleNested<8>(amx), xsp, K, bs, n0, n1, res.data());
-      else gemv_bf16_rows_avx512bf16<0>(code, q, ScaleNested<>(amx), xsp, K, bs, n0, n1, res.data());
+      res.resize((size_t)(M * (n1 - n0)));
+      if (common) gemv_bf16_rows_avx512bf16<6>(code, q, ScaleNested<8>(amx), xsp, M, K, bs, n0, n1, res.data());
+      else gemv_bf16_rows_avx512bf16<0>(code, q, ScaleNested<>(amx), xsp, M, K, bs, n0, n1, res.data());
       finish(n0, n1, res.data());
     });
     return;
   }
-  gemv4_parallel_rows(N, K, absmax_runs(amx, K, bs, 1, [&](int64_t n0, int64_t n1, const float *am, int64_t off) {
+  gemv4_parallel_rows(N, K * M, absmax_runs(amx, K, bs, 1, [&](int64_t n0, int64_t n1, const float *am, int64_t off) {
     static thread_local std::vector<float> res;
-    res.resize((size_t)(n1 - n0));
-    if (native && bs == 64) gemv_bf16_rows_avx512bf16<6>(code, q, ScaleF32{am, off}, xsp, K, bs, n0, n1, res.data());
-    else if (native) gemv_bf16_rows_avx512bf16<0>(code, q, ScaleF32{am, off}, xsp, K, bs, n0, n1, res.data());
-    else gemv_bf16_rows_portable(code, q, am, off, xb, K, bs, n0, n1, res.data());
+    res.resize((size_t)(M * (n1 - n0)));
+    if (native && bs == 64) gemv_bf16_rows_avx512bf16<6>(code, q, ScaleF32{am, off}, xsp, M, K, bs, n0, n1, res.data());
+    else if (native) gemv_bf16_rows_avx512bf16<0>(code, q, ScaleF32{am, off}, xsp, M, K, bs, n0, n1, res.data());
+    else
+      for (int64_t m = 0; m < M; ++m)
+        gemv_bf16_rows_portable(code, q, am, off, xb + m * K, K, bs, n0, n1, res.data() + m * (n1 - n0));
     finish(n0, n1, res.data());
   }));
 }
@@ -1563,7 +1664,7 @@ void linear_4bit_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx
   }
   const uint16_t *xp = xbp;
   if (bf16_gemv_applies(M, K, bs)) {  // one row: the kernel above (its own arithmetic, see there)
-    gemv4_bf16dot<T>(code, q, amx, xp, bias, out, N, K, bs);
+    gemv4_bf16dot<T>(code, q, amx, xp, bias, out, 1, N, K, bs);
     return;
   }
   if (amx4_applies(M)) {  // AMX-BF16 (see there)
@@ -1651,14 +1752,18 @@ void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, floa
   gemv_4bit<float>(w.code, w.packed, absmax_of(w), A, bias, out, M, N, K, w.blocksize);
 }
 
-// One fp32 activation row through the one-row bf16 kernel ("bf16 compute, one activation row": x rounded to
-// bf16, the same bits as clinear_4bit_bf16dot_bf16 on that bf16 row, the result kept in fp32).  False where the
-// kernel does not apply to the shape (bf16_gemv_applies); the caller then runs linear4_f32.
-bool linear4_bf16_gemv_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t N,
+// fp32 activation rows through the one-row bf16 kernel ("bf16 compute, one activation row": x rounded to bf16, each
+// row's results the bits of clinear_4bit_bf16dot_bf16 on that one bf16 row, kept in fp32; the weights read once for
+// all M rows).  False where the kernel does not apply to the shape (bf16_gemv_applies); the caller then runs
+// linear4_f32.
+bool linear4_bf16_gemv_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
                            int64_t K) {
   if (!bf16_gemv_applies(1, K, w.blocksize)) return false;
-  if (linear_without_products(bias, out, 1, N, K)) return true;
-  linear_4bit_bf16dot<float>(w.code, w.packed, absmax_of(w), A, bias, out, 1, N, K, w.blocksize);
+  if (linear_without_products(bias, out, M, N, K)) return true;
+  static thread_local Scratch<uint16_t> xb;  // A as flushed bf16 (as linear_4bit_bf16dot rounds it)
+  uint16_t *x = xb.get((size_t)(M * K));
+  for (int64_t i = 0; i < M * K; ++i) x[i] = to_bf16_flushed(A[i]);
+  gemv4_bf16dot<float>(w.code, w.packed, absmax_of(w), x, bias, out, M, N, K, w.blocksize);
   return true;
 }
 

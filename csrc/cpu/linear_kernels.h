@@ -46,10 +46,11 @@ struct Linear4Weight {
 void linear4_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
                  int64_t K);
 
-// One row (M = 1) in bf16 compute: fourbit.cpp's one-row bf16 kernel (x and bf16(code) multiplied as vdpbf16ps
-// does, scaled per 64-element half unit; clinear_4bit_bf16dot_bf16's bits on bf16(A)), fp32 out.  Returns false, doing
-// nothing, where that kernel does not apply (K % 128, blocksize not a power of two >= 64).
-bool linear4_bf16_gemv_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t N,
+// M rows in bf16 compute: fourbit.cpp's one-row bf16 kernel (x and bf16(code) multiplied as vdpbf16ps does, scaled
+// per 64-element half unit; each row's result clinear_4bit_bf16dot_bf16's bits on that bf16 row alone), fp32 out, the
+// weights read once for all rows.  Returns false, doing nothing, where that kernel does not apply (K % 64,
+// blocksize not a power of two >= 64).
+bool linear4_bf16_gemv_f32(const Linear4Weight &w, const float *A, const float *bias, float *out, int64_t M, int64_t N,
                            int64_t K);
 
 // Weight rows [n0, n1) of the 4-bit weight dequantized to fp32 into dst ((n1 - n0) x K, row-major): the
