@@ -44,7 +44,7 @@ unfused fp32 layers (bit-identical projections); a 4-bit prefill (more than 8 ro
 weight in the packed-panel GEMM in exact fp32 (the unfused layer's matmul sums in another order). By default on
 a CPU with AVX512-BF16 -- as upstream's CPU 4-bit layers compute there, and as the unfused Linear4bit's bf16
 one-row kernel does; ``functional.set_bf16_dot`` / ``BNB_MS_4BIT_BF16_DOT`` decide, read at every forward -- the
-4-bit layers compute in bf16 through the ``cdecoder_*_fp32_bf16dot`` entries: up to 32 rows (decode steps, a
+4-bit layers compute in bf16 through the ``cdecoder_*_fp32_bf16dot`` entries: up to 16 rows (decode steps, a
 batch's decode rows, short prompts) each row in fourbit.cpp's one-row bf16 kernel (x and bf16(code) multiplied in
 pairs, scaled by absmax per 128 elements; bound there; the weights read once for all rows), which reads the
 weights ~1.4x faster than the exact GEMV (benchmarks/user_path_cpu.md); longer prompts in gemm_panel.h's bf16
@@ -517,7 +517,7 @@ def _host_int(t) -> np.ndarray:
 
 
 def _dot(rows: int) -> bool:
-    """Whether this call's 4-bit layers compute in bf16 (functional.set_bf16_dot's switch): up to 32 rows the one-row
+    """Whether this call's 4-bit layers compute in bf16 (functional.set_bf16_dot's switch): up to 16 rows the one-row
     bf16 GEMV for each row where the weight's shape takes it (else up to 8 rows the exact GEMV), more a prefill's
     GEMM (csrc/cpu/decoder.cpp, linear_spec)."""
     return F.bf16_dot_one_row() if rows == 1 else F.bf16_dot_enabled(rows)

@@ -20,7 +20,7 @@
 // packed-panel fp32 GEMM of gemm_panel.h (4-bit weights dequantized into the panels first: the values of
 // dequantize_4bit; 16-bit ones widened), and from 6 query rows per sequence on the attention runs blocked on
 // packed K/V panels (attend_prefill).  The *_bf16dot entries (same params) run a 4-bit weight's rows
-// through fourbit.cpp's one-row bf16 GEMV up to 32 rows (linear4_bf16_gemv_f32, where its shape applies; each row
+// through fourbit.cpp's one-row bf16 GEMV up to 16 rows (linear4_bf16_gemv_f32, where its shape applies; each row
 // as if alone) and more through gemm_panel.h's bf16 variant (gemm_rows_bf16); everything else as in the exact entries.
 // Every linear is given as 9 consecutive params ("linear spec"), by weight kind:
 //   slot        fp32 / fp16 / bf16       4-bit                         int8
@@ -316,10 +316,12 @@ void gemm_rows_bf16(const Lin &l, const float *x, float *out, int64_t M) {
   panel_chunks<uint32_t>(
       N, Kp,
       [&](int64_t n, int w, uint32_t *P) {
-        static thread_local std::vector<float> rows;
-        rows.resize((size_t)(kPanel * K));
-        linear_spec_weight(l, n, n + w, rows.data());
-        pack_panel_rows_bf16(rows.data(), K, K, w, P);
+        // the weight rows decoded straight to bf16 pairs (the words pack_panel_rows_bf16 makes of their fp32
+        // values; a 7B-shaped prefill spent ~25% of its time dequantizing to fp32 and rounding)
+        static thread_local std::vector<uint32_t> rows;
+        rows.resize((size_t)(kPanel * K2));
+        decode4_rows_bf16(l.q4, n, n + w, K, 2 * K2, reinterpret_cast<uint16_t *>(rows.data()));
+        pack_panel_pairs(rows.data(), K2, w, P);
         std::fill(P + K2 * kPanel, P + Kp * kPanel, 0u);
       },
       [&](int64_t n0, int64_t nc, const uint32_t *P) {
@@ -337,10 +339,10 @@ constexpr int64_t kGemvMaxRows = 8;
 // A 4-bit layer in bf16 (bf16dot) runs up to this many rows through the one-row bf16 kernel, the weights read once
 // for all rows (fourbit.cpp, linear4_bf16_gemv_f32: each row's result is that kernel's on the row alone, so a
 // short prompt's rows and the decode steps share one arithmetic and one bound); the bf16 panel GEMM above it.  Why
-// 32: the panel GEMM first dequantizes every weight (a forward of the 7B-shaped model took ~2.9 s at 9-16 rows,
-// 3.4 s at 32 on the 2-core AVX-512 EPYC, Zen 4), while the row kernel's time grows with the rows (2 rows 0.18 s,
-// 8 rows 0.61, 16 rows 1.29, 32 rows 2.56, 48 rows 3.84 against the GEMM's 3.99: the crossover near 48).
-constexpr int64_t kBf16GemvMaxRows = 32;
+// 16: the panel GEMM first decodes every weight, the row kernel's time grows with the rows.  A forward of the
+// 7B-shaped model on the 2-core AVX-512 EPYC (Zen 4): GEMM 1.37 s at 9 rows, 1.30 at 16, 1.58 at 20, 1.56 at 24;
+// row kernel 0.18 s at 2 rows, 0.76 at 9, 1.23 at 16, 1.60 at 20, 1.88 at 24.
+constexpr int64_t kBf16GemvMaxRows = 16;
 
 void linear_spec(const Lin &l, const float *x, float *out, int64_t M) {
   if (l.int8) int8_linear_f32(l.q8, x, l.bias, out, M, l.N, l.K);

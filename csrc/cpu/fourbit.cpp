@@ -1767,6 +1767,21 @@ bool linear4_bf16_gemv_f32(const Linear4Weight &w, const float *A, const float *
   return true;
 }
 
+// Weight rows [n0, n1) as flushed bf16 words (row-major, Kw >= K words each, zeros past K): bf16(code[nibble] *
+// absmax), the fp32 product of dequantize_4bit rounded once -- the words the bf16 panel GEMM packs (what rounding
+// decode4_rows_f32's values gives, without writing and re-reading them in fp32).
+void decode4_rows_bf16(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K, int64_t Kw, uint16_t *dst) {
+  if (n1 <= n0) return;
+  int64_t off;
+  const float *am = absmax_of(w).rows(n0, n1, K, w.blocksize, &off);
+  const bool native = bf16dot_native();
+  for (int64_t n = n0; n < n1; ++n) {
+    uint16_t *row = dst + (n - n0) * Kw;
+    if (native) decode_row_bf16_avx512bf16(w.code, w.packed, am, off, n, K, 0, Kw, w.blocksize, row);
+    else decode_row_bf16_portable(w.code, w.packed, am, off, n, K, Kw, w.blocksize, row);
+  }
+}
+
 // Weight rows [n0, n1) dequantized to fp32 (row-major, K values each): code[nibble] * absmax of the block,
 // the bytes of dequantize_4bit.
 void decode4_rows_f32(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K, float *dst) {

@@ -179,12 +179,26 @@ void gemm_panel_f32(const float *A, int64_t lda, int64_t M, const float *P, int6
   }
 }
 
-void pack_panel_rows(const float *W, int64_t ldw, int64_t K, int nc, float *P) {
-  for (int64_t k = 0; k < K; ++k) {
-    float *p = P + k * kPanel;
-    for (int j = 0; j < nc; ++j) p[j] = W[j * ldw + k];
-    for (int j = nc; j < kPanel; ++j) p[j] = 0.0f;
+// The transpose of nc rows (row stride ld) into a panel, kPanel columns of K at a time in blocks of kPanel: each row
+// read a cache line at a time and each block of the panel (1 KiB) written in L1.  (Column by column, the reads
+// strode a whole row apart: one line per element, 4 KiB-aliased, ~40% of a 48-row bf16 prefill of a 7B-shaped
+// model on the Zen 4 EPYC.)
+template <class E>
+BNB_MS_INLINE void transpose_into_panel(const E *W, int64_t ld, int64_t K, int nc, E *P) {
+  for (int64_t k0 = 0; k0 < K; k0 += kPanel) {
+    const int ke = (int)std::min<int64_t>(kPanel, K - k0);
+    E *d = P + k0 * kPanel;
+    for (int j = 0; j < nc; ++j) {
+      const E *src = W + j * ld + k0;
+      for (int t = 0; t < ke; ++t) d[t * kPanel + j] = src[t];
+    }
+    for (int t = 0; t < ke; ++t)
+      for (int j = nc; j < kPanel; ++j) d[t * kPanel + j] = E(0);
   }
+}
+
+void pack_panel_rows(const float *W, int64_t ldw, int64_t K, int nc, float *P) {
+  transpose_into_panel(W, ldw, K, nc, P);
 }
 
 void pack_panel_cols(const float *V, int64_t ldv, int64_t K, int nc, float *P) {
@@ -349,12 +363,10 @@ void pack_panel_rows_bf16(const float *W, int64_t ldw, int64_t K, int nc, uint32
   static thread_local std::vector<uint32_t> rows;  // the nc rows as pairs, then transposed into the panel
   rows.resize((size_t)(kPanel * K2));
   for (int j = 0; j < nc; ++j) round_row(W + j * ldw, K, reinterpret_cast<uint16_t *>(rows.data() + j * K2));
-  for (int64_t p = 0; p < K2; ++p) {
-    uint32_t *d = P2 + p * kPanel;
-    for (int j = 0; j < nc; ++j) d[j] = rows[j * K2 + p];
-    for (int j = nc; j < kPanel; ++j) d[j] = 0u;
-  }
+  transpose_into_panel(rows.data(), K2, K2, nc, P2);
 }
+
+void pack_panel_pairs(const uint32_t *R, int64_t K2, int nc, uint32_t *P2) { transpose_into_panel(R, K2, K2, nc, P2); }
 
 void pack_rows_bf16(const float *X, int64_t ldx, int64_t M, int64_t K, uint32_t *A2) {
   const int64_t K2 = (K + 1) / 2;

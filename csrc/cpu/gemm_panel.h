@@ -57,6 +57,8 @@ void gemm_panel_bf16_amx_bf16(const uint32_t *A2, int64_t M, const uint32_t *P2,
 
 // P2 rows [0, K2) of one panel from nc (<= kPanel) rows of a row-major fp32 matrix (row stride ldw, K values).
 void pack_panel_rows_bf16(const float *W, int64_t ldw, int64_t K, int nc, uint32_t *P2);
+// The same panel rows from nc rows already rounded into pairs (R: row j's K2 pairs at R + j * K2).
+void pack_panel_pairs(const uint32_t *R, int64_t K2, int nc, uint32_t *P2);
 
 // A2 (row stride K2) from M rows of fp32 X (row stride ldx, K values).
 void pack_rows_bf16(const float *X, int64_t ldx, int64_t M, int64_t K, uint32_t *A2);

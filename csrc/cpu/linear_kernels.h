@@ -56,6 +56,9 @@ bool linear4_bf16_gemv_f32(const Linear4Weight &w, const float *A, const float *
 // Weight rows [n0, n1) of the 4-bit weight dequantized to fp32 into dst ((n1 - n0) x K, row-major): the
 // values dequantize_4bit gives (code[nibble] * the block's absmax, double quant decoded first).
 void decode4_rows_f32(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K, float *dst);
+// The same rows as flushed bf16 words, Kw >= K per row (zeros past K): decode4_rows_f32's values rounded as the bf16
+// panel GEMM rounds them, decoded directly.
+void decode4_rows_bf16(const Linear4Weight &w, int64_t n0, int64_t n1, int64_t K, int64_t Kw, uint16_t *dst);
 
 struct Int8Weight {
   const int8_t *CB = nullptr;  // int8 [N, K], row-wise absmax quantized
