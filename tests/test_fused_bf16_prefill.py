@@ -51,17 +51,23 @@ def _bound(x, spec, N, K):
     return (2.0 ** -7 + 2.0 ** -16 + K * 2.0 ** -23) * S
 
 
-@pytest.mark.parametrize("mode", ["nf4", "fp4", "dq"])
-@pytest.mark.parametrize("M, N, K", [(9, 40, 100), (13, 33, 77), (40, 100, 130), (17, 7, 31), (64, 49, 192),
-                                     (17, 20, 128)])
-def test_bf16_prefill_linear_is_its_twin(mode, M, N, K, monkeypatch):
-    monkeypatch.setenv("BNB_MS_4BIT_AMX", "0")  # the vdpbf16ps kernel from 16 rows too (AMX: its own test below)
+def _dot_and_exact(mode, M, N, K):
+    """A random 4-bit linear (bias) and x (M x K): x, its spec, the bf16dot entry's output and the exact entry's."""
     rng = np.random.RandomState(M * N + K)
     spec = _spec(rng, N, K, mode, bias=True)
     x = (rng.randn(M, K) * 2).astype(np.float32)
     got, exact = np.empty((M, N), np.float32), np.empty((M, N), np.float32)
     DOT(x, *spec, N, got)
     EXACT(x, *spec, N, exact)
+    return x, spec, got, exact
+
+
+@pytest.mark.parametrize("mode", ["nf4", "fp4", "dq"])
+@pytest.mark.parametrize("M, N, K", [(9, 40, 100), (13, 33, 77), (40, 100, 130), (17, 7, 31), (64, 49, 192),
+                                     (17, 20, 128)])
+def test_bf16_prefill_linear_is_its_twin(mode, M, N, K, monkeypatch):
+    monkeypatch.setenv("BNB_MS_4BIT_AMX", "0")  # the vdpbf16ps kernel from 16 rows too (AMX: its own test below)
+    x, spec, got, exact = _dot_and_exact(mode, M, N, K)
     np.testing.assert_array_equal(got, R.gemm_panel_bf16(x, R.linear_spec_weight(spec, N, K), spec[6]))
     assert not np.array_equal(got, exact)  # it really is another computation
     assert np.all(np.abs(got - exact) <= _bound(x, spec, N, K))
@@ -117,12 +123,7 @@ def test_bf16_few_rows_are_one_row_twins(mode, M, N, K):
     """2-16 rows of a 4-bit weight whose K the one-row kernel takes (a short prompt, batched decode steps) run that
     kernel, the weights read once for all rows (4 rows at a time: 3, 5, 9 and 15 rows end in partial groups): each
     row the bytes of the kernel's twin on that row alone, within the exact path's documented bound."""
-    rng = np.random.RandomState(M * N + K)
-    spec = _spec(rng, N, K, mode, bias=True)
-    x = (rng.randn(M, K) * 2).astype(np.float32)
-    got, exact = np.empty((M, N), np.float32), np.empty((M, N), np.float32)
-    DOT(x, *spec, N, got)
-    EXACT(x, *spec, N, exact)
+    x, spec, got, exact = _dot_and_exact(mode, M, N, K)
     for m in range(M):
         np.testing.assert_array_equal(got[m], R.linear4_bf16_gemv_f32(x[m], spec, N), err_msg=f"row {m}")
     assert not np.array_equal(got, exact)
