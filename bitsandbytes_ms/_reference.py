@@ -412,16 +412,18 @@ def linear_4bit_bf16dot(A: np.ndarray, packed: np.ndarray, absmax: np.ndarray, c
     are rounded to nearest even with bf16 denormals flushed; per 32-element chunk, lane l takes the pair
     (2l, 2l+1): acc = ftz(fma(w_odd, x_odd, acc)), then acc = ftz(fma(w_even, x_even, acc)); the 16 lanes
     are reduced as v = a[l] + a[l+8], u = v[l] + v[l+4], (u0 + u2) + (u1 + u3); the result is rounded to
-    bf16 (not flushed) and the bias added in float32 and rounded again. One row with K a multiple of 64 and of
-    the blocksize (a power of two >= 64): the one-row kernel's arithmetic instead (:func:`gemv_bf16_rows`)."""
+    bf16 (not flushed) and the bias added in float32 and rounded again. Up to 8 rows with K a multiple of 64 and
+    of the blocksize (a power of two >= 64): the one-row kernel's arithmetic on each row instead
+    (:func:`gemv_bf16_rows`)."""
     if absmax2 is not None:
         absmax = nested_absmax(absmax, code2, absmax2, offset, blocksize2)
     A = np.asarray(A, np.float32)
     K = A.shape[-1]
     lead = A.shape[:-1]
     x = bf16_bits_f32(bf16_round_bits(rows_2d(A, K), flush=True))
-    if x.shape[0] == 1 and bf16_gemv_applies(K, blocksize) and N > 0:
-        r = gemv_bf16_rows(x[0], packed, np.asarray(absmax, np.float32).reshape(-1), code, blocksize, N)
+    if 1 <= x.shape[0] <= 8 and bf16_gemv_applies(K, blocksize) and N > 0:
+        am = np.asarray(absmax, np.float32).reshape(-1)
+        r = np.stack([gemv_bf16_rows(x[m], packed, am, code, blocksize, N) for m in range(x.shape[0])])
     else:
         r = dot_rows_bf16(x, packed, absmax, code, blocksize, N, K)
     out = bf16_bits_f32(bf16_round_bits(r))

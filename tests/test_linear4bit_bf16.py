@@ -185,21 +185,23 @@ def test_denormals_flushed_like_vdpbf16ps():
     den = _bf16(np.full((1, K), 2.0 ** -130, np.float32))
     assert np.all(_f32(F.linear_4bit(den, qb, qsb, bf16_dot=True)) == 0)
     assert np.all(_f32(F.linear_4bit(den, qb, qsb, bf16_dot=False)) > 0)
-    # the table kernel (2 rows here): products whose sums stay below FLT_MIN are flushed (ftz on every accumulation
-    # step): the result is exactly 0 where the exact path keeps a (bf16 denormal) value
-    tiny = _bf16(np.full((2, K), 2.0 ** -70, np.float32))
+    # the table kernel (9 rows here: more than the one-row kernel takes): products whose sums stay below FLT_MIN are
+    # flushed (ftz on every accumulation step): the result is exactly 0 where the exact path keeps a (bf16 denormal)
+    # value
+    tiny = _bf16(np.full((9, K), 2.0 ** -70, np.float32))
     qt, qst = F.quantize_4bit(Tensor(np.full((N, K), 2.0 ** -60, np.float32)), quant_type="nf4")
     dot = _f32(F.linear_4bit(tiny, qt, qst, bf16_dot=True))
     exact = _f32(F.linear_4bit(tiny, qt, qst, bf16_dot=False))
     assert np.all(dot == 0)
     assert np.all(exact > 0)
     assert np.array_equal(dot, _model(tiny, qt, qst, None))
-    # the one-row kernel sums x * bf16(code) and scales by absmax after: no flush there (2^-70 products), and the
-    # result is the exact path's within the bound
-    one = _f32(F.linear_4bit(tiny[:1], qt, qst, bf16_dot=True))
-    assert np.all(one > 0)
-    assert np.array_equal(one, _model(tiny[:1], qt, qst, None))
-    np.testing.assert_allclose(one, exact[:1], rtol=2 ** -6)
+    # the one-row kernel (1-8 rows) sums x * bf16(code) and scales by absmax after: no flush there (2^-70
+    # products), and the result is the exact path's within the bound
+    for rows in (1, 2):
+        one = _f32(F.linear_4bit(tiny[:rows], qt, qst, bf16_dot=True))
+        assert np.all(one > 0)
+        assert np.array_equal(one, _model(tiny[:rows], qt, qst, None))
+        np.testing.assert_allclose(one, exact[:rows], rtol=2 ** -6)
 
 
 def test_default_and_switches(monkeypatch):

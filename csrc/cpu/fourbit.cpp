@@ -1454,8 +1454,15 @@ BNB_MS_TARGET_AMX_BF16 void dot_rows_bf16_amx_bf16(const float *code, const uint
 //     code's rounding, 2^-9 S, replaces the products'), and tests check it.
 constexpr int64_t kUnit1 = 128;
 
+// Rows up to kBf16RowKernelMaxRows run it too, each as if alone, the weights read once for all of them: the table
+// kernel below decodes every weight into bf16 first, which at few rows costs more than the rows' products.  One
+// 11008 x 4096 layer (clinear_4bit_bf16dot_bf16, 2-core Zen 4 EPYC): table kernel 2.90 / 3.40 / 4.49 / 6.38 ms at
+// 2 / 4 / 8 / 16 rows, this kernel 1.07 / 1.88 / 4.36 / 8.40 (one row 0.95): the crossover near 8.  (The fused
+// decoder's own limit, decoder.cpp kBf16GemvMaxRows, is 16: its many-row kernel is another, the panel GEMM.)
+constexpr int64_t kBf16RowKernelMaxRows = 8;
+
 BNB_MS_INLINE bool bf16_gemv_applies(int64_t M, int64_t K, int64_t bs) {
-  return M == 1 && bs >= 64 && (bs & (bs - 1)) == 0 && K % bs == 0 && K % (kUnit1 / 2) == 0;
+  return M >= 1 && M <= kBf16RowKernelMaxRows && bs >= 64 && (bs & (bs - 1)) == 0 && K % bs == 0 && K % (kUnit1 / 2) == 0;
 }
 
 // Halves of the unit starting at element u (the last unit of a K = 64 (2 j + 1) has one).
@@ -1663,8 +1670,8 @@ void linear_4bit_bf16dot(const float *code, const uint8_t *q, const Absmax4 &amx
     for (int64_t k = K; k < K32; ++k) xbp[m * K32 + k] = 0;
   }
   const uint16_t *xp = xbp;
-  if (bf16_gemv_applies(M, K, bs)) {  // one row: the kernel above (its own arithmetic, see there)
-    gemv4_bf16dot<T>(code, q, amx, xp, bias, out, 1, N, K, bs);
+  if (bf16_gemv_applies(M, K, bs)) {  // up to 8 rows: the one-row kernel above for each (its own arithmetic, see there)
+    gemv4_bf16dot<T>(code, q, amx, xp, bias, out, M, N, K, bs);
     return;
   }
   if (amx4_applies(M)) {  // AMX-BF16 (see there)
