@@ -354,7 +354,8 @@ def _check_4bit_sizes(state: QuantState, packed_bytes: Optional[int], fn: str, p
 # AVX512-BF16, a portable kernel with the same bits elsewhere), instead of the exact fp32-accumulation one.
 # Default ("auto"), decided on measurements (benchmarks/cpu_avx512_host.md, Sapphire Rapids, 4096 -> 11008):
 #   * CPU with AVX512-BF16: the dot kernel for 2+ rows (batch 16: 2.41 ms vs 3.59 ms exact; up to 8 rows the
-#     one-row kernel for each row where it applies, natively); for one row the one-row bf16 kernel where it applies (bf16_gemv_applies: AVX-512 EPYC, 4096 -> 11008, 2 threads, 0.545 ms vs
+#     one-row kernel for each row where it applies, natively); for one row the one-row bf16 kernel where it applies
+#     (bf16_gemv_applies: AVX-512 EPYC, 4096 -> 11008, 2 threads, 0.545 ms vs
 #     the exact gemv's 0.75-0.80), else the exact gemv (the table kernel at one row: 0.53 ms vs 0.27 there);
 #   * any other CPU: the exact kernels (the portable dot kernel is ~35x slower than the AVX2 exact path).
 # The choice is made on the CPU feature, never on BNB_MS_SIMD, so a call's result does not depend on the SIMD

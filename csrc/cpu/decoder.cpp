@@ -316,8 +316,8 @@ void gemm_rows_bf16(const Lin &l, const float *x, float *out, int64_t M) {
   panel_chunks<uint32_t>(
       N, Kp,
       [&](int64_t n, int w, uint32_t *P) {
-        // the weight rows decoded straight to bf16 pairs (the words pack_panel_rows_bf16 makes of their fp32
-        // values; a 7B-shaped prefill spent ~25% of its time dequantizing to fp32 and rounding)
+        // the weight rows decoded straight to bf16 pairs (their fp32 dequantized values rounded, without writing
+        // them in fp32 first: a 7B-shaped prefill spent ~25% of its time dequantizing to fp32 and rounding)
         static thread_local std::vector<uint32_t> rows;
         rows.resize((size_t)(kPanel * K2));
         decode4_rows_bf16(l.q4, n, n + w, K, 2 * K2, reinterpret_cast<uint16_t *>(rows.data()));
@@ -351,7 +351,6 @@ void linear_spec(const Lin &l, const float *x, float *out, int64_t M) {
   else if (M > kGemvMaxRows) gemm_rows(l, x, out, M);
   else if (l.dense) dense_linear_f32(x, l.W, DType::f32, l.bias, out, M, l.N, l.K);
   else if (l.W16) dense_linear_f32(x, l.W16, l.wdt, l.bias, out, M, l.N, l.K);
-  else if (l.bf16dot && linear4_bf16_gemv_f32(l.q4, x, l.bias, out, M, l.N, l.K)) return;
   else linear4_f32(l.q4, x, l.bias, out, M, l.N, l.K);
 }
 

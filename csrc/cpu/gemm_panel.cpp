@@ -358,14 +358,6 @@ BNB_MS_TARGET_AMX_BF16 void gemm_panel_bf16_amx_bf16(const uint32_t *A2, int64_t
   amx_release();
 }
 
-void pack_panel_rows_bf16(const float *W, int64_t ldw, int64_t K, int nc, uint32_t *P2) {
-  const int64_t K2 = (K + 1) / 2;
-  static thread_local std::vector<uint32_t> rows;  // the nc rows as pairs, then transposed into the panel
-  rows.resize((size_t)(kPanel * K2));
-  for (int j = 0; j < nc; ++j) round_row(W + j * ldw, K, reinterpret_cast<uint16_t *>(rows.data() + j * K2));
-  transpose_into_panel(rows.data(), K2, K2, nc, P2);
-}
-
 void pack_panel_pairs(const uint32_t *R, int64_t K2, int nc, uint32_t *P2) { transpose_into_panel(R, K2, K2, nc, P2); }
 
 void pack_rows_bf16(const float *X, int64_t ldx, int64_t M, int64_t K, uint32_t *A2) {

@@ -55,9 +55,8 @@ bool gemm_bf16_amx_applies(int64_t M);
 void gemm_panel_bf16_amx_bf16(const uint32_t *A2, int64_t M, const uint32_t *P2, int64_t pstride2, int64_t K2p,
                               int64_t N, const float *bias, float *C, int64_t ldc);
 
-// P2 rows [0, K2) of one panel from nc (<= kPanel) rows of a row-major fp32 matrix (row stride ldw, K values).
-void pack_panel_rows_bf16(const float *W, int64_t ldw, int64_t K, int nc, uint32_t *P2);
-// The same panel rows from nc rows already rounded into pairs (R: row j's K2 pairs at R + j * K2).
+// P2 rows [0, K2) of one panel from nc (<= kPanel) rows already rounded into bf16 pairs (R: row j's K2 pairs at
+// R + j * K2; pair p = (x[2p], x[2p+1]), as pack_rows_bf16 lays out A).
 void pack_panel_pairs(const uint32_t *R, int64_t K2, int nc, uint32_t *P2);
 
 // A2 (row stride K2) from M rows of fp32 X (row stride ldx, K values).
