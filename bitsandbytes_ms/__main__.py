@@ -623,7 +623,7 @@ def main(argv=None) -> int:
                         "llm_int8_skip_modules) and runs a native GEMV. A tied input embedding keeps its weight")
     q.add_argument("--no-fuse", action="store_true",
                    help="keep mindnlp's own decoder forward (default: fuse each quantized decoder layer into 2 native "
-                        "calls where the architecture is supported: Llama/Qwen2/Qwen3/Mistral with 4-bit or fp32 layers)")
+                        "calls where the architecture is supported: Llama/Qwen2/Qwen3/Mistral with int8, 4-bit or fp32 layers)")
     q.add_argument("--reference", choices=("auto", "always", "never"), default="auto",
                    help="evaluate the full-precision (fp32) model first, for the 'before' columns: auto (default) only "
                         "where its weights + 20%% fit in the available memory; the quantized model is always "

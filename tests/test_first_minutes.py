@@ -206,6 +206,12 @@ def _layers():
         "LinearFP": lambda: LinearFP(64, 32),
         "Params4bit": lambda: Params4bit(torch.randn(32, 64), quant_type="nf4"),
         "Int8Params": lambda: Int8Params(torch.randn(32, 64), has_fp16_weights=False, requires_grad=False),
+        # these five accepted the call or failed with MindSpore's C++ stack (found by a fresh-user trial, 2026-12-06)
+        "Embedding": lambda: bnb.nn.Embedding(10, 8),
+        "StableEmbedding": lambda: bnb.nn.StableEmbedding(10, 8),
+        "Embedding8bit": lambda: bnb.nn.Embedding8bit(10, 8),
+        "LinearWeightOnly": lambda: bnb.nn.LinearWeightOnly(64, 32),
+        "OutlierAwareLinear": lambda: bnb.nn.OutlierAwareLinear(64, 32),
     }
 
 
@@ -243,8 +249,25 @@ def test_cpu_still_quantizes(name):
     """The CPU form of the same call keeps working: .cpu() quantizes the weight (as .cuda() does upstream)."""
     obj = _layers()[name]().cpu()
     expect = {"Linear4bit": ms.uint8, "Params4bit": ms.uint8, "Linear8bitLt": ms.int8, "Int8Params": ms.int8,
-              "LinearFP": ms.float32}[name.split("(")[0]]
+              "LinearFP": ms.float32, "Embedding": ms.float32, "StableEmbedding": ms.float32, "Embedding8bit": ms.int8,
+              "LinearWeightOnly": ms.int8, "OutlierAwareLinear": ms.float32}[name.split("(")[0]]
     assert _weight_dtype(obj) == expect
+
+
+def test_embedding8bit_quantizes_on_its_first_forward():
+    """Embedding8bit's first forward quantizes its weight, as Linear4bit's and Linear8bitLt's do (it raised "call
+    .cuda() or .to(device) first", and .cuda() has no CPU meaning); the rows equal those after .cpu()."""
+    w = np.random.RandomState(0).randn(10, 8).astype(np.float32)
+    a, b = bnb.nn.Embedding8bit(10, 8), bnb.nn.Embedding8bit(10, 8)
+    a.weight.data = torch.tensor(w)
+    b.weight.data = torch.tensor(w)
+    idx = torch.tensor([[1, 2], [9, 0]])
+    got = a(idx)
+    assert a.weight.dtype == ms.int8
+    want = b.cpu()(idx).asnumpy()
+    np.testing.assert_array_equal(got.asnumpy(), want)
+    scale = np.abs(w).max(axis=1, keepdims=True) / 127.0
+    np.testing.assert_allclose(want, w[[[1, 2], [9, 0]]], atol=float(scale.max()) * 0.51)
 
 
 def test_int_device_is_accepted_like_mindtorch():

@@ -164,3 +164,15 @@ def test_constructor_checks():
     bnb.optim.Adam(ps, amsgrad=True)  # accepted and ignored, as upstream
     with pytest.raises(ValueError, match="amsgrad"):
         bnb.optim.Adam8bit(ps, amsgrad=True)
+
+
+@pytest.mark.parametrize("bits", [4, 16, 0])
+@pytest.mark.parametrize("n", [64, 8192])  # below and above min_8bit_size: upstream checks the bits first
+def test_unsupported_optim_bits_raise_at_the_first_step(bits, n):
+    """``optim_bits`` other than 8 or 32 raised nothing and gave 8-bit state (found by a fresh-user trial,
+    2026-12-06); upstream's init_state raises NotImplementedError("Amount of optimizer bits not supported: 4")."""
+    p = Parameter(Tensor(np.ones(n, np.float32)), name="p")
+    opt = bnb.optim.Adam([p], lr=1e-3, optim_bits=bits)
+    with pytest.raises(NotImplementedError, match=f"Amount of optimizer bits not supported: {bits} .*optim_bits"):
+        opt.step(grads=[Tensor(np.full(n, 0.1, np.float32))])
+    np.testing.assert_array_equal(p.asnumpy(), np.ones(n, np.float32))  # nothing updated

@@ -165,6 +165,27 @@ def test_two_forwards_then_two_backwards_says_so(backward_patches):
         l2.backward()
 
 
+def test_a_failed_forward_leaves_no_gradient_behind(backward_patches):
+    # a training-mode forward that raised (a notebook cell with a wrong input shape) kept recording, so the next
+    # backward() of another model gave the failed model's parameters zero gradients (an AdamW step then decayed
+    # them) -- found by a fresh-user trial; now the failed forward's recording is dropped
+    a, b = _model(), _model()
+    opt_a = bnb.optim.AdamW(list(a.parameters()), lr=1e-2)  # noqa: F841  (held: makes a's forwards record)
+    opt_b = bnb.optim.AdamW(list(b.parameters()), lr=1e-2)  # noqa: F841
+    x, y = torch.tensor(np.random.RandomState(7).randn(4, 8).astype(np.float32)), torch.zeros(4, 1)
+    params_b = list(b.parameters())
+    _, ref = torch.autograd.value_and_grad(lambda x, y: _loss(b, x, y), params_b, attach_grads=False)(x, y)
+    with pytest.raises(Exception):
+        a(torch.ones(4, 7))  # wrong input width
+    _loss(b, x, y).backward()
+    assert all(p.grad is None for p in a.parameters())
+    for p, g in zip(params_b, ref):
+        np.testing.assert_array_equal(p.grad.asnumpy(), g.asnumpy())
+    # and the failed model trains afterwards as usual
+    _loss(a, x, y).backward()
+    assert all(p.grad is not None and float(p.grad.abs().sum()) > 0 for p in a.parameters())
+
+
 @pytest.mark.parametrize("case", ["eval", "no_grad", "no_optimizer", "unpatched"])
 def test_backward_without_a_recorded_forward(backward_patches, case):
     m = _model()

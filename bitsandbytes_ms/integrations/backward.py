@@ -93,8 +93,24 @@ def _module_call(wrapped, instance, args, kwargs):
     _tape.depth += 1
     try:
         return wrapped(*args, **kwargs)
+    except BaseException:
+        if _tape.depth == 1 and _tape.recording:
+            _abort()
+        raise
     finally:
         _tape.depth -= 1
+
+
+def _abort() -> None:
+    """An outermost training-mode forward raised: the recording is dropped (MindSpore's ``clear_res``, as its own
+    recompute does on an error), so the failed forward's parameters do not get a gradient from the next
+    ``backward()`` (they got zeros, and a bf16 one made that backward fail) -- that ``backward()`` differentiates
+    forwards run after the failure; one that needs the dropped recording raises (nothing recorded)."""
+    _tape.recording, _tape.params = False, {}
+    try:
+        _executor.clear_res()
+    finally:
+        _executor.set_grad_flag(False)
 
 
 _NO_FORWARD = ("loss.backward(): no forward of a trainable model was recorded, so there is nothing to differentiate "

@@ -818,7 +818,7 @@ def _zero_padding_row(weight, padding_idx) -> None:
     weight.data = new.to(weight.dtype) if weight.dtype != _ms.float32 else new
 
 
-class Embedding(torch.nn.Embedding):
+class Embedding(_CudaGuard, torch.nn.Embedding):
     """``torch.nn.Embedding`` whose weight always gets 32-bit optimizer state (upstream ``bnb.nn.Embedding``):
     the constructor registers ``{"optim_bits": 32}`` for ``weight`` with :class:`GlobalOptimManager`;
     parameters are initialised Xavier-uniform (padding row zero)."""
@@ -840,7 +840,7 @@ class Embedding(torch.nn.Embedding):
         return _embedding(self, input)
 
 
-class StableEmbedding(torch.nn.Embedding):
+class StableEmbedding(_CudaGuard, torch.nn.Embedding):
     """Embedding + LayerNorm with 32-bit optimizer state (upstream ``bnb.nn.StableEmbedding``, from
     "8-bit Optimizers via Block-wise Quantization", arXiv 2110.02861): Xavier-uniform init, the
     embedding output goes through ``self.norm`` (a ``LayerNorm(embedding_dim)``) in float32 and is
@@ -936,13 +936,22 @@ class _RowInt8Params(torch.nn.Parameter):
         return self
 
     def to(self, *args, **kwargs):
+        if _asks_cuda(args, kwargs):
+            _refuse_cuda(self, "to(...)")
         dev_type, _ = _parse_to(args, kwargs)
         if dev_type not in (None, "meta"):
             return self.quantize()
         return self
 
+    def cpu(self):
+        return self.to("cpu")
 
-class Embedding8bit(torch.nn.Embedding):
+    def cuda(self, device=None, non_blocking=False):
+        _refuse_cuda(self, "cuda()")
+        return self.to("cuda" if device is None else device)
+
+
+class Embedding8bit(_CudaGuard, torch.nn.Embedding):
     """Int8 embedding (upstream ``bnb.nn.Embedding8bit``, LLM.int8()-style row quantization): rows are
     stored as int8 with one fp32 absmax per row (``weight.SCB``), quantized on ``.to(device)``; the
     output is ``int8_row * absmax / 127`` in the original dtype. Saving raises NotImplementedError, as upstream."""
@@ -972,8 +981,8 @@ class Embedding8bit(torch.nn.Embedding):
                 unexpected_keys.append(k)
 
     def forward(self, input):
-        if getattr(self.weight, "SCB", None) is None:
-            raise RuntimeError("Embedding layer is not quantized. Please call .cuda() or .to(device) first.")
+        if getattr(self.weight, "SCB", None) is None:  # quantized on the first forward, as Linear8bitLt's weight
+            self.weight.quantize()  # (upstream raises here and asks for .cuda(), which has no CPU meaning)
         _check_indices(self, input)
         rows = _gather_rows(self.weight.data, input).astype(_ms.float32)
         stats = _gather_rows(self.weight.SCB.reshape(-1, 1), input).astype(_ms.float32)
@@ -1061,7 +1070,7 @@ class EmbeddingNF4(Embedding4bit):
 
 
 # ---- weight-only int8/int4 linear (LinearWeightOnly) ----
-class LinearWeightOnly(torch.nn.Linear):
+class LinearWeightOnly(_CudaGuard, torch.nn.Linear):
     """Weight-only quantized linear (W8A16 / W4A16; ChatGLM-6B's quantized-checkpoint scheme): the weight
     is stored as int8 ``[out, in]`` (``bits=8``) or packed int4 ``[out, (in+1)//2]`` (``bits=4``) with one
     fp32 scale per output channel (``weight_scale``), and dequantized on the fly in the activation's dtype
@@ -1150,7 +1159,7 @@ class LinearWeightOnly(torch.nn.Linear):
                                    bias=None if bias is None else bias.data, in_features=self.in_features)
 
 
-class OutlierAwareLinear(torch.nn.Linear):
+class OutlierAwareLinear(_CudaGuard, torch.nn.Linear):
     """Upstream's base class for linear layers that quantize their weight knowing the outlier dimensions:
     subclasses implement ``quantize_weight(w, outlier_idx)`` and ``forward_with_outliers(x, outlier_idx)``; the
     outlier indices come from :class:`bitsandbytes_ms.utils.OutlierTracer` (initialize it on the model first)."""

@@ -389,7 +389,10 @@ class Optimizer8bit(_TorchOptimizer):
         return config
 
     def _use_32bit(self, config, p) -> bool:
-        return config["optim_bits"] == 32 or _numel(p) < config["min_8bit_size"]
+        bits = config["optim_bits"]
+        if bits not in (8, 32):  # upstream's init_state raises this at the first step, for any tensor size
+            raise NotImplementedError(f"Amount of optimizer bits not supported: {bits} (`optim_bits` must be 8 or 32)")
+        return bits == 32 or _numel(p) < config["min_8bit_size"]
 
     def init_state(self, group, p, gindex, pindex):
         raise NotImplementedError
