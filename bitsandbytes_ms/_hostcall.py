@@ -362,11 +362,12 @@ class Entry:
         return Bound(self._fn, self.name, args)
 
     def __call__(self, *args) -> None:
-        self.bind(*args)()
+        self.run(*args)
 
     def run(self, *args) -> None:
-        """``self(*args)`` through this thread's reused :class:`Bound` (its ctypes arrays, ~45 us to make, are
-        made once): the per-parameter calls of an optimizer step. The arguments are let go after the call."""
+        """One call with these arguments, through this thread's reused :class:`Bound` (its ctypes arrays, ~45 us to
+        make, are made once per entry point and thread; every optimizer step and dequantization calls here). The
+        arguments are let go after the call."""
         b = getattr(self._local, "bound", None)
         if len(args) != self.nargs:
             raise TypeError(f"{self.name} takes {self.nargs} arguments (inputs then outputs), got {len(args)}")
