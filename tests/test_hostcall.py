@@ -112,3 +112,35 @@ def test_dequantize_host_call_same_bytes_and_under_gradient(nested):
     _, g = ms.value_and_grad(f)(Tensor(np.ones(3, np.float32)))
     assert seen == [(False, True, False)]
     assert np.array_equal(g.asnumpy(), ref4[0, :3])
+
+
+def test_matmul4bit_cell_forward_runs_the_host_call_under_gradient(monkeypatch):
+    """MatMul4Bit is differentiated through its bprop, and MindSpore runs such a cell's forward without recording
+    (requires_grad() is False there), so the forward takes the host call, not ops.Custom, while a gradient is
+    recorded around it: the same bytes as the inference forward, the bprop's gradients, and host calls inactive
+    again outside the cell (checked 2026-12-06 with MindSpore 2.7.0; a MindSpore that records inside would make
+    the training forward launch ops.Custom, ~4x slower, and fail here)."""
+    import bitsandbytes_ms as bnb
+    from bitsandbytes_ms.formats import fourbit
+
+    q, qs = _q()
+    A = Tensor(np.random.default_rng(3).standard_normal((5, 128)).astype(np.float32))
+    want = bnb.matmul_4bit(A, q.t(), qs).asnumpy()  # inference: the host call
+    calls = []
+    real = fourbit._custom_linear
+    monkeypatch.setattr(fourbit, "_custom_linear", lambda *a: calls.append(1) or real(*a))
+    seen = []
+
+    def f(A):
+        out = bnb.matmul_4bit(A, q.t(), qs)
+        seen.append((out.asnumpy(), H.active()))
+        return (out * out).sum()
+
+    v, g = ms.value_and_grad(f)(A)
+    assert not calls, "the recorded forward launched ops.Custom instead of the host call"
+    np.testing.assert_array_equal(seen[0][0], want)
+    assert seen[0][1] is False  # outside the cell, a recorded forward keeps its ops
+    Wd = F.dequantize_4bit(q, qs).asnumpy()
+    np.testing.assert_allclose(g.asnumpy(), 2 * want @ Wd, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(float(v), float((want.astype(np.float64) ** 2).sum()), rtol=1e-5)
+    assert H.active()
