@@ -29,10 +29,12 @@ FOURBIT_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 #: Up to this many rows of activations a 4-bit linear forward is one fused native call (linear_4bit: the
 #: gemv kernel for one row, the fused dequantize-GEMM for more); more rows (prefill of long prompts)
 #: dequantize the weight to fp32 once and use MindSpore's matmul, which is faster there. Measured on the 2-core
-#: Zen 4 EPYC (2026-12-06, min of 10-40 calls, the native call vs the fp32 weight + MindSpore's matmul): fp32 x
-#: 4096 x 4096 at 33 / 128 / 512 / 1024 rows 7.4 / 26 / 106 / 321 ms vs 57 / 66 / 143 / 186 ms (11008 x 4096 alike;
-#: 576 x 576 even at 1024); bf16 x (the bf16 dot kernel) 4.3 / 13 / 49 ms vs 64 / 66 / 158 up to 512. It was 32.
-LINEAR_4BIT_MAX_ROWS = 512
+#: Zen 4 EPYC (2026-12-06, min of 10-40 calls, the native call vs the fp32 weight + MindSpore's matmul): fp32 x,
+#: 4096 x 4096 at 33 / 128 / 256 / 512 / 1024 rows 7 / 26 / 50 / 106 / 321 ms vs 47-57 / 66 / 91 / 122-143 / 186 ms
+#: (11008 x 4096 alike; 576 x 576 even from 512); bf16 x (the bf16 dot kernel) 4.3 / 13 / - / 49 ms vs 64 / 66 / - /
+#: 158. The AVX2 kernels (BNB_MS_SIMD=avx2, MindSpore's matmul still AVX-512) win up to 128 rows (4096 x 4096: 11 vs
+#: 55 ms at 33), are even at 256 (87 vs 91; small weights 10-18% behind) and behind at 512 -- so 256 (it was 32).
+LINEAR_4BIT_MAX_ROWS = 256
 
 #: int8_vectorwise_dequant's scale, 1/127 as upstream writes it (rounded to float32 when applied).
 INT8_DEQUANT_SCALE = 7.874015718698502e-3
