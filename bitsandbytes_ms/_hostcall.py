@@ -158,26 +158,6 @@ def own_memory(t: Tensor, fn: str, arg: str) -> Optional[np.ndarray]:
     return np.lib.stride_tricks.as_strided(flat, shape=shape, strides=tuple(st * dtype.itemsize for st in strides))
 
 
-def read_in_place(t: Tensor) -> np.ndarray:
-    """A read-only numpy array over ``t``'s data, for an input a native call only reads (an optimizer's gradient):
-    its MindSpore CPU device memory itself where it has some and is contiguous (``asnumpy()`` copies such a tensor
-    into a second host buffer on every call: a 20M-parameter gradient, ~7 ms and 80 MB each step), else
-    :func:`host`'s array (a host tensor's own memory, or a copy of a view). Waits for the ops queued before that
-    write ``t``."""
-    t.wait_pipeline()
-    if t.is_contiguous() and t.storage_offset() == 0:
-        ptr = _ms_threads.quiet_ptr(t._data_ptr)
-        if ptr:
-            dtype = np_dtype(t.dtype)
-            shape = tuple(int(d) for d in t.shape)
-            n = int(math.prod(shape))
-            a = np.frombuffer((ct.c_char * max(n * dtype.itemsize, 1)).from_address(ptr), dtype=dtype,
-                              count=n).reshape(shape)
-            a.flags.writeable = False
-            return a
-    return host(t)
-
-
 def host_ptr(t) -> tuple:
     """``(array, address)``: :func:`host`'s array of the tensor (``asnumpy()``: waits for everything queued
     before, so in-place updates made before the call have landed; shares a host tensor's memory, copies a
@@ -205,15 +185,18 @@ def act_ptr(t) -> tuple:
 
 
 def act_array(t) -> np.ndarray:
-    """:func:`act_ptr`'s data as a numpy array (over the tensor's device memory where it is read in place; valid
-    while ``t`` lives), for callers that convert it."""
+    """:func:`act_ptr`'s data as a numpy array (over the tensor's device memory where it is read in place, then
+    read-only; valid while ``t`` lives), for callers that only read it: conversions, an optimizer's gradient (its
+    ``asnumpy()`` copied a 20M-parameter gradient, ~7 ms and 80 MB, on every step)."""
     keep, ptr = act_ptr(t)
     if isinstance(keep, np.ndarray):
         return keep
     dtype = np_dtype(t.dtype)
     shape = tuple(int(s) for s in t.shape)
     n = int(math.prod(shape))
-    return np.frombuffer((ct.c_char * max(n * dtype.itemsize, 1)).from_address(ptr), dtype=dtype, count=n).reshape(shape)
+    a = np.frombuffer((ct.c_char * max(n * dtype.itemsize, 1)).from_address(ptr), dtype=dtype, count=n).reshape(shape)
+    a.flags.writeable = False
+    return a
 
 
 def lean_rows(A: Tensor, K: int, max_rows: int = 1 << 62) -> tuple:
@@ -446,7 +429,7 @@ def convert(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return out
 
 
-__all__ = ["active", "set_enabled", "convert", "host", "own_memory", "read_in_place", "host_view", "host_ptr", "act_ptr", "act_array", "lean_rows", "unmoved", "DeviceView", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype", "write_out"]
+__all__ = ["active", "set_enabled", "convert", "host", "own_memory", "host_view", "host_ptr", "act_ptr", "act_array", "lean_rows", "unmoved", "DeviceView", "wrap", "entry", "Entry", "Bound", "empty", "np_dtype", "write_out"]
 
 
 def write_out(out: Optional[Tensor], result: Tensor, fn: str = "functional", arg: str = "out") -> Tensor:

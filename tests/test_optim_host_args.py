@@ -2,7 +2,7 @@
 
 A gradient made by MindSpore ops lives in MindSpore's CPU device memory, and ``asnumpy()`` copied it into a second
 host buffer on every step (a 20M-parameter gradient: ~7 ms and 80 MB a step); it is now read where it lives
-(``_hostcall.read_in_place``). The parameter and state addresses come from ``_data_ptr()`` instead of mindtorch's
+(``_hostcall.act_array``). The parameter and state addresses come from ``_data_ptr()`` instead of mindtorch's
 ``data_ptr()`` (a ``dyn_shape`` op, ~70 us, five per 8-bit step), and the bound ctypes arguments are reused per
 thread (``Entry.run``): per-tensor overhead 940 -> 220 us for 400 adapter-sized tensors. These tests pin that the
 faster path gives the same bytes for every kind of gradient, leaves the gradient alone, and is safe from threads."""
@@ -59,15 +59,15 @@ def test_every_gradient_kind_gives_the_same_bytes(name, shape):
             np.testing.assert_array_equal(st[k], st_host[k], err_msg=f"{kind} {k}")
 
 
-def test_read_in_place_shares_device_memory_read_only():
+def test_act_array_shares_device_memory_read_only():
     g = ms.ops.mul(ms.Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)), 2.0)
-    a = _hostcall.read_in_place(g)
+    a = _hostcall.act_array(g)
     assert a.ctypes.data == g._data_ptr()  # no copy
     assert not a.flags.writeable
     np.testing.assert_array_equal(a, np.arange(12, dtype=np.float32).reshape(3, 4) * 2)
     # a host tensor (no device buffer) keeps asnumpy's array over its own memory, and is not given one
     h = ms.Tensor(np.ones((2, 2), np.float32))
-    np.testing.assert_array_equal(_hostcall.read_in_place(h), np.ones((2, 2), np.float32))
+    np.testing.assert_array_equal(_hostcall.act_array(h), np.ones((2, 2), np.float32))
 
 
 def _entry_args(seed, n=64 * 256):

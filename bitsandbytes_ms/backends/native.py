@@ -238,7 +238,7 @@ def _host_call(entry_name: str, fn: str, args, inplace) -> bool:
     if not _hostcall.active():
         return False
     host_args, back = [], []
-    for i, a in enumerate(args):  # g comes first: read_in_place waits for the ops queued before that write it
+    for i, a in enumerate(args):  # g comes first: act_array waits for the ops queued before
         if isinstance(a, Tensor):
             if i in inplace:
                 a.wait_pipeline()
@@ -251,7 +251,7 @@ def _host_call(entry_name: str, fn: str, args, inplace) -> bool:
                     mem = c
                 host_args.append(mem)
             else:
-                host_args.append(_hostcall.read_in_place(a))
+                host_args.append(_hostcall.act_array(a))
         else:
             host_args.append(a)
     status = np.zeros(1, np.int32)  # has_error: read only in the checking mode (cextension)
