@@ -271,6 +271,7 @@ template <class T> SIMD_TARGET BNB_MS_INLINE void store(T *p, F v) { store8<T>(p
 // kAhead: software prefetch distance in blocks (the scalar lookups leave the hardware prefetchers idle for
 // long stretches; Adam8bit on Zen 3: 3-5% less thread time).
 constexpr int64_t kAhead = 4, kAheadChunk = 0;
+constexpr bool kDecodeAhead = false;
 using StateCodes = NoStateCodes;
 struct StateSrc {
   float *buf;
@@ -314,6 +315,7 @@ namespace gather {
 // prefetch, 16.0-16.3 ms 256-512 elements ahead; whole blocks 2-8 ahead at a block's start lost to none, 4M
 // parameters, 1 thread: 6.3-7.2 against 6.0 ms)
 constexpr int64_t kAhead = 0, kAheadChunk = 384;
+constexpr bool kDecodeAhead = false;
 using StateCodes = NoStateCodes;
 SIMD_TARGET BNB_MS_INLINE F gather_codes(const BlockCodes &b, int64_t i) {
   const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b.q + i)));
@@ -404,6 +406,7 @@ SIMD_TARGET BNB_MS_INLINE void requant32(const OptLut *lut, const float *v, F pr
 // Without VBMI the state lookups are gathers in the update loop itself (cpu/quant_lut.h says why AVX-512 gathers;
 // no block buffer, no prefetch: measured faster on the Sapphire Rapids host).
 constexpr int64_t kAhead = 0, kAheadChunk = 0;
+constexpr bool kDecodeAhead = false;
 using StateCodes = NoStateCodes;
 SIMD_TARGET BNB_MS_INLINE F gather_codes(const BlockCodes &b, int64_t i) {
   __m512 v;
@@ -435,6 +438,7 @@ namespace vbmi {
 // the same minutes: 13.2-13.4 ms with 2 or 4 whole blocks ahead at each block's start, 11.8-12.4 ms with the next
 // block spread over the update loop, 11.1-12.1 ms 384 elements ahead; 128-768 measured, none 13.9 ms)
 constexpr int64_t kAhead = 0, kAheadChunk = 384;
+constexpr bool kDecodeAhead = true;
 struct StateCodes {
   Code256Vbmi t1, t2;
   const Code256Vbmi *c1 = nullptr, *c2 = nullptr;
