@@ -88,10 +88,27 @@ class _CudaGuard:
         return super().to(*args, **kwargs)
 
 
+class _ParamDevices:
+    """``cpu()`` / ``cuda()`` / ``xpu()`` of the parameters that quantize themselves on a device move (Params4bit,
+    Int8Params, Embedding8bit's weight): each goes through the class's ``to()``, as upstream's do; ``cuda()`` raises
+    :func:`_refuse_cuda`'s error where there is no CUDA device, ``xpu()`` :func:`_to_xpu`'s. Before
+    ``torch.nn.Parameter`` in the bases."""
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def cuda(self, device=None, non_blocking=False):
+        _refuse_cuda(self, "cuda()")
+        return self.to("cuda" if device is None else device)
+
+    def xpu(self, device=None, non_blocking=False):
+        return _to_xpu(self, device)
+
+
 # ---- 4-bit (Params4bit, Linear4bit, LinearFP4, LinearNF4) ----
 
 
-class Params4bit(torch.nn.Parameter):
+class Params4bit(_ParamDevices, torch.nn.Parameter):
     """A weight that quantizes itself to 4 bits once (upstream ``bnb.nn.Params4bit``).
 
     Holds the full-precision data until :meth:`to` is called with a device (or :meth:`quantize`
@@ -235,15 +252,6 @@ class Params4bit(torch.nn.Parameter):
         res = super().to(*args, **kwargs)
         return type(self)(res, **self._attrs())
 
-    def cpu(self):
-        return self.to("cpu")
-
-    def cuda(self, device=None, non_blocking=False):
-        _refuse_cuda(self, "cuda()")
-        return self.to("cuda" if device is None else device)
-
-    def xpu(self, device=None, non_blocking=False):
-        return _to_xpu(self, device)
 
 
 def _to_xpu(param, device):
@@ -512,7 +520,7 @@ def _as_mindtorch(t):
     return t
 
 
-class Int8Params(torch.nn.Parameter):
+class Int8Params(_ParamDevices, torch.nn.Parameter):
     """A weight for :class:`Linear8bitLt` (upstream ``bnb.nn.Int8Params``): holds float weights until it
     is quantized, then the int8 ``CB`` as its data with float32 row scales ``SCB``.
 
@@ -577,15 +585,6 @@ class Int8Params(torch.nn.Parameter):
         return (_rebuild_int8params, (self.data, self.requires_grad, self.has_fp16_weights,
                                       self.CB is not None, self.SCB))
 
-    def cpu(self):
-        return self.to("cpu")
-
-    def cuda(self, device=None, non_blocking=False):
-        _refuse_cuda(self, "cuda()")
-        return self.to("cuda" if device is None else device)
-
-    def xpu(self, device=None, non_blocking=False):
-        return _to_xpu(self, device)
 
     def to(self, *args, **kwargs):
         if _asks_cuda(args, kwargs):
@@ -915,7 +914,7 @@ def _gather_rows(table, input):
     return _tag_device(_msops.reshape(res, tuple(input.shape) + tuple(table.shape[1:])), (input,))
 
 
-class _RowInt8Params(torch.nn.Parameter):
+class _RowInt8Params(_ParamDevices, torch.nn.Parameter):
     """Weight of :class:`Embedding8bit`: full precision until ``.to(device)`` / ``.quantize()``, then int8
     rows ``[num, dim]`` with the fp32 row absmax in ``SCB`` (upstream's Int8Params with
     ``has_fp16_weights=False``: ``CB = round(W * 127 / absmax_row)``)."""
@@ -943,12 +942,6 @@ class _RowInt8Params(torch.nn.Parameter):
             return self.quantize()
         return self
 
-    def cpu(self):
-        return self.to("cpu")
-
-    def cuda(self, device=None, non_blocking=False):
-        _refuse_cuda(self, "cuda()")
-        return self.to("cuda" if device is None else device)
 
 
 class Embedding8bit(_CudaGuard, torch.nn.Embedding):
