@@ -339,9 +339,12 @@ class Entry:
         self._fn = fn
         self._local = threading.local()  # run()'s Bound: one a thread (the ctypes call releases the GIL)
 
-    def bind(self, *args) -> Bound:
+    def _check_count(self, args) -> None:
         if len(args) != self.nargs:
             raise TypeError(f"{self.name} takes {self.nargs} arguments (inputs then outputs), got {len(args)}")
+
+    def bind(self, *args) -> Bound:
+        self._check_count(args)
         return Bound(self._fn, self.name, args)
 
     def __call__(self, *args) -> None:
@@ -351,9 +354,8 @@ class Entry:
         """One call with these arguments, through this thread's reused :class:`Bound` (its ctypes arrays, ~45 us to
         make, are made once per entry point and thread; every optimizer step and dequantization calls here). The
         arguments are let go after the call."""
+        self._check_count(args)
         b = getattr(self._local, "bound", None)
-        if len(args) != self.nargs:
-            raise TypeError(f"{self.name} takes {self.nargs} arguments (inputs then outputs), got {len(args)}")
         if b is None:
             b = self._local.bound = Bound(self._fn, self.name, args)
         else:
