@@ -150,6 +150,11 @@ def test_xpu_exists_and_raises_a_clear_error():
         q.xpu("xpu:0")
     assert q.dtype == ms.float32
     assert q.xpu("cpu").dtype == ms.int8  # an explicit other device is an ordinary .to(device): quantized
+    e = bnb.nn.Embedding8bit(10, 8)  # its weight (upstream: an Int8Params) has the same three device methods
+    with pytest.raises(RuntimeError, match=r"\.xpu\(\): bitsandbytes_ms has no Intel XPU backend"):
+        e.weight.xpu()
+    assert e.weight.dtype == ms.float32
+    assert e.weight.cpu().dtype == ms.int8
 
 
 # ---- MatmulLtState: upstream's dataclass fields in upstream's order ----------------------------------------------
