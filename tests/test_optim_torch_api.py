@@ -218,3 +218,50 @@ def test_backward_patch_is_registered_with_reason():
     names = {p.name: p for p in registry.patches()}
     for n in BACKWARD_PATCHES:
         assert n in names and len(names[n].why) > 80
+
+
+# ---- torch's parameter handling (a fresh-user trial: named_parameters() was accepted and never trained) ----
+
+def test_named_parameters_train_and_keep_their_names():
+    """``Opt(model.named_parameters())`` as torch's: tensors in ``params``, names in ``param_names``, and the step
+    updates exactly as the same optimizer over ``model.parameters()`` does."""
+    models = [torch.nn.Linear(80, 64), torch.nn.Linear(80, 64)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [bnb.optim.AdamW8bit(models[0].named_parameters(), lr=1e-2),
+            bnb.optim.AdamW8bit(models[1].parameters(), lr=1e-2)]
+    assert opts[0].param_groups[0]["param_names"] == ["weight", "bias"]
+    assert all(isinstance(p, torch.nn.Parameter) for p in opts[0].param_groups[0]["params"])
+    before = models[0].weight.asnumpy().copy()
+    for m, o in zip(models, opts):
+        m.weight.grad, m.bias.grad = _grad(3), _grad(4, (64,))
+        o.step()
+    assert not np.array_equal(models[0].weight.asnumpy(), before)
+    np.testing.assert_array_equal(models[0].weight.asnumpy(), models[1].weight.asnumpy())
+    np.testing.assert_array_equal(models[0].bias.asnumpy(), models[1].bias.asnumpy())
+    with pytest.raises(ValueError, match="with/without names"):
+        opts[0].add_param_group({"params": [_param(5)]})
+    with pytest.raises(ValueError, match="Some param names are missing"):
+        bnb.optim.AdamW8bit([("w", _param(6)), _param(7)])
+
+
+@pytest.mark.parametrize("params, match", [
+    ([_param(8), 5], "optimizer can only optimize Tensors, but one of the params is int"),
+    ([np.zeros(3, np.float32)], "one of the params is ndarray"),
+    (_param(9), "should be an iterable of Tensors or dicts, but got a Parameter of shape \\(64, 80\\)"),
+])
+def test_non_tensor_params_raise_torchs_type_error(params, match):
+    with pytest.raises(TypeError, match=match):
+        bnb.optim.Adam8bit(params)
+    with pytest.raises(TypeError, match="organized in ordered collections"):
+        bnb.optim.Adam8bit([_param(10)]).add_param_group({"params": {_param(11)}})
+
+
+def test_zero_grad_set_to_none_false_zeroes_in_shape_and_dtype():
+    p, q = _param(12), _param(13, (4,))
+    opt = bnb.optim.Adam8bit([p, q])
+    p.grad, q.grad = _grad(14), torch.tensor(np.ones(4, np.float16))
+    opt.zero_grad(set_to_none=False)
+    np.testing.assert_array_equal(p.grad.asnumpy(), np.zeros((64, 80), np.float32))
+    assert q.grad.dtype == torch.float16 and tuple(q.grad.shape) == (4,) and not q.grad.asnumpy().any()
+    opt.zero_grad()
+    assert p.grad is None and q.grad is None

@@ -9,6 +9,7 @@ import functools
 from . import distributed as _distributed  # noqa: F401  (registers the torch.distributed patches)
 from . import backward as _backward  # noqa: F401  (registers loss.backward(): mindtorch-tensor-backward)
 from . import mindtorch_device as _mindtorch_device  # noqa: F401  (registers mindtorch-tensor-device-message)
+from . import mindtorch_copies as _mindtorch_copies  # noqa: F401  (registers the copy_ / deepcopy patches)
 from .patches import registry
 
 

@@ -40,12 +40,12 @@ class PatchRegistry:
         self._patches: Dict[str, Patch] = {}
         self._originals: Dict[str, tuple] = {}
 
-    def register(self, name: str, module: str, attribute: str, why: str):
+    def register(self, name: str, module: str, attribute: str, why: str, on_import: bool = False):
         """Decorator: registers ``wrapper`` as patch ``name`` on ``module.attribute``."""
         def deco(wrapper):
             if name in self._patches:
                 raise ValueError(f"patch {name!r} registered twice")
-            self._patches[name] = Patch(name, module, attribute, wrapper, why)
+            self._patches[name] = Patch(name, module, attribute, wrapper, why, on_import=on_import)
             return wrapper
         return deco
 

@@ -35,9 +35,11 @@ from mindspore import Tensor
 # does not import mindnlp or transformers (measured: +0.1 s over `import mindspore`)
 from mindtorch.optim import Optimizer as _TorchOptimizer
 
+from ..integrations import mindtorch_copies as _mindtorch_copies
 from ..integrations import mindtorch_device as _mindtorch_device
 
 _mindtorch_device.ensure()  # mindtorch took over mindspore.Tensor's operators: a clear error for plain MindSpore (that module)
+_mindtorch_copies.ensure()  # a step writes each parameter in place: copies of it (deepcopy, copy_) own their memory
 
 from .. import functional as F
 from ..utils import ITEMSIZES, NP_DTYPES, Singleton
@@ -104,6 +106,12 @@ def _zeros(shape, dtype) -> Tensor:
     return t
 
 
+def _zeros_like(t: Tensor) -> Tensor:
+    z = ms.ops.zeros(tuple(t.shape), t.dtype)
+    tag_device(z, like=(t,))
+    return z
+
+
 def _clone(t: Tensor) -> Tensor:
     if t.dtype == ms.bfloat16:
         c = Tensor(t.astype(ms.float32).asnumpy()).astype(ms.bfloat16)
@@ -142,6 +150,9 @@ class Optimizer8bit(_TorchOptimizer):
                                          "state2", "gnorm_vec", "absmax1", "absmax2", "unorm_vec"}
         if optim_bits == 8:
             self.fill_qmap()
+        if isinstance(params, Tensor):  # torch's check (mindtorch's own message fails to name the type)
+            raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, but "
+                            f"got a {type(params).__name__} of shape {tuple(params.shape)}: pass [tensor]")
         # torch's init: step hooks, then add_param_group (ours) for each group; it sets `state`,
         # `param_groups` and `defaults` as above
         _TorchOptimizer.__init__(self, params, defaults)
@@ -149,8 +160,31 @@ class Optimizer8bit(_TorchOptimizer):
 
     # -- torch.optim.Optimizer interface ------------------------------------------------------------
     def add_param_group(self, param_group):
+        """torch's ``add_param_group``: the group's ``params`` a tensor or an ordered collection of tensors or of
+        ``(name, tensor)`` pairs (``model.named_parameters()``: the names kept as ``param_names``), each a leaf
+        tensor in no other group; the optimizer's defaults fill the group's missing hyper-parameters."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
         params = param_group["params"]
-        param_group["params"] = [params] if isinstance(params, Tensor) else list(params)
+        if isinstance(params, set):
+            raise TypeError("optimizer parameters need to be organized in ordered collections, but the ordering of "
+                            "tensors in sets will change between runs. Please use a list instead.")
+        params = [params] if isinstance(params, Tensor) else list(params)
+        named = [isinstance(p, tuple) and len(p) == 2 for p in params]
+        if any(named):
+            if not all(named):
+                raise ValueError("all optimizer params should be with/without names. Some param names are missing")
+            param_group["param_names"] = [n for n, _ in params]
+            params = [p for _, p in params]
+        for p in params:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"optimizer can only optimize Tensors, but one of the params is {type(p).__name__}")
+            if not (getattr(p, "is_leaf", True) or getattr(p, "retains_grad", False)):
+                raise ValueError("can't optimize a non-leaf Tensor")
+        if any(("param_names" in g) != ("param_names" in param_group) for g in self.param_groups):
+            raise ValueError("all optimizer param groups should be with/without names (model.named_parameters() in "
+                             "every group, or in none)")
+        param_group["params"] = params
         for name, default in self.defaults.items():
             param_group.setdefault(name, default)
         _check_hyper_values(param_group, type(self).__name__)
@@ -172,13 +206,16 @@ class Optimizer8bit(_TorchOptimizer):
         _TorchOptimizer.__setstate__(self, state)  # also restores torch's hook dicts
 
     def zero_grad(self, set_to_none: bool = True):
+        """Gradients to None, or (``set_to_none=False``) to zeros of their shape and dtype, as torch's."""
         for group in self.param_groups:
             for p in group["params"]:
-                if getattr(p, "grad", None) is not None:
-                    try:
-                        p.grad = None
-                    except AttributeError:  # pragma: no cover
-                        pass
+                g = getattr(p, "grad", None)
+                if g is None:
+                    continue
+                try:
+                    p.grad = None if set_to_none else _zeros_like(g)
+                except AttributeError:  # pragma: no cover
+                    pass
 
     def fill_qmap(self):
         self.name2qmap["dynamic"] = F.create_dynamic_map(signed=True)
