@@ -75,6 +75,19 @@ def test_copy_to_another_dtype_and_a_plain_tensor_deepcopy():
     np.testing.assert_array_equal(d.asnumpy(), t.asnumpy())
 
 
+def test_bfloat16_copies():
+    """bfloat16 (mindtorch's CPU clone has no kernel for it: the copy goes through the host)."""
+    vals = np.array([1.5, -2.25, 3.0, 0.125], np.float32)
+    b = torch.nn.Parameter(torch.tensor(vals).to(torch.bfloat16))
+    dst = torch.zeros(4).to(torch.bfloat16)
+    dst.copy_(b)
+    d = copy.deepcopy(b)
+    for t in (dst, d):
+        assert t.dtype == torch.bfloat16 and t._data_ptr() != b._data_ptr() and t.device.type == "cpu"
+        np.testing.assert_array_equal(t.float().asnumpy(), vals)
+    assert d.requires_grad and type(d) is type(b)
+
+
 def test_without_the_patches_copies_share_the_parameter_memory():
     """mindtorch's own behaviour, which the patches exist for (if mindtorch changes it, the patches can go)."""
     registry.remove(list(mindtorch_copies.NAMES))

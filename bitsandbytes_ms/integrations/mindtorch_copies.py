@@ -19,11 +19,23 @@ NAMES = ("mindtorch-copy-owns-memory", "mindtorch-tensor-deepcopy-owns-memory", 
 _WHY = __doc__.split("\n\n")[1].replace("\n", " ")
 
 
+def _fresh(t):
+    """``t``'s values in a buffer of their own (``t``'s dtype and device tag): ``clone()``, or for bfloat16, which
+    mindtorch's CPU clone refuses (its kernel has no bfloat16), a host copy."""
+    if t.dtype != ms.bfloat16:
+        return t.clone()
+    c = ms.Tensor(t.asnumpy().copy())
+    device = getattr(t, "_device", None)
+    if device is not None:
+        c._device = device
+    return c
+
+
 @registry.register(NAMES[0], "mindtorch._tensor", "Tensor.copy_", why=_WHY, on_import=True)
 def _copy_owns_memory(wrapped, instance, args, kwargs):
     # a source of another dtype is converted first (a new buffer already); the same dtype is copied here
     if args and isinstance(args[0], ms.Tensor) and args[0] is not instance and args[0].dtype == instance.dtype:
-        args = (args[0].clone(),) + tuple(args[1:])
+        args = (_fresh(args[0]),) + tuple(args[1:])
     return wrapped(*args, **kwargs)
 
 
@@ -31,7 +43,7 @@ def _own_buffer(new, original):
     """``new`` (mindtorch's deepcopy of ``original``, sharing its buffer) re-pointed at a copy of the data."""
     if isinstance(new, ms.Tensor) and new is not original:
         device = getattr(new, "_device", None)
-        new.assign_value(original.clone())
+        new.assign_value(_fresh(original))
         if device is not None:
             new._device = device
     return new
