@@ -253,7 +253,6 @@ class Params4bit(_ParamDevices, torch.nn.Parameter):
         return type(self)(res, **self._attrs())
 
 
-
 def _to_xpu(param, device):
     """Upstream's ``.xpu()`` moves (and quantizes) a weight onto an Intel XPU; there is none on MindSpore: a clear
     error, before anything is quantized (an explicit non-XPU ``device`` is an ordinary ``.to(device)``)."""
@@ -584,7 +583,6 @@ class Int8Params(_ParamDevices, torch.nn.Parameter):
         # tensor, which would drop them); CB is the data itself once quantized
         return (_rebuild_int8params, (self.data, self.requires_grad, self.has_fp16_weights,
                                       self.CB is not None, self.SCB))
-
 
     def to(self, *args, **kwargs):
         if _asks_cuda(args, kwargs):
@@ -941,7 +939,6 @@ class _RowInt8Params(_ParamDevices, torch.nn.Parameter):
         if dev_type not in (None, "meta"):
             return self.quantize()
         return self
-
 
 
 class Embedding8bit(_CudaGuard, torch.nn.Embedding):

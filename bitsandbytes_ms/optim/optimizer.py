@@ -106,12 +106,6 @@ def _zeros(shape, dtype) -> Tensor:
     return t
 
 
-def _zeros_like(t: Tensor) -> Tensor:
-    z = ms.ops.zeros(tuple(t.shape), t.dtype)
-    tag_device(z, like=(t,))
-    return z
-
-
 def _clone(t: Tensor) -> Tensor:
     if t.dtype == ms.bfloat16:
         c = Tensor(t.astype(ms.float32).asnumpy()).astype(ms.bfloat16)
@@ -213,7 +207,7 @@ class Optimizer8bit(_TorchOptimizer):
                 if g is None:
                     continue
                 try:
-                    p.grad = None if set_to_none else _zeros_like(g)
+                    p.grad = None if set_to_none else _zeros(g.shape, g.dtype)
                 except AttributeError:  # pragma: no cover
                     pass
 
